@@ -1,0 +1,65 @@
+"""The one interface every boundary strategy implements.
+
+``forward`` sees the encoder states and the bytes and decides where chunks start.
+``loss`` runs after the model has produced its per-byte losses and returns the strategy's
+training terms (policy gradient, rate control, ratio loss, ...). The model never needs to
+know which strategy it holds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from pydantic import BaseModel, ConfigDict
+from torch import nn
+
+
+class NoOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+@dataclass
+class Boundaries:
+    """What a strategy decided for a batch of byte sequences.
+
+    ``starts``: bool [B, T], True where a chunk starts. Always True at t = 0 and False at padding.
+    ``log_probs``: float [B, T], log pi(b_t) of the decision taken, for score-function strategies.
+    ``probs``: float [B, T], the boundary probability p_t, where the strategy has one.
+    ``gate``: float [B, T] or None, a straight-through multiplier applied to the upsampled chunk
+        output at every byte (forward value 1); lets relaxed strategies pass gradients.
+    ``extra``: anything the strategy wants back in ``loss`` (e.g. its logits).
+    """
+
+    starts: torch.Tensor
+    log_probs: torch.Tensor | None = None
+    probs: torch.Tensor | None = None
+    gate: torch.Tensor | None = None
+    extra: dict = field(default_factory=dict)
+
+
+class BoundaryStrategy(nn.Module):
+    """Base class. ``mask`` is bool [B, T], True at real (non-padding) bytes."""
+
+    #: "sample" draws boundaries; "threshold" uses p > 0.5; "topk" keeps the target fraction with the
+    #: highest p. Strategies without probabilities ignore it. The trainer sets it for evaluation.
+    eval_mode: str = "sample"
+
+    def __init__(self, *, d_model: int, target_rate: float, options: BaseModel):
+        super().__init__()
+        self.d_model, self.target_rate, self.options = d_model, target_rate, options
+
+    def forward(self, h: torch.Tensor, x: torch.Tensor, mask: torch.Tensor) -> Boundaries:
+        raise NotImplementedError
+
+    def loss(self, b: Boundaries, ce_full: torch.Tensor, ce_early: torch.Tensor,
+             mask: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Training terms, each a scalar added to the total loss. ``ce_*`` are per-byte [B, T]."""
+        return {}
+
+
+def finalize_starts(starts: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Force a chunk start at t = 0 and none on padding."""
+    starts = starts & mask
+    starts[:, 0] = True
+    return starts

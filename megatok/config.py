@@ -1,0 +1,367 @@
+"""Typed run configuration: JSON files -> validated dataclass-like objects.
+
+A config is a JSON object with the sections below. A file may start from another one with
+``"extends": "base.json"`` (resolved next to the file; objects merge key by key). Command-line
+overrides use dotted keys (``train.max_steps=20``) and are typed by the schema. Every mistake
+raises :class:`ConfigError` with one line naming the file and the full key path, and it happens
+before any process group starts.
+
+The ``deepspeed`` section is handed to ``deepspeed.initialize``. megatok fills in what it derives
+from ``train`` (batch sizes, optimizer, schedule, clipping); everything else (ZeRO stage,
+offload, bf16, ...) is DeepSpeed's own JSON, checked against DeepSpeed's own schema.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+
+class ConfigError(ValueError):
+    """A configuration mistake. The message is one line that names the file and the key."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelConfig(_Section):
+    kind: Literal["unet"] = "unet"
+    d_model: int = Field(256, gt=0)
+    n_heads: int = Field(4, gt=0)
+    n_encoder_layers: int = Field(1, ge=0)
+    n_main_layers: int = Field(2, gt=0)
+    n_decoder_layers: int = Field(1, ge=0)
+    d_main: int | None = Field(None, gt=0, description="width of the main network (default d_model)")
+    n_main_heads: int | None = Field(None, gt=0)
+    ffn_multiple_of: int = Field(64, gt=0)
+    ffn_mult: float = Field(8 / 3, gt=0)
+    rope_theta: float = Field(10000.0, gt=0)
+    norm_eps: float = Field(1e-5, gt=0)
+    init_std: float = Field(0.02, gt=0)
+    early_exit_weight: float = Field(0.1, ge=0, lt=1, description="LM loss = (1-w) CE_full + w CE_early")
+    activation_checkpointing: bool = False
+
+    @model_validator(mode="after")
+    def _heads_divide(self) -> "ModelConfig":
+        if self.d_model % self.n_heads:
+            raise ValueError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
+        if self.main_width % self.main_heads:
+            raise ValueError(f"main width {self.main_width} is not divisible by {self.main_heads} heads")
+        if (self.d_model // self.n_heads) % 2:
+            raise ValueError("head dimension must be even for rotary embeddings")
+        return self
+
+    @property
+    def main_width(self) -> int:
+        return self.d_main or self.d_model
+
+    @property
+    def main_heads(self) -> int:
+        return self.n_main_heads or self.n_heads
+
+
+class BoundaryConfig(_Section):
+    """``strategy`` names a file in megatok/boundaries/; its other keys are that strategy's options."""
+
+    model_config = ConfigDict(extra="allow", validate_assignment=True)
+    strategy: str = "policy"
+    target_rate: float = Field(0.2, gt=0, lt=1, description="boundaries per byte (rho)")
+
+    @property
+    def options(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
+
+
+class DataConfig(_Section):
+    shards: str | list[str] = Field("data/shards", description="build_shards directory or WebDataset URLs")
+    val_shards: str | list[str] | None = Field(None, description="default: the val split of data.shards")
+    seq_len: int = Field(512, gt=1)
+    num_workers: int = Field(1, ge=0)
+    on_bad_shard: Literal["warn", "error"] = "warn"
+
+
+class TrainConfig(_Section):
+    run_dir: str = "runs/tiny"
+    max_steps: int = Field(200, gt=0)
+    micro_batch_size: int = Field(8, gt=0)
+    grad_accum: int | None = Field(None, gt=0, description="default: global_batch_size / (micro x world), else 1")
+    global_batch_size: int | None = Field(None, gt=0, description="checked: micro x accum x world size")
+    lr: float = Field(1.5e-3, gt=0)
+    min_lr_ratio: float = Field(0.1, ge=0, le=1)
+    warmup_steps: int = Field(20, ge=0)
+    weight_decay: float = Field(0.1, ge=0)
+    betas: tuple[float, float] = (0.9, 0.95)
+    eps: float = Field(1e-8, gt=0)
+    grad_clip: float = Field(1.0, ge=0)
+    seed: int = 0
+    log_every: int = Field(10, gt=0)
+    save_every: int = Field(100, gt=0)
+    dist_timeout_s: float = Field(600.0, gt=0, description="collectives that take longer fail instead of hanging")
+
+
+class EvalConfig(_Section):
+    every: int = Field(100, ge=0, description="validation every N steps (0: only at the end)")
+    max_sequences: int = Field(64, gt=0, description="validation sequences, split over ranks")
+    batch_size: int | None = Field(None, gt=0, description="default: train.micro_batch_size")
+    boundary_mode: Literal["sample", "threshold", "topk"] = "sample"
+    seed: int = 1234
+
+
+class LoggingConfig(_Section):
+    wandb_mode: Literal["offline", "online", "disabled"] = "offline"
+    wandb_project: str = "megatok"
+    wandb_entity: str | None = None
+    wandb_name: str | None = None
+    progress: bool = True
+
+
+class Config(_Section):
+    model: ModelConfig = ModelConfig()
+    boundary: BoundaryConfig = BoundaryConfig()
+    data: DataConfig = DataConfig()
+    train: TrainConfig = TrainConfig()
+    eval: EvalConfig = EvalConfig()
+    logging: LoggingConfig = LoggingConfig()
+    deepspeed: dict[str, Any] = Field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+    def dump(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+
+
+# --------------------------------------------------------------------------- DeepSpeed section
+
+# Keys megatok writes into the DeepSpeed config from the ``train`` section.
+DERIVED_DS_KEYS = {
+    "train_batch_size": "train.global_batch_size",
+    "train_micro_batch_size_per_gpu": "train.micro_batch_size",
+    "gradient_accumulation_steps": "train.grad_accum",
+    "gradient_clipping": "train.grad_clip",
+    "optimizer": "train.lr / train.betas / train.weight_decay",
+    "scheduler": "train.warmup_steps / train.min_lr_ratio",
+}
+KNOWN_DS_KEYS = {
+    "zero_optimization", "bf16", "fp16", "activation_checkpointing", "steps_per_print",
+    "wall_clock_breakdown", "flops_profiler", "communication_data_type", "prescale_gradients",
+    "gradient_predivide_factor", "checkpoint", "zero_allow_untested_optimizer",
+    "zero_force_ds_cpu_optimizer", "aio", "comms_logger", "memory_breakdown", "data_types",
+    "torch_autocast", "dump_state", "seq_parallel_communication_data_type", "tensorboard",
+    "csv_monitor", "wandb", "comet", "elasticity", "compile", "timers",
+}
+
+
+def _check_deepspeed(ds: dict[str, Any], where: str) -> None:
+    for key in ds:
+        if key in DERIVED_DS_KEYS:
+            raise ConfigError(f"{where}: deepspeed.{key} is derived by megatok; set {DERIVED_DS_KEYS[key]} instead")
+        if key not in KNOWN_DS_KEYS:
+            raise ConfigError(f"{where}: deepspeed.{key}: unknown key{_suggest(key, KNOWN_DS_KEYS, 'deepspeed.')}")
+    zero = ds.get("zero_optimization", {})
+    if not isinstance(zero, dict):
+        raise ConfigError(f"{where}: deepspeed.zero_optimization must be an object")
+    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig  # DeepSpeed's own schema
+
+    try:
+        DeepSpeedZeroConfig(**zero)
+    except ValidationError as e:
+        err = e.errors()[0]
+        loc = ".".join(str(p) for p in err["loc"])
+        raise ConfigError(f"{where}: deepspeed.zero_optimization.{loc}: {err['msg']}") from None
+    for sec in ("bf16", "fp16"):
+        if sec in ds and not isinstance(ds[sec], dict):
+            raise ConfigError(f"{where}: deepspeed.{sec} must be an object like {{\"enabled\": true}}")
+    if ds.get("fp16", {}).get("enabled"):
+        raise ConfigError(f"{where}: deepspeed.fp16 is not supported (use bf16; byte-level losses overflow fp16)")
+
+
+def zero_stage(cfg: Config) -> int:
+    return int(cfg.deepspeed.get("zero_optimization", {}).get("stage", 0))
+
+
+def uses_bf16(cfg: Config) -> bool:
+    return bool(cfg.deepspeed.get("bf16", {}).get("enabled", False))
+
+
+def deepspeed_config(cfg: Config, world_size: int) -> dict[str, Any]:
+    """The dict handed to ``deepspeed.initialize``: the user's section plus the derived keys."""
+    t = cfg.train
+    ds = json.loads(json.dumps(cfg.deepspeed))
+    ds.update(
+        train_batch_size=t.micro_batch_size * t.grad_accum * world_size,
+        train_micro_batch_size_per_gpu=t.micro_batch_size,
+        gradient_accumulation_steps=t.grad_accum,
+        gradient_clipping=t.grad_clip,
+        optimizer={
+            "type": "AdamW",
+            # torch's AdamW: DeepSpeed's fused/CPU Adam would compile a C++ op at first use.
+            "params": {"lr": t.lr, "betas": list(t.betas), "eps": t.eps, "weight_decay": t.weight_decay,
+                       "torch_adam": True},
+        },
+        scheduler={
+            "type": "WarmupCosineLR",
+            "params": {"total_num_steps": t.max_steps, "warmup_num_steps": t.warmup_steps,
+                       "warmup_type": "linear", "warmup_min_ratio": 0.0, "cos_min_ratio": t.min_lr_ratio},
+        },
+    )
+    ds.setdefault("steps_per_print", 10**9)
+    return ds
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def _suggest(key: str, valid, prefix: str = "") -> str:
+    close = difflib.get_close_matches(str(key), [str(v) for v in valid], n=1, cutoff=0.6)
+    return f" (did you mean '{prefix}{close[0]}'?)" if close else f" (valid keys: {', '.join(sorted(map(str, valid)))})"
+
+
+def _merge(base: dict, top: dict) -> dict:
+    out = dict(base)
+    for k, v in top.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def _read_json(path: Path, chain: tuple[Path, ...] = ()) -> dict:
+    if path in chain:
+        raise ConfigError(f"{chain[0]}: 'extends' forms a cycle through {path}")
+    try:
+        raw = json.loads(path.read_text())
+    except FileNotFoundError:
+        where = f"{chain[-1]}: extends" if chain else "config"
+        raise ConfigError(f"{where}: file not found: {path}") from None
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{path}: not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: the top level must be a JSON object")
+    parent = raw.pop("extends", None)
+    if parent is None:
+        return raw
+    if not isinstance(parent, str):
+        raise ConfigError(f"{path}: 'extends' must be a file name")
+    return _merge(_read_json((path.parent / parent).resolve(), chain + (path,)), raw)
+
+
+def _field_annotation(keys: list[str]):
+    """The pydantic annotation at a dotted path, or None where the schema is open (deepspeed, options)."""
+    model: Any = Config
+    for k in keys:
+        if not (isinstance(model, type) and issubclass(model, BaseModel)) or k not in model.model_fields:
+            return None
+        model = model.model_fields[k].annotation
+    return model
+
+
+def _parse_override(item: str) -> tuple[list[str], Any]:
+    if "=" not in item:
+        raise ConfigError(f"--set {item}: expected KEY=VALUE, for example train.max_steps=20")
+    key, text = item.split("=", 1)
+    keys = key.strip().split(".")
+    ann = _field_annotation(keys)
+    if ann is str:
+        return keys, text
+    try:
+        return keys, json.loads(text)
+    except json.JSONDecodeError:
+        return keys, text  # a plain string; the schema decides whether that is allowed
+
+
+def _apply_override(raw: dict, keys: list[str], value: Any) -> None:
+    node = raw
+    for k in keys[:-1]:
+        node = node.setdefault(k, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"--set {'.'.join(keys)}: '{k}' is not a section")
+    node[keys[-1]] = value
+
+
+def _model_at(loc: tuple) -> type[BaseModel] | None:
+    model: Any = Config
+    for k in loc:
+        if not (isinstance(model, type) and issubclass(model, BaseModel)) or k not in model.model_fields:
+            return None
+        model = model.model_fields[k].annotation
+    return model if isinstance(model, type) and issubclass(model, BaseModel) else None
+
+
+def _explain(err: dict, where: str, prefix: tuple = ()) -> ConfigError:
+    loc = prefix + tuple(err["loc"])
+    path = ".".join(str(p) for p in loc)
+    if err["type"] == "extra_forbidden":
+        parent = _model_at(loc[:-1])
+        valid = parent.model_fields if parent else []
+        section = ".".join(str(p) for p in loc[:-1])
+        return ConfigError(f"{where}: {path}: unknown key{_suggest(loc[-1], valid, section + '.' if section else '')}")
+    given = err.get("input")
+    shown = json.dumps(given) if isinstance(given, (int, float, str, bool, type(None))) else type(given).__name__
+    return ConfigError(f"{where}: {path}: {err['msg']} (got {shown})")
+
+
+def load_config(path: str | os.PathLike | None = None, overrides: list[str] = (), *,
+                world_size: int | None = None) -> Config:
+    """Read, merge, override, validate. ``world_size`` defaults to $WORLD_SIZE (set by launchers) or 1."""
+    where = str(path) if path is not None else "config"
+    raw = _read_json(Path(path).resolve()) if path is not None else {}
+    for item in overrides:
+        _apply_override(raw, *_parse_override(item))
+    if overrides:
+        where += " (with --set " + " ".join(overrides) + ")"
+    try:
+        cfg = Config.model_validate(raw)
+    except ValidationError as e:
+        raise _explain(e.errors()[0], where) from None
+
+    # The boundary strategy's own options, checked against that strategy's schema.
+    from megatok.boundaries import strategy_options
+
+    try:
+        opt_model = strategy_options(cfg.boundary.strategy)
+    except KeyError as e:
+        raise ConfigError(f"{where}: boundary.strategy: {e.args[0]}") from None
+    try:
+        opts = opt_model.model_validate(cfg.boundary.options)
+    except ValidationError as e:
+        err = e.errors()[0]
+        if err["type"] == "extra_forbidden":
+            valid = list(BoundaryConfig.model_fields) + list(opt_model.model_fields)
+            raise ConfigError(f"{where}: boundary.{err['loc'][0]}: unknown key for strategy "
+                              f"'{cfg.boundary.strategy}'{_suggest(err['loc'][0], valid, 'boundary.')}") from None
+        raise _explain(err, where, ("boundary",)) from None
+    cfg.boundary = BoundaryConfig(strategy=cfg.boundary.strategy, target_rate=cfg.boundary.target_rate,
+                                  **opts.model_dump())
+
+    _check_deepspeed(cfg.deepspeed, where)
+    _check_derived(cfg, where, world_size if world_size is not None else int(os.environ.get("WORLD_SIZE", "1")))
+    return cfg
+
+
+def _check_derived(cfg: Config, where: str, world_size: int) -> None:
+    t = cfg.train
+    per_step = t.micro_batch_size * world_size
+    if t.grad_accum is None:
+        if t.global_batch_size is not None and t.global_batch_size % per_step:
+            raise ConfigError(
+                f"{where}: train.global_batch_size={t.global_batch_size} is not a multiple of train.micro_batch_size"
+                f" ({t.micro_batch_size}) x world size ({world_size})")
+        t.grad_accum = t.global_batch_size // per_step if t.global_batch_size is not None else 1
+    total = per_step * t.grad_accum
+    if t.global_batch_size is not None and t.global_batch_size != total:
+        raise ConfigError(
+            f"{where}: train.global_batch_size={t.global_batch_size} but train.micro_batch_size ({t.micro_batch_size})"
+            f" x train.grad_accum ({t.grad_accum}) x world size ({world_size}) = {total}")
+    if t.warmup_steps >= t.max_steps:
+        raise ConfigError(f"{where}: train.warmup_steps={t.warmup_steps} must be below train.max_steps={t.max_steps}")
+    opts = cfg.boundary.options
+    if opts.get("batch_baseline") and t.micro_batch_size < 2:
+        raise ConfigError(f"{where}: boundary.batch_baseline needs train.micro_batch_size >= 2 "
+                          f"(the baseline is the mean over the micro-batch; with 1 sequence every advantage is 0)")
+    if zero_stage(cfg) not in (0, 1, 2, 3):
+        raise ConfigError(f"{where}: deepspeed.zero_optimization.stage must be 0, 1, 2 or 3")

@@ -1,0 +1,109 @@
+"""Transformer blocks: pre-norm RMSNorm, rotary attention, SwiGLU.
+
+All attention goes through :func:`attention`: flash-attn when it is installed, the tensors are on a
+GPU and in half precision; otherwise torch's scaled_dot_product_attention (whose CUDA flash
+backend is FlashAttention-2).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+try:  # optional GPU extra (requirements-gpu.txt)
+    from flash_attn import flash_attn_func
+except ImportError:  # pragma: no cover - depends on the machine
+    flash_attn_func = None
+
+
+def attention_backend(q: torch.Tensor) -> str:
+    if flash_attn_func is not None and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16):
+        return "flash_attn"
+    return "sdpa"
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend: str | None = None) -> torch.Tensor:
+    """Causal attention over [B, H, T, Dh] tensors."""
+    if (backend or attention_backend(q)) == "flash_attn":
+        out = flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=True)
+        return out.transpose(1, 2)
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+def rotary_tables(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin for integer positions [T] or [B, T] -> broadcastable to [B, H, T, head_dim // 2]."""
+    inv_freq = theta ** (-torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim)
+    angles = positions.float()[..., None] * inv_freq
+    if angles.dim() == 3:  # [B, T, D/2] -> [B, 1, T, D/2]
+        angles = angles[:, None]
+    return angles.cos(), angles.sin()
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.float().chunk(2, dim=-1)
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).to(x.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, d: int, n_heads: int):
+        super().__init__()
+        self.n_heads = n_heads
+        self.qkv = nn.Linear(d, 3 * d, bias=False)
+        self.out = nn.Linear(d, d, bias=False)
+
+    def forward(self, x, cos, sin):
+        B, T, D = x.shape
+        q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, D // self.n_heads).permute(2, 0, 3, 1, 4)
+        y = attention(apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v)
+        return self.out(y.transpose(1, 2).reshape(B, T, D))
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, d: int, hidden: int):
+        super().__init__()
+        self.gate = nn.Linear(d, hidden, bias=False)
+        self.up = nn.Linear(d, hidden, bias=False)
+        self.down = nn.Linear(hidden, d, bias=False)
+
+    def forward(self, x):
+        return self.down(F.silu(self.gate(x)) * self.up(x))
+
+
+class Block(nn.Module):
+    def __init__(self, d: int, n_heads: int, hidden: int, eps: float):
+        super().__init__()
+        self.attn_norm = nn.RMSNorm(d, eps=eps)
+        self.attn = Attention(d, n_heads)
+        self.mlp_norm = nn.RMSNorm(d, eps=eps)
+        self.mlp = SwiGLU(d, hidden)
+
+    def forward(self, x, cos, sin):
+        x = x + self.attn(self.attn_norm(x), cos, sin)
+        return x + self.mlp(self.mlp_norm(x))
+
+
+def ffn_hidden(d: int, mult: float, multiple_of: int) -> int:
+    return multiple_of * math.ceil(d * mult / multiple_of)
+
+
+class Stack(nn.Module):
+    """A sequence of blocks sharing one rotary table; optional activation checkpointing per block."""
+
+    def __init__(self, n_layers: int, d: int, n_heads: int, hidden: int, *, eps: float, theta: float,
+                 checkpointing: bool = False):
+        super().__init__()
+        self.layers = nn.ModuleList(Block(d, n_heads, hidden, eps) for _ in range(n_layers))
+        self.head_dim, self.theta, self.checkpointing = d // n_heads, theta, checkpointing
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        cos, sin = rotary_tables(positions, self.head_dim, self.theta)
+        for layer in self.layers:
+            if self.checkpointing and self.training and torch.is_grad_enabled():
+                x = checkpoint(layer, x, cos, sin, use_reentrant=False)
+            else:
+                x = layer(x, cos, sin)
+        return x

@@ -1,0 +1,137 @@
+"""The byte U-net: bytes -> encoder -> boundaries -> chunks -> main network -> bytes -> decoder.
+
+    x [B, T] byte ids
+      embed -> encoder (byte rate, causal)                    h [B, T, d]
+      boundary strategy                                       starts [B, T], chunk 0 at t = 0
+      downsample: h at chunk starts                           [B, K, d_main]
+      main network (chunk rate, causal; rotary on the byte position of each chunk start)
+      upsample: byte t gets the latest chunk starting <= t, added to h_t
+      decoder (byte rate, causal) -> next-byte logits
+    early-exit head on h: predicts the next byte without the main network (reward + small loss)
+
+Every module runs on every call whatever the boundaries are, so ranks never diverge in the
+modules they call (ZeRO needs that). The model knows nothing of DeepSpeed or of the data pipeline.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from megatok.boundaries import build_strategy
+from megatok.boundaries.base import Boundaries, finalize_starts
+from megatok.config import BoundaryConfig, ModelConfig
+from megatok.model.blocks import Stack, ffn_hidden
+from megatok.model.chunking import downsample, upsample
+from megatok.rl import masked_mean
+from megatok.vocab import PAD, VOCAB_SIZE
+
+
+@dataclass
+class Output:
+    logits: torch.Tensor                      # [B, T, V] next-byte logits
+    early_logits: torch.Tensor                # [B, T, V] early-exit head
+    boundaries: Boundaries
+    loss: torch.Tensor | None = None          # what backward() takes
+    terms: dict[str, torch.Tensor] = field(default_factory=dict)   # lm_loss, policy_loss, ...
+    stats: dict[str, torch.Tensor] = field(default_factory=dict)   # detached sums, see ByteUNet.stats
+    ce_full: torch.Tensor | None = None       # [B, T] per-byte loss in nats (0 at padding)
+
+
+class ByteUNet(nn.Module):
+    def __init__(self, cfg: ModelConfig, boundary: BoundaryConfig):
+        super().__init__()
+        self.cfg = cfg
+        d, dm = cfg.d_model, cfg.main_width
+
+        def stack(n, width, heads):
+            return Stack(n, width, heads, ffn_hidden(width, cfg.ffn_mult, cfg.ffn_multiple_of), eps=cfg.norm_eps,
+                         theta=cfg.rope_theta, checkpointing=cfg.activation_checkpointing)
+
+        self.embed = nn.Embedding(VOCAB_SIZE, d)
+        self.encoder = stack(cfg.n_encoder_layers, d, cfg.n_heads)
+        self.boundary = build_strategy(boundary.strategy, d_model=d, target_rate=boundary.target_rate,
+                                       options=boundary.options)
+        self.down_proj = nn.Linear(d, dm, bias=False) if dm != d else nn.Identity()
+        self.main = stack(cfg.n_main_layers, dm, cfg.main_heads)
+        self.main_norm = nn.RMSNorm(dm, eps=cfg.norm_eps)
+        self.up_proj = nn.Linear(dm, d, bias=False) if dm != d else nn.Identity()
+        self.decoder = stack(cfg.n_decoder_layers, d, cfg.n_heads)
+        self.out_norm = nn.RMSNorm(d, eps=cfg.norm_eps)
+        self.head = nn.Linear(d, VOCAB_SIZE, bias=False)
+        self.early_norm = nn.RMSNorm(d, eps=cfg.norm_eps)
+        self.early_head = nn.Linear(d, VOCAB_SIZE, bias=False)
+        self._init_weights()
+
+    def _init_weights(self) -> None:
+        n_layers = self.cfg.n_encoder_layers + self.cfg.n_main_layers + self.cfg.n_decoder_layers
+        for name, p in self.named_parameters():
+            if name.startswith("boundary."):
+                continue  # strategies initialise their own parameters
+            if name.endswith(("attn.out.weight", "mlp.down.weight")):
+                nn.init.normal_(p, std=self.cfg.init_std / math.sqrt(2 * n_layers))
+            elif p.dim() == 2:
+                nn.init.normal_(p, std=self.cfg.init_std)
+
+    def forward(self, x: torch.Tensor, targets: torch.Tensor | None = None,
+                starts: torch.Tensor | None = None) -> Output:
+        """x, targets: [B, T] ids (PAD where there is nothing). ``starts`` overrides the strategy's
+        boundaries (the strategy still runs), e.g. to hold boundaries fixed in a test."""
+        B, T = x.shape
+        real = x != PAD
+        positions = torch.arange(T, device=x.device)
+
+        h = self.encoder(self.embed(x), positions)
+        b = self.boundary(h, x, real)
+        if starts is not None:
+            b.starts = finalize_starts(starts.clone(), real)
+
+        chunks, chunk_pos, _ = downsample(h, b.starts)
+        z = self.main_norm(self.main(self.down_proj(chunks), chunk_pos))
+        up = self.up_proj(upsample(z, b.starts))
+        if b.gate is not None:
+            up = up * b.gate[..., None].to(up.dtype)
+        y = self.decoder(h + up, positions)
+        logits = self.head(self.out_norm(y))
+        early_logits = self.early_head(self.early_norm(h))
+        out = Output(logits=logits, early_logits=early_logits, boundaries=b)
+        if targets is not None:
+            self._losses(out, targets, real)
+        return out
+
+    def _losses(self, out: Output, targets: torch.Tensor, real: torch.Tensor) -> None:
+        B, T = targets.shape
+        tmask = targets != PAD
+
+        def per_byte_ce(logits):
+            ce = F.cross_entropy(logits.float().reshape(B * T, -1), targets.reshape(-1), ignore_index=PAD,
+                                 reduction="none")
+            return ce.view(B, T)
+
+        ce_full, ce_early = per_byte_ce(out.logits), per_byte_ce(out.early_logits)
+        w = self.cfg.early_exit_weight
+        terms = {"lm_loss": (1 - w) * masked_mean(ce_full, tmask) + w * masked_mean(ce_early, tmask)}
+        terms.update(self.boundary.loss(out.boundaries, ce_full, ce_early, tmask))
+        out.terms, out.ce_full = terms, ce_full
+        out.loss = sum(terms.values())
+        out.stats = self.stats(out.boundaries.starts, real, ce_full, ce_early, tmask)
+
+    @staticmethod
+    def stats(starts, real, ce_full, ce_early, tmask) -> dict[str, torch.Tensor]:
+        """Sums (not means), so they add up over micro-batches and ranks:
+        bpb = nll / targets / ln 2, boundary rate = chunks / positions, bytes per chunk = positions / chunks."""
+        with torch.no_grad():
+            return {
+                "nll": (ce_full * tmask).sum().double(),
+                "nll_early": (ce_early * tmask).sum().double(),
+                "targets": tmask.sum().double(),
+                "chunks": (starts & real).sum().double(),
+                "positions": real.sum().double(),
+            }
+
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())

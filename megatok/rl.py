@@ -1,0 +1,73 @@
+"""The score-function estimator's pieces: advantages, discounted returns, policy and rate losses.
+
+All functions take per-byte tensors [B, T] and a bool mask [B, T] that is True at positions that
+carry a real prediction target. Padding is at the end of a sequence (right padding).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    m = mask.to(x.dtype)
+    return (x * m).sum() / m.sum().clamp(min=1)
+
+
+def batch_baseline(r: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """A_t = r_t - mean over the batch of r_t, the mean taken over sequences that are real at t.
+
+    Padded positions get 0 and do not enter the mean.
+    """
+    m = mask.to(r.dtype)
+    mean = (r * m).sum(0) / m.sum(0).clamp(min=1)
+    return (r - mean) * m
+
+
+_DISCOUNT_CACHE: dict = {}
+
+
+def _discount_matrix(gamma: float, n: int, device, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    key = (gamma, n, device, dtype)
+    if key not in _DISCOUNT_CACHE:
+        i = torch.arange(n, device=device, dtype=torch.float64)
+        lag = i[None, :] - i[:, None]  # [t, k] -> k - t
+        # torch.where evaluates both branches: clamp the exponent so gamma=0 never sees 0 ** negative.
+        mat = torch.where(lag >= 0, torch.tensor(gamma, dtype=torch.float64) ** lag.clamp(min=0), 0.0)
+        carry = torch.tensor(gamma, dtype=torch.float64) ** (n - i)  # gamma^(distance to next block)
+        _DISCOUNT_CACHE[key] = (mat.to(dtype), carry.to(dtype))
+    return _DISCOUNT_CACHE[key]
+
+
+def discounted_returns(adv: torch.Tensor, gamma: float, block: int = 128) -> torch.Tensor:
+    """G_t = sum_{k >= t} gamma^(k - t) A_k along the last dimension.
+
+    Vectorised: within blocks of ``block`` positions a small matrix product, then one reverse pass
+    over blocks (T / block steps, not T) carries each block's first return into the block before.
+    Powers of gamma never exceed the block length, so nothing under- or overflows on long sequences.
+    """
+    B, T = adv.shape
+    n = min(block, T)
+    pad = (-T) % n
+    a = F.pad(adv.float(), (0, pad)).view(B, -1, n)  # [B, blocks, n]
+    mat, carry_w = _discount_matrix(float(gamma), n, adv.device, torch.float32)
+    local = a @ mat.T  # local[..., t] = sum_{k >= t in block} gamma^(k-t) a_k
+    out = torch.empty_like(local)
+    carry = torch.zeros(B, device=adv.device)
+    for j in range(local.shape[1] - 1, -1, -1):
+        out[:, j] = local[:, j] + carry_w * carry[:, None]
+        carry = out[:, j, 0]
+    return out.view(B, -1)[:, :T].to(adv.dtype)
+
+
+def policy_loss(log_probs: torch.Tensor, returns: torch.Tensor, decision_mask: torch.Tensor,
+                weight: float) -> torch.Tensor:
+    """-weight * mean over decisions of G_t * log pi(b_t), with G_t treated as a constant."""
+    return -weight * masked_mean(returns.detach() * log_probs, decision_mask)
+
+
+def rate_loss(logits: torch.Tensor, probs: torch.Tensor, mask: torch.Tensor, target: float,
+              weight: float) -> torch.Tensor:
+    """weight * mean(l) * stopgrad(mean(p) - rho): pushes every logit down when the rate is above target."""
+    return weight * masked_mean(logits, mask) * (masked_mean(probs, mask) - target).detach()
