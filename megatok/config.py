@@ -94,7 +94,7 @@ class TrainConfig(_Section):
     global_batch_size: int | None = Field(None, gt=0, description="checked: micro x accum x world size")
     lr: float = Field(1.5e-3, gt=0)
     min_lr_ratio: float = Field(0.1, ge=0, le=1)
-    warmup_steps: int = Field(20, ge=0)
+    warmup_steps: int = Field(20, ge=0, description="linear warmup; capped at max_steps - 1")
     weight_decay: float = Field(0.1, ge=0)
     betas: tuple[float, float] = (0.9, 0.95)
     eps: float = Field(1e-8, gt=0)
@@ -207,7 +207,8 @@ def deepspeed_config(cfg: Config, world_size: int) -> dict[str, Any]:
         },
         scheduler={
             "type": "WarmupCosineLR",
-            "params": {"total_num_steps": t.max_steps, "warmup_num_steps": t.warmup_steps,
+            # A short run (--set train.max_steps=20) keeps a valid schedule: warmup is capped below the total.
+            "params": {"total_num_steps": t.max_steps, "warmup_num_steps": min(t.warmup_steps, t.max_steps - 1),
                        "warmup_type": "linear", "warmup_min_ratio": 0.0, "cos_min_ratio": t.min_lr_ratio},
         },
     )
@@ -357,8 +358,6 @@ def _check_derived(cfg: Config, where: str, world_size: int) -> None:
         raise ConfigError(
             f"{where}: train.global_batch_size={t.global_batch_size} but train.micro_batch_size ({t.micro_batch_size})"
             f" x train.grad_accum ({t.grad_accum}) x world size ({world_size}) = {total}")
-    if t.warmup_steps >= t.max_steps:
-        raise ConfigError(f"{where}: train.warmup_steps={t.warmup_steps} must be below train.max_steps={t.max_steps}")
     opts = cfg.boundary.options
     if opts.get("batch_baseline") and t.micro_batch_size < 2:
         raise ConfigError(f"{where}: boundary.batch_baseline needs train.micro_batch_size >= 2 "

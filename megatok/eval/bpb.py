@@ -1,0 +1,163 @@
+"""Bits per byte and boundary statistics, for periodic validation and for tools/evaluate.py.
+
+Everything is accumulated as sums (NLL in nats, target bytes, chunks, positions, ...) so results
+from several batches, documents or ranks add up exactly; ratios are taken only at the end.
+Sampled boundaries make BPB stochastic, so evaluation always seeds the sampler (and restores the
+caller's RNG state afterwards) or uses a deterministic rule; ``boundary_rule`` says which.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Iterator
+
+import torch
+
+from megatok.vocab import PAD, SEP
+
+WHITESPACE = torch.tensor([ord(c) for c in " \t\n\r"])
+SUM_KEYS = ("nll", "targets", "chunks", "positions", "ws_positions", "ws_boundaries")
+
+
+def boundary_rule(mode: str, seed: int) -> str:
+    return f"sample(seed={seed})" if mode == "sample" else mode
+
+
+def row_sums(model, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Forward one [B, T+1] batch; statistics per row (float64 [B] each, see SUM_KEYS)."""
+    x, y = tokens[:, :-1], tokens[:, 1:]
+    out = model(x, y)
+    starts, real, tmask = out.boundaries.starts, x != PAD, y != PAD
+    ws = torch.isin(x, WHITESPACE.to(x.device)) & real
+    cols = {
+        "nll": (out.ce_full * tmask).sum(1),
+        "targets": tmask.sum(1),
+        "chunks": (starts & real).sum(1),
+        "positions": real.sum(1),
+        "ws_positions": ws.sum(1),
+        "ws_boundaries": (ws & starts).sum(1),
+    }
+    return {k: v.double() for k, v in cols.items()}
+
+
+def ratios(s: dict[str, float]) -> dict[str, float]:
+    """Turn sums into the reported figures."""
+    def div(a, b):
+        return float(a) / float(b) if float(b) else float("nan")
+
+    return {
+        "bpb": div(s["nll"], s["targets"]) / math.log(2),
+        "bytes_per_chunk": div(s["positions"], s["chunks"]),
+        "boundary_rate": div(s["chunks"], s["positions"]),
+        "whitespace_boundary_fraction": div(s["ws_boundaries"], s["ws_positions"]),
+    }
+
+
+class _Seeded:
+    """Run a block with a fixed torch seed and give the caller its RNG state back afterwards."""
+
+    def __init__(self, seed: int):
+        self.seed = seed
+
+    def __enter__(self):
+        self.state = torch.random.get_rng_state()
+        self.cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+        torch.manual_seed(self.seed)
+
+    def __exit__(self, *exc):
+        torch.random.set_rng_state(self.state)
+        if self.cuda is not None:
+            torch.cuda.set_rng_state_all(self.cuda)
+
+
+@torch.no_grad()
+def evaluate_batches(model, batches: Iterable[torch.Tensor], *, mode: str, seed: int, device) -> dict[str, float]:
+    """Sum statistics over batches of packed sequences. ``model`` may be a DeepSpeed engine."""
+    module = getattr(model, "module", model)
+    was_training = module.training
+    module.eval()
+    module.boundary.eval_mode = mode
+    totals = defaultdict(float)
+    try:
+        for i, tokens in enumerate(batches):
+            with _Seeded(seed * 1_000_003 + i):
+                rows = row_sums(model, tokens.to(device))
+            for k, v in rows.items():
+                totals[k] += float(v.sum())
+    finally:
+        module.train(was_training)
+    return {k: totals[k] for k in SUM_KEYS}
+
+
+def document_windows(text: bytes, seq_len: int) -> list[torch.Tensor]:
+    """One document as [SEP] + bytes, cut into windows of seq_len + 1 with an overlap of one token,
+    so every byte of the document is predicted exactly once (the SEP is context only)."""
+    ids = torch.tensor([SEP] + list(text), dtype=torch.long)
+    return [ids[i:i + seq_len + 1] for i in range(0, len(ids) - 1, seq_len)]
+
+
+@torch.no_grad()
+def evaluate_documents(model, docs: Iterator, *, seq_len: int, batch_size: int, mode: str, seed: int,
+                       device, progress=None) -> dict:
+    """Per-document evaluation with breakdowns by the documents' ``lang`` and ``domain``."""
+    module = getattr(model, "module", model)
+    module.eval()
+    module.boundary.eval_mode = mode
+    groups: dict[tuple[str, str], dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    doc_bpb: dict[tuple[str, str], list[float]] = defaultdict(list)
+    pending: list[tuple[int, torch.Tensor]] = []  # (document number, window)
+    meta: dict[int, tuple[str, str]] = {}  # document number -> (lang, domain)
+    per_doc: dict[int, list[float]] = defaultdict(lambda: [0.0, 0.0])  # nll, bytes
+    batch_no = 0
+
+    def flush():
+        nonlocal batch_no
+        if not pending:
+            return
+        width = max(len(w) for _, w in pending)
+        tokens = torch.full((len(pending), width), PAD, dtype=torch.long)
+        for row, (_, w) in enumerate(pending):
+            tokens[row, :len(w)] = w
+        with _Seeded(seed * 1_000_003 + batch_no):
+            cols = {k: v.cpu().tolist() for k, v in row_sums(model, tokens.to(device)).items()}
+        batch_no += 1
+        for i, (doc_no, _) in enumerate(pending):
+            row = {k: cols[k][i] for k in cols}
+            for key in _keys(meta[doc_no]):
+                for k, v in row.items():
+                    groups[key][k] += v
+            per_doc[doc_no][0] += row["nll"]
+            per_doc[doc_no][1] += row["targets"]
+        pending.clear()
+
+    for doc_no, d in enumerate(docs):
+        meta[doc_no] = (d.lang or "unknown", d.domain or "unknown")
+        for w in document_windows(d.text, seq_len):
+            pending.append((doc_no, w))
+            if len(pending) == batch_size:
+                flush()
+        if progress is not None:
+            progress.update(len(d.text))
+    flush()
+
+    for doc_no, (nll, n) in per_doc.items():
+        for key in _keys(meta[doc_no]):
+            doc_bpb[key].append(nll / n / math.log(2) if n else float("nan"))
+
+    def report(key):
+        s = groups[key]
+        r = {"documents": len(doc_bpb[key]), "bytes": int(s["targets"]), **ratios(s),
+             "bpb_doc_mean": sum(doc_bpb[key]) / max(1, len(doc_bpb[key]))}
+        return r
+
+    result = report(("all", "all"))
+    for kind in ("lang", "domain"):
+        names = sorted(n for k, n in groups if k == kind)
+        if names != ["unknown"]:
+            result[f"by_{kind}"] = {n: report((kind, n)) for n in names}
+    return result
+
+
+def _keys(lang_domain: tuple[str, str]) -> tuple[tuple[str, str], ...]:
+    return ("lang", lang_domain[0]), ("domain", lang_domain[1]), ("all", "all")

@@ -1,0 +1,82 @@
+"""Where numbers go: RUN_DIR/metrics.jsonl (always), wandb (offline by default), a console progress bar.
+
+Only rank 0 writes. wandb is optional: if it is not installed or fails to start, a warning says so
+and training goes on with the JSONL file.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+from tqdm.auto import tqdm
+
+
+def _clean(v: Any) -> Any:
+    if hasattr(v, "item"):
+        v = v.item()
+    if isinstance(v, float) and not math.isfinite(v):
+        return str(v)  # JSON has no NaN/inf; keep them visible as strings
+    return v
+
+
+class MetricsLogger:
+    def __init__(self, run_dir: str | Path, *, enabled: bool, total_steps: int, start_step: int = 0,
+                 wandb_mode: str = "offline", wandb_project: str = "megatok", wandb_entity: str | None = None,
+                 wandb_name: str | None = None, config: dict | None = None, progress: bool = True):
+        self.enabled = enabled
+        self.path = Path(run_dir) / "metrics.jsonl"
+        self.wandb = None
+        self.bar = None
+        if not enabled:
+            return
+        self.file = self.path.open("a")
+        if progress:
+            self.bar = tqdm(total=total_steps, initial=start_step, desc="train", unit="step", dynamic_ncols=True)
+        if wandb_mode != "disabled":
+            try:
+                import wandb
+
+                self.wandb = wandb.init(project=wandb_project, entity=wandb_entity, name=wandb_name,
+                                        dir=str(run_dir), mode=wandb_mode, config=config, resume="allow",
+                                        id=wandb_name or Path(run_dir).resolve().name)
+            except Exception as e:  # wandb is a convenience, never a reason to stop training
+                warnings.warn(f"wandb disabled: {type(e).__name__}: {e}")
+
+    def log(self, row: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        row = {k: _clean(v) for k, v in row.items()}
+        row.setdefault("time", time.time())
+        self.file.write(json.dumps(row) + "\n")
+        self.file.flush()
+        if self.wandb is not None:
+            prefix = "val/" if row.get("split") == "val" else "train/"
+            self.wandb.log({prefix + k: v for k, v in row.items() if isinstance(v, (int, float)) and k != "step"},
+                           step=row["step"])
+        if self.bar is not None and row.get("split") == "val":
+            self.bar.write(f"step {row['step']}: val_bpb {row['val_bpb']:.4f}  val_bytes_per_chunk "
+                           f"{row['val_bytes_per_chunk']:.2f}")
+
+    def progress(self, step: int, **shown: float) -> None:
+        if self.bar is not None:
+            self.bar.n = step
+            self.bar.set_postfix({k: f"{v:.4g}" for k, v in shown.items()}, refresh=True)
+
+    def close(self) -> None:
+        if not self.enabled:
+            return
+        if self.bar is not None:
+            self.bar.close()
+        if self.wandb is not None:
+            self.wandb.finish()
+        self.file.close()
+
+
+def read_metrics(run_dir: str | Path) -> list[dict]:
+    path = Path(run_dir) / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

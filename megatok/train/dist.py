@@ -1,0 +1,54 @@
+"""Process-group set-up for DeepSpeed on GPUs (nccl) and CPUs (gloo)."""
+
+from __future__ import annotations
+
+import os
+import socket
+from datetime import timedelta
+
+import torch
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def ensure_launch_env() -> None:
+    """A plain ``python launch/pretrain.py`` is a world of one: give it what a launcher would set."""
+    if "RANK" not in os.environ:
+        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
+                          MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+
+
+def world_size_from_env() -> int:
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def init(timeout_s: float) -> torch.device:
+    """Start the process group; returns this rank's device."""
+    ensure_launch_env()
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if not torch.cuda.is_available() and "OMP_NUM_THREADS" not in os.environ:
+        # Ranks sharing a CPU must split its cores; the deepspeed launcher does not set this.
+        per_node = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("LOCAL_SIZE", os.environ["WORLD_SIZE"])))
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // per_node))
+    import deepspeed
+
+    # The shared-memory all-reduce op serves only inference and would compile C++ for a minute on CPU.
+    deepspeed.ops.__compatible_ops__ = {}
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    deepspeed.init_distributed(dist_backend=backend, timeout=timedelta(seconds=timeout_s), verbose=False)
+    if torch.cuda.is_available():
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
+
+
+def finish() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()

@@ -1,0 +1,165 @@
+"""The training loop: build, then (batch -> forward -> losses -> backward -> step -> log -> eval -> save).
+
+It runs the real DeepSpeed engine on any number of ranks (gloo on CPU, nccl on GPU): ZeRO stage,
+bf16, accumulation and clipping come from the config's ``deepspeed`` and ``train`` sections.
+Randomness that matters for the result (boundary sampling) is seeded from (seed, step, micro-batch
+index), so a resumed run and a run with a different rank/accumulation split draw the same samples.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from itertools import islice
+from pathlib import Path
+
+import torch
+import torch.distributed as tdist
+
+from megatok.config import Config, deepspeed_config
+from megatok.data.stream import PackedByteStream, iter_shard_documents, make_loader, pack_documents, resolve_shards
+from megatok.eval.bpb import boundary_rule, evaluate_batches, ratios
+from megatok.metrics import MetricsLogger
+from megatok.model.unet import ByteUNet
+from megatok.train import checkpoint, dist
+from megatok.vocab import PAD
+
+LOSS_TERMS = ("loss", "lm_loss", "policy_loss", "rate_loss")
+
+
+def step_seed(seed: int, step: int, index: int) -> int:
+    """The torch seed for micro-batch ``index`` (= micro_step * world + rank) of optimizer step ``step``."""
+    return ((seed * 1_000_003 + step) * 10_007 + index) % (2**63)
+
+
+def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+    """Weight decay on matrices only (not on norms, biases or the policy's scalar bias)."""
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    rest = [p for p in model.parameters() if p.dim() < 2]
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": rest, "weight_decay": 0.0}]
+
+
+def validation_batches(cfg: Config, rank: int, world: int) -> list[torch.Tensor]:
+    """This rank's share of the validation sequences, as the same number of batches on every rank
+    (a rank with fewer sequences gets all-padding batches: ZeRO-3 needs every rank in every forward)."""
+    seq_len, n_seq = cfg.data.seq_len, cfg.eval.max_sequences
+    urls = resolve_shards(cfg.data.val_shards or cfg.data.shards, "val")
+    need = n_seq * seq_len + 1
+    docs, have = [], 0
+    for d in iter_shard_documents(urls):  # read only as much as the validation budget needs
+        docs.append(d.text)
+        have += len(d.text) + 1
+        if have >= need:
+            break
+    seqs = pack_documents(docs, seq_len)[:n_seq]
+    bs = cfg.eval.batch_size or cfg.train.micro_batch_size
+    n_batches = math.ceil(math.ceil(len(seqs) / world) / bs)
+    mine = seqs[rank::world]
+    pad = torch.full((1, seq_len + 1), PAD, dtype=torch.long)
+    return [mine[i * bs:(i + 1) * bs] if i * bs < len(mine) else pad for i in range(n_batches)]
+
+
+def all_sum(values: dict[str, float], device) -> dict[str, float]:
+    keys = sorted(values)
+    t = torch.tensor([values[k] for k in keys], dtype=torch.float64, device=device)
+    tdist.all_reduce(t)
+    return dict(zip(keys, t.tolist()))
+
+
+def validate(engine, cfg: Config, batches, device, step: int, logger: MetricsLogger) -> dict:
+    sums = all_sum(evaluate_batches(engine, batches, mode=cfg.eval.boundary_mode, seed=cfg.eval.seed,
+                                    device=device), device)
+    r = ratios(sums)
+    row = {"step": step, "split": "val", "val_bpb": r["bpb"], "val_bytes_per_chunk": r["bytes_per_chunk"],
+           "val_boundary_rate": r["boundary_rate"], "val_whitespace_boundary_fraction": r["whitespace_boundary_fraction"],
+           "val_bytes": sums["targets"],
+           "boundary_rule": boundary_rule(cfg.eval.boundary_mode, cfg.eval.seed)}
+    logger.log(row)
+    return row
+
+
+def train(cfg: Config, *, resume: str = "auto") -> dict:
+    """Run training as configured. ``resume``: "auto" (latest checkpoint of the run directory, if any),
+    "none", or a checkpoint tag. Returns the last logged training row (rank 0; {} elsewhere)."""
+    import deepspeed
+
+    device = dist.init(cfg.train.dist_timeout_s)
+    rank, world = tdist.get_rank(), tdist.get_world_size()
+    run_dir = Path(cfg.train.run_dir)
+    if rank == 0:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        cfg.dump(run_dir / "config.json")
+
+    torch.manual_seed(cfg.train.seed)  # identical initial weights on every rank
+    model = ByteUNet(cfg.model, cfg.boundary)
+    engine, _, _, _ = deepspeed.initialize(model=model, config=deepspeed_config(cfg, world),
+                                           model_parameters=param_groups(model, cfg.train.weight_decay))
+    state = None if resume == "none" else checkpoint.load(engine, run_dir, None if resume == "auto" else resume)
+    step = state["step"] if state else 0
+    accum = cfg.train.grad_accum
+
+    stream = PackedByteStream(resolve_shards(cfg.data.shards, "train"), seq_len=cfg.data.seq_len,
+                              batch_size=cfg.train.micro_batch_size, rank=rank, world_size=world,
+                              seed=cfg.train.seed, start_batch=step * accum, on_bad_shard=cfg.data.on_bad_shard)
+    batches = iter(make_loader(stream, cfg.data.num_workers))
+    val = validation_batches(cfg, rank, world)
+
+    logger = MetricsLogger(run_dir, enabled=rank == 0, total_steps=cfg.train.max_steps, start_step=step,
+                           wandb_mode=cfg.logging.wandb_mode, wandb_project=cfg.logging.wandb_project,
+                           wandb_entity=cfg.logging.wandb_entity, wandb_name=cfg.logging.wandb_name,
+                           config=cfg.to_dict(), progress=cfg.logging.progress)
+    if rank == 0:
+        print(f"megatok: {model.num_params():,} parameters, {world} rank(s), device {device.type}, "
+              f"ZeRO stage {engine.zero_optimization_stage()}, {'bf16' if engine.bfloat16_enabled() else 'fp32'}, "
+              f"start step {step}, run dir {run_dir}", flush=True)
+
+    acc: dict[str, float] = {}
+    t_last, paused, last_row = time.time(), 0.0, {}
+    engine.train()
+    while step < cfg.train.max_steps:
+        for micro in range(accum):
+            batch = next(batches)
+            tokens = batch["tokens"].to(device)
+            torch.manual_seed(step_seed(cfg.train.seed, step, micro * world + rank))
+            out = engine(tokens[:, :-1], tokens[:, 1:])
+            if not torch.isfinite(out.loss):
+                raise FloatingPointError(f"loss is {out.loss.item()} at step {step + 1}; no checkpoint was written "
+                                         f"from it (last good: {checkpoint.latest_tag(run_dir)})")
+            engine.backward(out.loss)
+            engine.step()
+            for k in LOSS_TERMS:
+                acc[k] = acc.get(k, 0.0) + float(out.loss if k == "loss" else out.terms.get(k, 0.0))
+            for k, v in out.stats.items():
+                acc[k] = acc.get(k, 0.0) + float(v)
+            acc["micro_batches"] = acc.get("micro_batches", 0.0) + 1
+            acc["bad_shards"] = float(batch["bad_shards"])
+        step += 1
+
+        if step % cfg.train.log_every == 0 or step == cfg.train.max_steps:
+            bad = acc.pop("bad_shards")
+            s = all_sum(acc, device)
+            now = time.time()
+            n = s["micro_batches"]
+            r = ratios({**s, "ws_positions": 0.0, "ws_boundaries": 0.0})
+            last_row = {"step": step, "split": "train", **{k: s[k] / n for k in LOSS_TERMS},
+                        "bpb": r["bpb"], "bpb_early": s["nll_early"] / s["targets"] / math.log(2),
+                        "boundary_rate": r["boundary_rate"], "bytes_per_chunk": r["bytes_per_chunk"],
+                        "lr": engine.get_lr()[0], "grad_norm": engine.get_global_grad_norm(),
+                        "bytes_per_s": s["targets"] / (now - t_last - paused), "bytes_seen": step * accum * world *
+                        cfg.train.micro_batch_size * cfg.data.seq_len, "epoch": batch["epoch"], "bad_shards": bad}
+            logger.log(last_row)
+            logger.progress(step, loss=last_row["loss"], bpb=last_row["bpb"], rate=last_row["boundary_rate"],
+                            bytes_per_s=last_row["bytes_per_s"])
+            acc, t_last, paused = {}, now, 0.0
+
+        t_pause = time.time()
+        if (cfg.eval.every and step % cfg.eval.every == 0) or step == cfg.train.max_steps:
+            validate(engine, cfg, val, device, step, logger)
+            engine.train()
+        if step % cfg.train.save_every == 0 or step == cfg.train.max_steps:
+            checkpoint.save(engine, run_dir, step, {"step": step, "world_size": world, "batches_per_rank": step * accum})
+        paused += time.time() - t_pause
+
+    logger.close()
+    dist.finish()
+    return last_row

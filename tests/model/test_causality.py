@@ -1,0 +1,94 @@
+"""Nothing downstream of a chunk sees the future: perturbing byte t+1 leaves every output at <= t
+unchanged, and the loss at t has zero gradient with respect to inputs after t."""
+
+import pytest
+import torch
+
+from megatok.config import load_config
+from megatok.model.unet import ByteUNet
+from megatok.vocab import PAD
+
+STRATEGIES = ["policy", "fixed"]
+
+
+def make_model(strategy, **model):
+    sets = [f"boundary.strategy={strategy}", "model.d_model=32", "model.n_heads=2", "model.n_main_layers=2",
+            "train.micro_batch_size=2"] + [f"model.{k}={v}" for k, v in model.items()]
+    cfg = load_config(None, sets, world_size=1)
+    torch.manual_seed(0)
+    return ByteUNet(cfg.model, cfg.boundary).eval()
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("t", [0, 5, 17, 38])
+def test_perturbing_the_future_leaves_the_past_unchanged(strategy, t):
+    model = make_model(strategy)
+    torch.manual_seed(1)
+    x = torch.randint(0, 256, (3, 40))
+    with torch.no_grad():
+        base = model(x)
+        starts = base.boundaries.starts
+        x2 = x.clone()
+        x2[:, t + 1:] = (x2[:, t + 1:] + 1 + torch.randint(0, 254, x2[:, t + 1:].shape)) % 256
+        out = model(x2, starts=starts)  # boundaries held fixed
+    torch.testing.assert_close(out.logits[:, :t + 1], base.logits[:, :t + 1], rtol=0, atol=1e-5)
+    torch.testing.assert_close(out.early_logits[:, :t + 1], base.early_logits[:, :t + 1], rtol=0, atol=1e-5)
+    # and the change is real: later positions do move
+    assert not torch.allclose(out.logits[:, t + 1:], base.logits[:, t + 1:])
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_policy_boundaries_do_not_depend_on_the_future(strategy):
+    """Without holding them fixed: boundary decisions at <= t use only bytes <= t (same sampling seed)."""
+    model = make_model(strategy).train()
+    x = torch.randint(0, 256, (4, 64))
+    x2 = x.clone()
+    x2[:, 33:] = torch.randint(0, 256, x2[:, 33:].shape)
+    torch.manual_seed(5)
+    a = model(x)
+    torch.manual_seed(5)
+    b = model(x2)
+    assert torch.equal(a.boundaries.starts[:, :33], b.boundaries.starts[:, :33])
+    torch.testing.assert_close(a.logits[:, :33], b.logits[:, :33], rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_gradient_of_loss_at_t_wrt_later_inputs_is_zero(strategy, checkpointing):
+    model = make_model(strategy, activation_checkpointing=str(checkpointing).lower()).train()
+    x = torch.randint(0, 256, (2, 48))
+    kept = {}
+
+    def keep(module, inputs, output):
+        output.retain_grad()
+        kept["emb"] = output
+
+    model.embed.register_forward_hook(keep)
+    out = model(x[:, :-1], x[:, 1:])
+    t = 20
+    ce = torch.nn.functional.cross_entropy(out.logits[:, t], x[:, t + 1]) + \
+        torch.nn.functional.cross_entropy(out.early_logits[:, t], x[:, t + 1])
+    ce.backward()
+    grad = kept["emb"].grad
+    assert grad[:, t + 1:].abs().max().item() == 0.0
+    assert grad[:, :t + 1].abs().max().item() > 0.0
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_padding_never_leaks_into_real_positions(strategy):
+    """A short sequence padded in a batch with a long one gives the same outputs as on its own."""
+    model = make_model(strategy)
+    torch.manual_seed(3)
+    long, short = torch.randint(0, 256, (1, 50)), torch.randint(0, 256, (1, 23))
+    starts_long = torch.rand(1, 50) < 0.3
+    starts_short = torch.rand(1, 23) < 0.3
+    batch = torch.full((2, 50), PAD)
+    batch[0], batch[1, :23] = long[0], short[0]
+    starts = torch.zeros(2, 50, dtype=torch.bool)
+    starts[0], starts[1, :23] = starts_long[0], starts_short[0]
+    starts[1, 23:] = True  # the model must ignore boundaries on padding
+    with torch.no_grad():
+        together = model(batch, starts=starts)
+        alone = model(short, starts=starts_short)
+    torch.testing.assert_close(together.logits[1, :23], alone.logits[0], rtol=0, atol=1e-5)
+    assert not together.boundaries.starts[1, 23:].any()

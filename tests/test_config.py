@@ -1,0 +1,121 @@
+"""Config mistakes fail with one line naming the key, before any process group starts."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from megatok.config import ConfigError, deepspeed_config, load_config
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def write(tmp_path, name, obj):
+    p = tmp_path / name
+    p.write_text(json.dumps(obj) if not isinstance(obj, str) else obj)
+    return p
+
+
+def error_of(*args, **kw) -> str:
+    with pytest.raises(ConfigError) as e:
+        load_config(*args, **kw)
+    msg = str(e.value)
+    assert "\n" not in msg
+    return msg
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in (ROOT / "configs").glob("*.json")))
+def test_shipped_configs_load(name):
+    cfg = load_config(ROOT / "configs" / name, world_size=2 if name == "tiny.json" else 8)
+    assert cfg.train.grad_accum >= 1
+
+
+def test_unknown_key_names_full_path_and_closest_name(tmp_path):
+    p = write(tmp_path, "c.json", {"train": {"max_step": 3}})
+    msg = error_of(p)
+    assert "train.max_step" in msg and "did you mean 'train.max_steps'" in msg and str(p) in msg
+    msg = error_of(write(tmp_path, "d.json", {"modle": {}}))
+    assert "modle" in msg and "'model'" in msg
+
+
+def test_unknown_strategy_option_and_unknown_strategy(tmp_path):
+    msg = error_of(write(tmp_path, "c.json", {"boundary": {"strategy": "policy", "gama": 0.9}}))
+    assert "boundary.gama" in msg and "boundary.gamma" in msg
+    msg = error_of(write(tmp_path, "d.json", {"boundary": {"strategy": "fixed", "gamma": 0.9}}))
+    assert "boundary.gamma" in msg and "fixed" in msg
+    msg = error_of(write(tmp_path, "e.json", {"boundary": {"strategy": "bogus"}}))
+    assert "boundary.strategy" in msg and "policy" in msg
+
+
+def test_wrong_type_and_range(tmp_path):
+    msg = error_of(write(tmp_path, "c.json", {"train": {"max_steps": "many"}}))
+    assert "train.max_steps" in msg and "many" in msg
+    msg = error_of(write(tmp_path, "d.json", {"boundary": {"target_rate": 1.5}}))
+    assert "boundary.target_rate" in msg
+    msg = error_of(write(tmp_path, "e.json", {"data": {"seq_len": 0}}))
+    assert "data.seq_len" in msg
+
+
+def test_batch_mismatch(tmp_path):
+    p = write(tmp_path, "c.json", {"train": {"micro_batch_size": 4, "grad_accum": 2, "global_batch_size": 12}})
+    msg = error_of(p, world_size=2)
+    assert "train.global_batch_size=12" in msg and "= 16" in msg
+    cfg = load_config(write(tmp_path, "d.json", {"train": {"micro_batch_size": 4, "global_batch_size": 16}}),
+                      world_size=2)
+    assert cfg.train.grad_accum == 2
+    assert deepspeed_config(cfg, 2)["train_batch_size"] == 16
+    msg = error_of(write(tmp_path, "e.json", {"train": {"micro_batch_size": 4, "global_batch_size": 10}}),
+                   world_size=2)
+    assert "train.global_batch_size=10" in msg
+
+
+def test_extends_merges_and_overrides_are_typed(tmp_path):
+    write(tmp_path, "base.json", {"model": {"d_model": 64, "n_heads": 2}, "train": {"max_steps": 50}})
+    p = write(tmp_path, "child.json", {"extends": "base.json", "model": {"n_heads": 4}})
+    cfg = load_config(p, ["train.max_steps=7", "boundary.gamma=0.5", "data.shards=a/b",
+                          "deepspeed.zero_optimization.stage=3", "train.betas=[0.8,0.9]"], world_size=1)
+    assert (cfg.model.d_model, cfg.model.n_heads, cfg.train.max_steps) == (64, 4, 7)
+    assert cfg.boundary.options["gamma"] == 0.5 and cfg.data.shards == "a/b"
+    assert cfg.deepspeed["zero_optimization"]["stage"] == 3 and cfg.train.betas == (0.8, 0.9)
+    msg = error_of(p, ["train.max_stepz=3"], world_size=1)
+    assert "train.max_stepz" in msg and "train.max_steps" in msg
+
+
+def test_extends_cycle_missing_file_and_bad_json(tmp_path):
+    write(tmp_path, "a.json", {"extends": "b.json"})
+    write(tmp_path, "b.json", {"extends": "a.json"})
+    assert "cycle" in error_of(tmp_path / "a.json")
+    assert "nothere.json" in error_of(write(tmp_path, "c.json", {"extends": "nothere.json"}))
+    msg = error_of(write(tmp_path, "d.json", '{"train": {"max_steps": 3,}}'))
+    assert "d.json" in msg and "line 1" in msg
+
+
+def test_deepspeed_section_is_checked(tmp_path):
+    msg = error_of(write(tmp_path, "c.json", {"deepspeed": {"train_batch_size": 8}}))
+    assert "deepspeed.train_batch_size" in msg and "train.global_batch_size" in msg
+    msg = error_of(write(tmp_path, "d.json", {"deepspeed": {"zero_optimisation": {"stage": 2}}}))
+    assert "did you mean 'deepspeed.zero_optimization'" in msg
+    msg = error_of(write(tmp_path, "e.json", {"deepspeed": {"zero_optimization": {"stag": 2}}}))
+    assert "deepspeed.zero_optimization.stag" in msg
+
+
+def test_baseline_needs_two_sequences_per_micro_batch(tmp_path):
+    msg = error_of(write(tmp_path, "c.json", {"train": {"micro_batch_size": 1}}), world_size=1)
+    assert "batch_baseline" in msg and "micro_batch_size" in msg
+
+
+def test_launcher_fails_before_any_process_group(tmp_path):
+    p = write(tmp_path, "c.json", {"extends": str(ROOT / "configs/tiny.json"), "train": {"max_stepss": 3}})
+    env = {**os.environ, "WORLD_SIZE": "2", "RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}
+    t = time.time()
+    r = subprocess.run([sys.executable, str(ROOT / "launch/pretrain.py"), "--config", str(p)],
+                       capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 2
+    lines = [ln for ln in r.stderr.splitlines() if "[WARNING]" not in ln and ln.strip()]
+    assert len(lines) == 1 and "train.max_stepss" in lines[0], r.stderr
+    assert "Traceback" not in r.stderr and "process group" not in r.stdout + r.stderr
+    assert time.time() - t < 60  # MASTER_PORT=1 would have failed or hung an init

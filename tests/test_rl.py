@@ -1,0 +1,115 @@
+"""The score-function estimator against plain reference computations."""
+
+import math
+
+import pytest
+import torch
+
+from megatok import rl
+from megatok.boundaries import build_strategy
+
+
+def reference_returns(adv, gamma):
+    B, T = adv.shape
+    out = torch.zeros(B, T, dtype=torch.float64)
+    for b in range(B):
+        running = 0.0
+        for t in reversed(range(T)):
+            running = float(adv[b, t]) + gamma * running
+            out[b, t] = running
+    return out
+
+
+@pytest.mark.parametrize("gamma", [0.0, 0.5, 0.9, 0.99, 1.0])
+@pytest.mark.parametrize("T", [1, 7, 128, 300, 1000])
+def test_discounted_returns_equal_a_reference_loop(gamma, T):
+    torch.manual_seed(T)
+    adv = torch.randn(3, T)
+    lengths = [T, max(1, T // 2), max(1, T - 3)]  # padded batch: zeros beyond each length
+    mask = torch.arange(T)[None, :] < torch.tensor(lengths)[:, None]
+    adv = adv * mask
+    got = rl.discounted_returns(adv, gamma, block=64)
+    want = reference_returns(adv, gamma)
+    torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-4 * max(1.0, math.sqrt(T)))
+
+
+def test_discounted_returns_do_not_overflow_on_long_sequences():
+    adv = torch.ones(1, 20000)
+    g = rl.discounted_returns(adv, 0.9)
+    assert torch.isfinite(g).all()
+    torch.testing.assert_close(g[0, 0], torch.tensor(10.0), rtol=1e-4, atol=0)  # 1 / (1 - 0.9)
+
+
+def test_batch_baseline_has_zero_mean_per_position_over_real_entries():
+    torch.manual_seed(0)
+    r = torch.randn(5, 30)
+    mask = torch.arange(30)[None, :] < torch.tensor([30, 12, 12, 5, 1])[:, None]
+    a = rl.batch_baseline(r, mask)
+    per_pos = (a * mask).sum(0) / mask.sum(0)
+    torch.testing.assert_close(per_pos, torch.zeros(30), rtol=0, atol=1e-6)
+    assert (a[~mask] == 0).all()
+    # a position with one real sequence has advantage 0 there
+    assert a[0, 29] == pytest.approx(0.0, abs=1e-6)
+
+
+def test_policy_loss_gradient_equals_the_reinforce_expression_by_hand():
+    torch.manual_seed(0)
+    B, T, D, lam, gamma, cap = 3, 6, 4, 0.01, 0.9, 6.0
+    strat = build_strategy("policy", d_model=D, target_rate=0.2,
+                           options={"gamma": gamma, "lambda_policy": lam, "lambda_rate": 0.0, "logit_cap": cap})
+    strat.train()
+    with torch.no_grad():
+        strat.head.weight.normal_()
+    h = torch.randn(B, T, D)
+    mask = torch.ones(B, T, dtype=torch.bool)
+    mask[2, 4:] = False
+    b = strat(h, None, mask)
+    ce_full, ce_early = torch.rand(B, T) * mask, torch.rand(B, T) * mask
+    losses = strat.loss(b, ce_full, ce_early, mask)
+    losses["policy_loss"].backward()
+
+    # by hand: dL/dw = -lam / N * sum_t G_t (b_t - p_t) dl_t/draw_t h_t over free decisions
+    r = (ce_early - ce_full) * mask
+    mean = r.sum(0) / mask.sum(0)
+    adv = (r - mean) * mask
+    G = reference_returns(adv, gamma).float()
+    raw = (h @ strat.head.weight.detach()[0] + strat.head.bias.detach()[0])
+    p = torch.sigmoid(cap * torch.tanh(raw / cap))
+    dl_draw = 1 - torch.tanh(raw / cap) ** 2
+    decisions = mask.clone()
+    decisions[:, 0] = False
+    coef = -lam / decisions.sum() * G * (b.starts.float() - p) * dl_draw * decisions
+    want_w = (coef[..., None] * h).sum((0, 1))
+    torch.testing.assert_close(strat.head.weight.grad[0], want_w, rtol=1e-4, atol=1e-7)
+    torch.testing.assert_close(strat.head.bias.grad[0], coef.sum(), rtol=1e-4, atol=1e-7)
+
+
+def test_rate_loss_pushes_logits_toward_the_target():
+    logits = torch.full((2, 10), 2.0, requires_grad=True)  # p ~ 0.88, far above rho = 0.2
+    mask = torch.ones(2, 10, dtype=torch.bool)
+    rl.rate_loss(logits, torch.sigmoid(logits), mask, 0.2, 0.01).backward()
+    assert (logits.grad > 0).all()  # gradient descent lowers them
+    logits.grad = None
+    low = torch.full((2, 10), -4.0, requires_grad=True)
+    rl.rate_loss(low, torch.sigmoid(low), mask, 0.2, 0.01).backward()
+    assert (low.grad < 0).all()
+
+
+def test_policy_starts_at_the_target_rate_and_forces_the_first_boundary():
+    torch.manual_seed(0)
+    strat = build_strategy("policy", d_model=8, target_rate=0.2, options={}).train()
+    h = torch.zeros(64, 200, 8)
+    b = strat(h, None, torch.ones(64, 200, dtype=torch.bool))
+    assert b.starts[:, 0].all()
+    torch.testing.assert_close(b.probs.mean(), torch.tensor(0.2), rtol=1e-4, atol=0)
+    assert abs(b.starts[:, 1:].float().mean().item() - 0.2) < 0.01
+
+
+def test_fixed_stride_is_every_one_over_rho_bytes():
+    strat = build_strategy("fixed", d_model=8, target_rate=0.25, options={})
+    x = torch.zeros(2, 10, dtype=torch.long)
+    mask = torch.ones(2, 10, dtype=torch.bool)
+    mask[1, 6:] = False
+    b = strat(torch.zeros(2, 10, 8), x, mask)
+    assert b.starts[0].nonzero().flatten().tolist() == [0, 4, 8]
+    assert b.starts[1].nonzero().flatten().tolist() == [0, 4]
