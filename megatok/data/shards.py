@@ -1,0 +1,226 @@
+"""Writing documents into WebDataset tar shards, with a manifest.
+
+One sample per document: key "%010d" % document index, "bin" = the raw bytes, "json" = {"lang",
+"domain", "source"}. The build runs in two passes so every shard is a random mix of all sources in
+a random order (otherwise a reader would see one language, then the next, for a whole shard):
+
+1. read the inputs once, appending each document to a spill file in the temporary directory and
+   keeping only (offset, lengths) in memory;
+2. choose the val documents, shuffle the rest and cut them into shards of equal document counts,
+   then copy each shard's documents out of the spill file into a tar.
+
+Everything is written into "<out_dir>.tmp-<pid>" and renamed into place at the end, so a failed
+or interrupted build never leaves a half-written shard directory or damages an existing one.
+"""
+
+import hashlib
+import json
+import math
+import os
+import shutil
+from array import array
+from datetime import datetime, timezone
+
+import numpy as np
+import webdataset as wds
+from tqdm import tqdm
+
+from megatok.data.documents import DataError, iter_documents, list_input_files
+
+MANIFEST = "manifest.json"
+FORMAT = "megatok-shards"
+VERSION = 1
+
+
+def _val_score(seed: int, index: int) -> float:
+    """A uniform number in [0, 1) that depends only on (seed, document index): the val decision."""
+    digest = hashlib.blake2b(f"{seed}:{index}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") / 2.0**64
+
+
+def _sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _estimate_bytes(files: list[str]) -> int:
+    """Input size from the sizes on disk; gzip is assumed to compress text about 3x."""
+    return sum(os.path.getsize(f) * (3 if f.endswith(".gz") else 1) for f in files)
+
+
+def _choose_val(scores: np.ndarray, val_fraction: float) -> np.ndarray:
+    """Boolean val mask: score < val_fraction, with at least one val and one train document when n >= 2."""
+    is_val = scores < val_fraction
+    if val_fraction > 0 and len(scores) >= 2 and not is_val.any():
+        is_val[np.argmin(scores)] = True
+    if is_val.all():  # never leave train empty; with n >= 2 at least one val document remains
+        is_val[np.argmax(scores)] = False
+    return is_val
+
+
+def _write_shard(path: str, indices, spill, offsets, text_lens, meta_lens, bar) -> dict:
+    """Copy the given documents out of the spill file into one tar; return its manifest entry."""
+    n_bytes = 0
+    with open(path, "wb") as f, wds.TarWriter(f, encoder=False, mtime=0) as writer:  # mtime=0: reproducible tars
+        for i in indices:
+            spill.seek(offsets[i])
+            text = spill.read(text_lens[i])
+            meta = spill.read(meta_lens[i])
+            writer.write({"__key__": "%010d" % i, "bin": text, "json": meta})
+            n_bytes += len(text)
+            bar.update(len(text))
+    return {"name": os.path.basename(path), "documents": len(indices), "bytes": n_bytes,
+            "file_bytes": os.path.getsize(path), "sha256": _sha256(path)}
+
+
+def _build(inputs, files, tmp, *, val_fraction, num_shards, shard_bytes, min_shards, val_shards,
+           seed, lang, domain, max_doc_bytes, progress) -> dict:
+    """Both passes of the build, writing into the (existing, empty) directory tmp."""
+    estimate = _estimate_bytes(files)
+    stats = {}
+    offsets, text_lens, meta_lens, scores = array("q"), array("q"), array("q"), array("d")
+    spill_path = os.path.join(tmp, "documents.spill")
+    with open(spill_path, "w+b") as spill:
+        # pass 1: read every input once
+        with tqdm(total=estimate, unit="B", unit_scale=True, desc="reading", disable=not progress) as bar:
+            docs = iter_documents(inputs, lang=lang, domain=domain, max_doc_bytes=max_doc_bytes, stats=stats)
+            for i, doc in enumerate(docs):
+                meta = json.dumps({"lang": doc.lang, "domain": doc.domain, "source": doc.source}).encode()
+                offsets.append(spill.tell())
+                text_lens.append(len(doc.text))
+                meta_lens.append(len(meta))
+                scores.append(_val_score(seed, i))
+                spill.write(doc.text)
+                spill.write(meta)
+                bar.update(len(doc.text))
+        n = len(offsets)
+        if n == 0:
+            raise DataError(f"no documents in {', '.join(inputs)} "
+                            f"({stats.get('empty_documents', 0)} empty documents skipped)")
+
+        # pass 2: split, shuffle, cut into shards, write
+        is_val = _choose_val(np.frombuffer(scores, dtype=np.float64), val_fraction)
+        lens = np.frombuffer(text_lens, dtype=np.int64)
+        rng = np.random.default_rng(seed)
+        splits = {}
+        for split, mask in (("train", ~is_val), ("val", is_val)):
+            idx = rng.permutation(np.flatnonzero(mask))
+            if split == "train":
+                wanted = num_shards or max(min_shards, math.ceil(estimate / shard_bytes))
+            else:
+                wanted = val_shards or max(1, min(4, math.ceil(lens[idx].sum() / shard_bytes)))
+            splits[split] = np.array_split(idx, min(wanted, len(idx))) if len(idx) else []
+        manifest = {
+            "format": FORMAT, "version": VERSION,
+            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "inputs": list(inputs), "seed": seed, "val_fraction": val_fraction, "max_doc_bytes": max_doc_bytes,
+            "documents": {s: int(sum(len(c) for c in chunks)) for s, chunks in splits.items()},
+            "bytes": {s: int(sum(lens[c].sum() for c in chunks)) for s, chunks in splits.items()},
+            "empty_documents_skipped": stats["empty_documents"],
+            "split_documents": stats["split_documents"],
+        }
+        with tqdm(total=int(lens.sum()), unit="B", unit_scale=True, desc="writing", disable=not progress) as bar:
+            for split, chunks in splits.items():
+                manifest[split] = [
+                    _write_shard(os.path.join(tmp, f"{split}-{k:05d}.tar"), chunk.tolist(), spill,
+                                 offsets, text_lens, meta_lens, bar)
+                    for k, chunk in enumerate(chunks)]
+    os.remove(spill_path)
+    with open(os.path.join(tmp, MANIFEST), "w") as f:
+        json.dump(manifest, f, indent=1)
+        f.write("\n")
+    return manifest
+
+
+def _replace_dir(tmp: str, out_dir: str) -> None:
+    """Move tmp to out_dir; an existing out_dir is removed only once the new one is in place."""
+    if not os.path.exists(out_dir):
+        os.rename(tmp, out_dir)
+        return
+    old = f"{out_dir}.old-{os.getpid()}"
+    os.rename(out_dir, old)
+    try:
+        os.rename(tmp, out_dir)
+    except BaseException:
+        os.rename(old, out_dir)
+        raise
+    shutil.rmtree(old)
+
+
+def build_shards(inputs: list[str], out_dir: str, *, val_fraction: float = 0.01, num_shards: int | None = None,
+                 shard_bytes: int = 64 << 20, min_shards: int = 8, val_shards: int | None = None, seed: int = 0,
+                 overwrite: bool = False, lang: str | None = None, domain: str | None = None,
+                 max_doc_bytes: int = 1 << 20, progress: bool = True) -> dict:
+    """Build train/val WebDataset shards and manifest.json from the inputs; return the manifest.
+
+    num_shards defaults to max(min_shards, input bytes / shard_bytes) so that there are enough
+    shards for every (rank, dataloader worker) reader; val_shards to between 1 and 4. Either is
+    reduced to the number of documents so that no shard is empty.
+    """
+    if isinstance(inputs, str):
+        inputs = [inputs]
+    if not 0 <= val_fraction < 1:
+        raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
+    for name, value in (("num_shards", num_shards), ("val_shards", val_shards)):
+        if value is not None and value < 1:
+            raise ValueError(f"{name} must be at least 1, got {value}")
+    if shard_bytes < 1 or min_shards < 1:
+        raise ValueError("shard_bytes and min_shards must be positive")
+    files = list_input_files(inputs)  # fail on a missing input before touching anything
+    out_dir = os.path.normpath(out_dir)
+    if os.path.exists(out_dir):
+        if not os.path.isdir(out_dir):
+            raise DataError(f"{out_dir}: exists and is not a directory")
+        if os.listdir(out_dir) and not overwrite:
+            raise DataError(f"{out_dir}: directory exists and is not empty (use overwrite to replace it)")
+    tmp = f"{out_dir}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    try:
+        manifest = _build(inputs, files, tmp, val_fraction=val_fraction, num_shards=num_shards,
+                          shard_bytes=shard_bytes, min_shards=min_shards, val_shards=val_shards, seed=seed,
+                          lang=lang, domain=domain, max_doc_bytes=max_doc_bytes, progress=progress)
+        _replace_dir(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return manifest
+
+
+def read_manifest(shard_dir: str) -> dict:
+    """Load and check manifest.json of a shard directory."""
+    path = os.path.join(shard_dir, MANIFEST)
+    try:
+        with open(path) as f:
+            manifest = json.load(f)
+    except FileNotFoundError:
+        raise DataError(f"{path}: no manifest (is {shard_dir} a directory made by tools/build_shards.py?)") from None
+    except (OSError, ValueError) as exn:
+        raise DataError(f"{path}: unreadable manifest: {exn}") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise DataError(f"{path}: not a {FORMAT} manifest")
+    if manifest.get("version") != VERSION:
+        raise DataError(f"{path}: manifest version {manifest.get('version')}, this code reads version {VERSION}")
+    for split in ("train", "val"):
+        if not isinstance(manifest.get(split), list):
+            raise DataError(f'{path}: manifest has no "{split}" shard list')
+    return manifest
+
+
+def verify_shards(shard_dir: str) -> list[str]:
+    """Check every shard listed in the manifest against its size and sha256; return the problems found."""
+    manifest = read_manifest(shard_dir)
+    problems = []
+    for split in ("train", "val"):
+        for entry in manifest[split]:
+            path = os.path.join(shard_dir, entry["name"])
+            if not os.path.isfile(path):
+                problems.append(f"{path}: missing")
+            elif "file_bytes" in entry and os.path.getsize(path) != entry["file_bytes"]:
+                problems.append(f"{path}: size {os.path.getsize(path)}, manifest says {entry['file_bytes']}")
+            elif _sha256(path) != entry["sha256"]:
+                problems.append(f"{path}: sha256 does not match the manifest")
+    return problems

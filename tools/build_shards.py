@@ -1,0 +1,49 @@
+"""Build WebDataset train/val shards from text and JSON-lines files.
+
+    python tools/build_shards.py data/raw/ extra.jsonl.gz --out data/shards --val-fraction 0.01
+
+See megatok/data/shards.py for the format. Exits 2 with a one-line "error: ..." on bad input.
+"""
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from megatok.data.documents import DataError  # noqa: E402
+from megatok.data.shards import build_shards  # noqa: E402
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("inputs", nargs="+", metavar="INPUT", help=".txt, .jsonl (optionally .gz) files or directories")
+    parser.add_argument("--out", required=True, help="output shard directory")
+    parser.add_argument("--val-fraction", type=float, default=0.01)
+    parser.add_argument("--num-shards", type=int, default=None, help="train shards (default: from input size)")
+    parser.add_argument("--val-shards", type=int, default=None)
+    parser.add_argument("--shard-mb", type=float, default=64, help="target shard size when --num-shards is not given")
+    parser.add_argument("--max-doc-mb", type=float, default=1, help="longer documents are split")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--lang", default=None, help="language of .txt inputs (and JSON lines without one)")
+    parser.add_argument("--domain", default=None, help="domain of .txt inputs (and JSON lines without one)")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing output directory")
+    parser.add_argument("--no-progress", action="store_true")
+    args = parser.parse_args(argv)
+    try:
+        m = build_shards(args.inputs, args.out, val_fraction=args.val_fraction, num_shards=args.num_shards,
+                         val_shards=args.val_shards, shard_bytes=int(args.shard_mb * 2**20), seed=args.seed,
+                         overwrite=args.overwrite, lang=args.lang, domain=args.domain,
+                         max_doc_bytes=int(args.max_doc_mb * 2**20), progress=not args.no_progress)
+    except (DataError, ValueError) as exn:
+        print("error: " + " ".join(str(exn).split()), file=sys.stderr)
+        return 2
+    docs, nbytes = m["documents"], m["bytes"]
+    print(f"wrote {args.out}: {docs['train'] + docs['val']} documents (train {docs['train']}, val {docs['val']}), "
+          f"{(nbytes['train'] + nbytes['val']) / 2**20:.1f} MiB; {len(m['train'])} train + {len(m['val'])} val shards; "
+          f"{m['empty_documents_skipped']} empty documents skipped, {m['split_documents']} long documents split")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
