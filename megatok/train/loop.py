@@ -128,7 +128,7 @@ def train(cfg: Config, *, resume: str = "auto") -> dict:
             engine.backward(out.loss)
             engine.step()
             for k in LOSS_TERMS:
-                acc[k] = acc.get(k, 0.0) + float(out.loss if k == "loss" else out.terms.get(k, 0.0))
+                acc[k] = acc.get(k, 0.0) + (out.loss if k == "loss" else out.terms.get(k, out.loss.new_zeros(()))).item()
             for k, v in out.stats.items():
                 acc[k] = acc.get(k, 0.0) + float(v)
             acc["micro_batches"] = acc.get("micro_batches", 0.0) + 1

@@ -1,0 +1,88 @@
+"""Evaluate a run's latest checkpoint on text: prints one JSON object.
+
+    python tools/evaluate.py --run runs/tiny --data held_out.jsonl [more files or a shard directory]
+
+Inputs are what build_shards reads (.txt, .txt.gz, .jsonl, .jsonl.gz, directories of them), or a
+build_shards output directory (its validation split). Figures: bpb (corpus: total NLL over total
+bytes, and the per-document mean), bytes_per_chunk, boundary_rate, whitespace_boundary_fraction,
+and the same per "lang" and "domain" when the documents carry them. Boundaries are sampled with a
+fixed seed by default (``--boundary sample``) or chosen deterministically (threshold, topk); the
+output says which under "boundary_rule".
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch  # noqa: E402
+from tqdm.auto import tqdm  # noqa: E402
+
+from megatok.data.documents import DataError, iter_documents  # noqa: E402
+from megatok.eval.bpb import boundary_rule, evaluate_documents  # noqa: E402
+
+
+def documents(paths: list[str]):
+    """Input files, or a shard directory's validation split."""
+    for p in paths:
+        if Path(p, "manifest.json").is_file():
+            from megatok.data.stream import iter_shard_documents, resolve_shards
+
+            yield from iter_shard_documents(resolve_shards(p, "val"))
+        else:
+            yield from iter_documents([p])
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--run", required=True, help="run directory (holds config.json and checkpoints/)")
+    ap.add_argument("--data", required=True, nargs="+", help="files, directories, or a shard directory")
+    ap.add_argument("--checkpoint", default=None, help="checkpoint tag (default: latest)")
+    ap.add_argument("--boundary", choices=["sample", "threshold", "topk"], default="sample")
+    ap.add_argument("--seed", type=int, default=0, help="sampling seed for --boundary sample")
+    ap.add_argument("--seq-len", type=int, default=None, help="window length (default: the run's data.seq_len)")
+    ap.add_argument("--batch-size", type=int, default=8)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--max-bytes", type=float, default=None, help="stop after this many bytes of text")
+    args = ap.parse_args(argv)
+
+    from megatok.train.checkpoint import load_model
+
+    try:
+        model, cfg, tag = load_model(args.run, args.checkpoint, args.device)
+        docs = documents(args.data)
+        if args.max_bytes:
+            docs = _limit(docs, int(args.max_bytes))
+        bar = tqdm(unit="B", unit_scale=True, desc="evaluate", file=sys.stderr, disable=None)
+        result = evaluate_documents(model, docs, seq_len=args.seq_len or cfg.data.seq_len,
+                                    batch_size=args.batch_size, mode=args.boundary, seed=args.seed,
+                                    device=args.device, progress=bar)
+        bar.close()
+    except (DataError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if not result["documents"]:
+        print(f"error: no documents in {' '.join(args.data)}", file=sys.stderr)
+        return 2
+    out = {"run": str(args.run), "checkpoint": tag, "strategy": cfg.boundary.strategy,
+           "boundary_rule": boundary_rule(args.boundary, args.seed), **result}
+    print(json.dumps(out, indent=2))
+    return 0
+
+
+def _limit(docs, max_bytes):
+    seen = 0
+    for d in docs:
+        if seen >= max_bytes:
+            return
+        seen += len(d.text)
+        yield d
+
+
+if __name__ == "__main__":
+    sys.exit(main())
