@@ -1,0 +1,270 @@
+"""Streaming shards into packed byte batches for training.
+
+Each (rank, dataloader worker) pair is one reader. Every epoch the shard list is shuffled the
+same way on all ranks and reader r of R reads shards[r::R], so each document is read exactly
+once per epoch across the job. A reader turns its documents into one continuous token stream,
+SEP before every document, and cuts it into sequences of seq_len + 1 tokens that overlap by one
+token, so every token is a prediction target exactly once. The stream never ends: ranks that
+own more data simply reach the next epoch later, and no rank ever waits for another.
+
+Everything a reader produces is a pure function of (urls, seed, seq_len, batch_size, reader, R),
+which is what makes resuming exact: a restarted reader regenerates and discards what it had
+already produced (start_batch).
+"""
+
+import itertools
+import json
+import os
+import tarfile
+import warnings
+import zlib
+from typing import Iterable, Iterator
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+from webdataset import shardlists, tariterators
+from webdataset.gopen import gopen  # (webdataset.gopen is also the name of the function)
+
+from megatok.data.documents import DataError, Document
+from megatok.data.shards import read_manifest
+from megatok.vocab import PAD, SEP
+
+
+class BadShardWarning(UserWarning):
+    """A shard could not be read completely and was skipped (after the documents read before the damage)."""
+
+
+def resolve_shards(spec: str | list[str], split: str = "train") -> list[str]:
+    """Turn a shard directory, a brace pattern ("data/train-{00000..00063}.tar") or a list into shard URLs."""
+    if isinstance(spec, str) and os.path.isdir(spec):
+        manifest = read_manifest(spec)
+        if split not in ("train", "val"):
+            raise DataError(f"{spec}: unknown split {split!r} (expected 'train' or 'val')")
+        urls = [os.path.join(spec, entry["name"]) for entry in manifest[split]]
+        if not urls:
+            raise DataError(f"{spec}: manifest lists no {split} shards")
+    else:
+        urls = [u for s in ([spec] if isinstance(spec, str) else spec) for u in shardlists.expand_urls(s)]
+        if not urls:
+            raise DataError(f"no shards in {spec!r}")
+    for url in urls:
+        if ":" not in url.split("/")[0] and not os.path.isfile(url):  # a local path, not pipe:/https:/file:
+            raise DataError(f"{url}: shard file not found")
+    return urls
+
+
+def check_readers(n_shards: int, world_size: int, num_workers: int) -> int:
+    """Fail early if some (rank, worker) reader would get no shard; return the number of readers."""
+    workers = max(1, num_workers)
+    readers = world_size * workers
+    if n_shards < readers:
+        raise DataError(f"{n_shards} shards for {readers} readers ({world_size} ranks x {workers} dataloader "
+                        f"workers): every reader needs a shard; use at most {max(1, n_shards // world_size)} "
+                        f"dataloader workers or build more shards (--num-shards)")
+    return readers
+
+
+class _CheckedStream:
+    """A read-only stream that remembers enough to tell a complete tar from a truncated one.
+
+    Python's tarfile (and so webdataset) stops silently at a truncated or garbled header after the
+    first member, dropping the rest of the shard without an error. A complete tar ends in zero
+    blocks and its size is a multiple of 512, and nothing but zeros follows the end marker, so
+    after the iteration we drain the stream and check exactly that. (Compressed tars are left to
+    the decompressor's own checks.)
+    """
+
+    def __init__(self, raw):
+        self.raw, self.size, self.head, self.tail = raw, 0, b"", b""
+
+    def read(self, n=-1):
+        data = self.raw.read(n)
+        self.size += len(data)
+        if len(self.head) < 8:
+            self.head = (self.head + data)[:8]
+        self.tail = (self.tail + data)[-1024:]
+        return data
+
+    def problem_at_end(self) -> str | None:
+        compressed = self.head.startswith((b"\x1f\x8b", b"BZh", b"\xfd7zXZ\x00"))
+        while data := self.read(1 << 16):
+            if data.strip(b"\0") and not compressed:
+                return "data after the end of the archive (corrupt header?)"
+        if compressed:
+            return None
+        if self.size % 512 or self.size < 1024 or self.tail.strip(b"\0"):
+            return f"truncated tar ({self.size} bytes, no end-of-archive marker)"
+        return None
+
+    def close(self):
+        self.raw.close()
+
+
+# what a missing, unreadable, truncated or corrupt shard raises
+DAMAGE = (OSError, EOFError, ValueError, tarfile.TarError, zlib.error)
+
+
+def _shard_samples(url: str, problems: list[str]) -> Iterator[dict]:
+    """Yield the samples of one shard with webdataset's tar iterators; record what is wrong with it in problems.
+
+    Reading stops at the first error; samples read before it are still yielded.
+    """
+    def handler(exn):
+        if not isinstance(exn, DAMAGE):
+            raise exn  # a bug, not a bad shard
+        if isinstance(exn, OSError) and exn.strerror:
+            message = exn.strerror
+        else:  # webdataset appends " @ <stream>" to the message and the url to args
+            message = str(exn.args[0]).split(" @ ")[0] if exn.args else ""
+        problems.append(f"{type(exn).__name__}: {message}")
+        return False  # stop reading this shard
+
+    try:
+        stream = _CheckedStream(gopen(url, "rb"))
+    except DAMAGE as exn:
+        handler(exn)
+        return
+    try:
+        files = tariterators.tar_file_expander([{"url": url, "stream": stream}], handler=handler)
+        for sample in tariterators.group_by_keys(files, handler=handler):
+            if "bin" in sample:
+                yield sample
+            else:
+                problems.append(f"sample {sample['__key__']} has no .bin member")
+        if not problems and (problem := stream.problem_at_end()):
+            problems.append(problem)
+    finally:
+        stream.close()
+
+
+def iter_shard_documents(urls: list[str]) -> Iterator[Document]:
+    """Read documents (bytes and metadata) back from shards, in order; any damage is a DataError."""
+    for url in urls:
+        problems = []
+        for sample in _shard_samples(url, problems):
+            meta = json.loads(sample["json"]) if "json" in sample else {}
+            yield Document(sample["bin"], meta.get("lang"), meta.get("domain"),
+                           meta.get("source") or f"{url}:{sample['__key__']}")
+        if problems:
+            raise DataError(f"{url}: bad shard: {problems[0]}")
+
+
+def _doc_tokens(doc: bytes) -> np.ndarray:
+    """SEP followed by the document's bytes, as int16 tokens."""
+    tokens = np.empty(len(doc) + 1, dtype=np.int16)
+    tokens[0] = SEP
+    tokens[1:] = np.frombuffer(doc, dtype=np.uint8)
+    return tokens
+
+
+def _windows(stream: np.ndarray, seq_len: int) -> torch.Tensor:
+    """Rows stream[i*seq_len : i*seq_len + seq_len + 1] for every full row: consecutive rows share one token."""
+    rows = np.lib.stride_tricks.sliding_window_view(stream, seq_len + 1)[::seq_len]
+    return torch.from_numpy(rows.astype(np.int64))
+
+
+def pack_documents(docs: Iterable[bytes], seq_len: int) -> torch.Tensor:
+    """Pack documents with the stream's rule into [N, seq_len + 1]; the last row is padded with PAD.
+
+    For evaluation: every token after the first is a target exactly once, PAD targets carry no data.
+    """
+    chunks = [_doc_tokens(d) for d in docs]
+    stream = np.concatenate(chunks) if chunks else np.empty(0, dtype=np.int16)
+    if len(stream) <= 1:
+        return torch.empty(0, seq_len + 1, dtype=torch.long)
+    n_rows = -(-(len(stream) - 1) // seq_len)
+    padded = np.full(n_rows * seq_len + 1, PAD, dtype=np.int16)
+    padded[:len(stream)] = stream
+    return _windows(padded, seq_len)
+
+
+def _pack_batches(docs: Iterable[bytes], seq_len: int, batch_size: int, skip_tokens: int = 0) -> Iterator[torch.Tensor]:
+    """Cut the continuous token stream of docs into [batch_size, seq_len + 1] batches, dropping its first skip_tokens.
+
+    A batch consumes batch_size * seq_len tokens; its last token is also the first of the next batch.
+    """
+    step = batch_size * seq_len
+    chunks, n = [], 0
+    for doc in docs:
+        tokens = _doc_tokens(doc)
+        if skip_tokens:
+            cut = min(skip_tokens, len(tokens))
+            tokens, skip_tokens = tokens[cut:], skip_tokens - cut
+        chunks.append(tokens)
+        n += len(tokens)
+        while n > step:
+            stream = chunks[0] if len(chunks) == 1 else np.concatenate(chunks)
+            yield _windows(stream[:step + 1], seq_len)
+            chunks, n = [stream[step:]], n - step
+
+
+class PackedByteStream(IterableDataset):
+    """An endless stream of {"tokens": LongTensor[batch_size, seq_len + 1], "epoch", "bad_shards"} batches.
+
+    Use it through make_loader so a rank's batches come round-robin from its workers: that order
+    is what start_batch (batches this rank has already consumed) refers to. Resuming is exact as
+    long as urls, seed, seq_len, batch_size, world_size and the number of workers are unchanged.
+    """
+
+    def __init__(self, urls: list[str], *, seq_len: int, batch_size: int, rank: int = 0, world_size: int = 1,
+                 seed: int = 0, start_batch: int = 0, on_bad_shard: str = "warn", num_workers_hint: int | None = None):
+        super().__init__()
+        if not urls:
+            raise DataError("no shards given")
+        if seq_len < 1 or batch_size < 1 or start_batch < 0 or seed < 0:
+            raise ValueError("seq_len and batch_size must be positive, start_batch and seed non-negative")
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} is not in [0, {world_size})")
+        if on_bad_shard not in ("warn", "error"):
+            raise ValueError(f"on_bad_shard must be 'warn' or 'error', got {on_bad_shard!r}")
+        if num_workers_hint is not None:
+            check_readers(len(urls), world_size, num_workers_hint)
+        self.urls, self.seq_len, self.batch_size = list(urls), seq_len, batch_size
+        self.rank, self.world_size, self.seed = rank, world_size, seed
+        self.start_batch, self.on_bad_shard = start_batch, on_bad_shard
+
+    def epoch_shards(self, epoch: int, reader: int, n_readers: int) -> list[str]:
+        """The shards a reader reads in an epoch: the same shuffle on every rank, then every n_readers-th."""
+        order = np.random.default_rng([self.seed, epoch]).permutation(len(self.urls))
+        return [self.urls[i] for i in order[reader::n_readers]]
+
+    def _documents(self, reader: int, n_readers: int, state: dict) -> Iterator[bytes]:
+        """This reader's documents, epoch after epoch; updates state["epoch"] and state["bad_shards"]."""
+        for epoch in itertools.count():
+            state["epoch"] = epoch
+            shards, n_docs = self.epoch_shards(epoch, reader, n_readers), 0
+            for url in shards:
+                problems, n_before = [], n_docs
+                for sample in _shard_samples(url, problems):
+                    n_docs += 1
+                    yield sample["bin"]
+                if problems:
+                    if self.on_bad_shard == "error":
+                        raise DataError(f"{url}: bad shard: {problems[0]}")
+                    state["bad_shards"] += 1
+                    warnings.warn(f"{url}: bad shard ({problems[0]}); used the {n_docs - n_before} documents read "
+                                  f"before the damage and moved on to the next shard", BadShardWarning)
+            if n_docs == 0:
+                raise DataError(f"reader {reader} of {n_readers} read no documents in epoch {epoch} from its "
+                                f"shards: {', '.join(shards)}")
+
+    def __iter__(self):
+        info = get_worker_info()
+        num_workers, worker = (1, 0) if info is None else (info.num_workers, info.id)
+        n_readers = check_readers(len(self.urls), self.world_size, num_workers)
+        # The loader's first batch after a restart is batch start_batch of the rank, which came from worker
+        # start_batch % W in the original run: rotate the workers so each continues the right stream.
+        logical = (worker + self.start_batch) % num_workers
+        reader = self.rank * num_workers + logical
+        done = len(range(logical, self.start_batch, num_workers))  # batches this reader had produced
+        state = {"epoch": 0, "bad_shards": 0}
+        docs = self._documents(reader, n_readers, state)
+        for tokens in _pack_batches(docs, self.seq_len, self.batch_size, done * self.batch_size * self.seq_len):
+            yield {"tokens": tokens, "epoch": state["epoch"], "bad_shards": state["bad_shards"]}
+
+
+def make_loader(dataset: PackedByteStream, num_workers: int) -> DataLoader:
+    """A DataLoader that yields the dataset's batches as they are, round-robin over workers in order."""
+    return DataLoader(dataset, batch_size=None, num_workers=num_workers, in_order=True,
+                      persistent_workers=num_workers > 0)

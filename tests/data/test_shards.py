@@ -1,0 +1,162 @@
+import gzip
+import hashlib
+import json
+import os
+import random
+import subprocess
+import sys
+from collections import Counter
+
+import pytest
+
+from megatok.data.documents import DataError, iter_documents
+from megatok.data.shards import build_shards, read_manifest, verify_shards
+from megatok.data.stream import iter_shard_documents, resolve_shards
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def make_inputs(root, n_jsonl=40, seed=0):
+    """A small mixed corpus: a jsonl per language (one gzipped), a directory of .txt files, one binary file."""
+    rng = random.Random(seed)
+    root.mkdir(parents=True, exist_ok=True)
+    for lang, opener in (("en", open), ("fr", gzip.open)):
+        name = root / (f"{lang}.jsonl" + (".gz" if opener is gzip.open else ""))
+        with opener(name, "wt", encoding="utf-8") as f:
+            for i in range(n_jsonl):
+                words = " ".join(rng.choice(["alpha", "beta", "\u00e9t\u00e9", "gamma"]) for _ in range(rng.randint(1, 30)))
+                f.write(json.dumps({"text": f"{lang} {i} {words}", "lang": lang, "domain": "web"}) + "\n")
+            f.write(json.dumps({"text": ""}) + "\n")  # an empty document
+    (root / "books").mkdir(exist_ok=True)
+    for i in range(5):
+        (root / "books" / f"book{i}.txt").write_bytes(f"book {i}\n".encode() * rng.randint(1, 40))
+    (root / "books" / "blob.txt").write_bytes(bytes(rng.randrange(256) for _ in range(700)))
+    return [str(root / "en.jsonl"), str(root / "fr.jsonl.gz"), str(root / "books")]
+
+
+def shard_paths(out, manifest):
+    return [os.path.join(out, e["name"]) for split in ("train", "val") for e in manifest[split]]
+
+
+def test_every_document_appears_exactly_once_with_metadata(tmp_path):
+    inputs = make_inputs(tmp_path / "in")
+    out = str(tmp_path / "shards")
+    m = build_shards(inputs, out, val_fraction=0.1, num_shards=6, lang="und", domain="books", max_doc_bytes=200,
+                     progress=False)
+    expected = Counter((d.text, d.lang, d.domain, d.source)
+                       for d in iter_documents(inputs, lang="und", domain="books", max_doc_bytes=200))
+    got = Counter((d.text, d.lang, d.domain, d.source) for d in iter_shard_documents(shard_paths(out, m)))
+    assert got == expected
+    assert m["documents"]["train"] + m["documents"]["val"] == sum(expected.values())
+    assert m["documents"]["val"] >= 1 and len(m["train"]) == 6 and len(m["val"]) == 1
+    assert m["empty_documents_skipped"] == 2 and m["split_documents"] >= 1
+    assert sorted(os.listdir(out)) == ["manifest.json", "train-00000.tar", "train-00001.tar", "train-00002.tar",
+                                       "train-00003.tar", "train-00004.tar", "train-00005.tar", "val-00000.tar"]
+    assert not [p for p in os.listdir(tmp_path) if ".tmp-" in p or ".old-" in p]
+
+
+def test_manifest_counts_and_checksums_match_files(tmp_path):
+    out = str(tmp_path / "shards")
+    build_shards(make_inputs(tmp_path / "in"), out, val_fraction=0.2, num_shards=3, progress=False)
+    m = read_manifest(out)
+    assert m["format"] == "megatok-shards" and m["version"] == 1 and m["seed"] == 0
+    for split in ("train", "val"):
+        assert m["documents"][split] == sum(e["documents"] for e in m[split])
+        assert m["bytes"][split] == sum(e["bytes"] for e in m[split])
+        for e in m[split]:
+            path = os.path.join(out, e["name"])
+            assert hashlib.sha256(open(path, "rb").read()).hexdigest() == e["sha256"]
+            docs = list(iter_shard_documents([path]))
+            assert len(docs) == e["documents"] and sum(len(d.text) for d in docs) == e["bytes"]
+    assert verify_shards(out) == []
+    assert resolve_shards(out, "val") == [os.path.join(out, e["name"]) for e in m["val"]]
+
+
+def test_sources_are_mixed_within_shards(tmp_path):
+    out = str(tmp_path / "shards")
+    build_shards(make_inputs(tmp_path / "in", n_jsonl=60), out, val_fraction=0, num_shards=2, progress=False)
+    langs = [d.lang for d in iter_shard_documents(resolve_shards(out))]
+    first_fr, last_en = langs.index("fr"), len(langs) - 1 - langs[::-1].index("en")
+    assert first_fr < last_en  # not input order: languages interleave inside each shard
+
+
+def test_build_is_deterministic(tmp_path):
+    inputs = make_inputs(tmp_path / "in")
+    a = build_shards(inputs, str(tmp_path / "a"), num_shards=3, seed=5, progress=False)
+    b = build_shards(inputs, str(tmp_path / "b"), num_shards=3, seed=5, progress=False)
+    assert [e["sha256"] for e in a["train"] + a["val"]] == [e["sha256"] for e in b["train"] + b["val"]]
+
+
+def test_val_split_edges(tmp_path):
+    (tmp_path / "a.txt").write_bytes(b"a")
+    (tmp_path / "b.txt").write_bytes(b"b")
+    m = build_shards([str(tmp_path / "a.txt"), str(tmp_path / "b.txt")], str(tmp_path / "two"),
+                     val_fraction=0.001, progress=False)
+    assert m["documents"] == {"train": 1, "val": 1}  # at least one of each with two documents
+    m = build_shards([str(tmp_path / "a.txt")], str(tmp_path / "one"), val_fraction=0.5, progress=False)
+    assert m["documents"] == {"train": 1, "val": 0} and m["val"] == [] and len(m["train"]) == 1
+
+
+def test_verify_flags_a_modified_shard(tmp_path):
+    out = str(tmp_path / "shards")
+    m = build_shards(make_inputs(tmp_path / "in"), out, num_shards=2, progress=False)
+    path = os.path.join(out, m["train"][1]["name"])
+    data = bytearray(open(path, "rb").read())
+    data[700] ^= 1
+    open(path, "wb").write(bytes(data))
+    problems = verify_shards(out)
+    assert len(problems) == 1 and m["train"][1]["name"] in problems[0] and "sha256" in problems[0]
+    os.remove(path)
+    assert "missing" in verify_shards(out)[0]
+
+
+def test_existing_output_is_refused_and_survives_a_failed_build(tmp_path):
+    inputs = make_inputs(tmp_path / "in")
+    out = str(tmp_path / "shards")
+    build_shards(inputs, out, num_shards=2, progress=False)
+    before = {name: open(os.path.join(out, name), "rb").read() for name in os.listdir(out)}
+    with pytest.raises(DataError, match="not empty"):
+        build_shards(inputs, out, progress=False)
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "fine"}\n' * 50 + "{broken\n")
+    with pytest.raises(DataError, match=r"bad.jsonl:51: invalid JSON"):
+        build_shards(inputs + [str(bad)], out, overwrite=True, progress=False)
+    assert {name: open(os.path.join(out, name), "rb").read() for name in os.listdir(out)} == before
+    assert not [p for p in os.listdir(tmp_path) if ".tmp-" in p or ".old-" in p]
+
+    m = build_shards(inputs, out, num_shards=3, overwrite=True, progress=False)  # overwrite replaces it
+    assert len(read_manifest(out)["train"]) == 3 == len(m["train"])
+    assert not [p for p in os.listdir(tmp_path) if ".tmp-" in p or ".old-" in p]
+
+
+def test_zero_documents_and_bad_manifest(tmp_path):
+    (tmp_path / "empty.txt").write_bytes(b"")
+    with pytest.raises(DataError, match="no documents in .*empty.txt"):
+        build_shards([str(tmp_path / "empty.txt")], str(tmp_path / "out"), progress=False)
+    assert not os.path.exists(tmp_path / "out")
+    with pytest.raises(DataError, match="manifest.json: no manifest"):
+        read_manifest(str(tmp_path))
+    (tmp_path / "manifest.json").write_text("{not json")
+    with pytest.raises(DataError, match="manifest.json: unreadable manifest"):
+        read_manifest(str(tmp_path))
+
+
+def run_cli(*args):
+    return subprocess.run([sys.executable, os.path.join(REPO, "tools", "build_shards.py"), *args],
+                          capture_output=True, text=True, cwd="/", timeout=120)
+
+
+def test_cli(tmp_path):
+    inputs = make_inputs(tmp_path / "in")
+    out = str(tmp_path / "shards")
+    result = run_cli(*inputs, "--out", out, "--num-shards", "2", "--val-fraction", "0.1", "--no-progress")
+    assert result.returncode == 0, result.stderr
+    assert "documents" in result.stdout and "2 train + 1 val shards" in result.stdout
+    assert verify_shards(out) == []
+
+    result = run_cli(str(tmp_path / "missing.jsonl"), "--out", str(tmp_path / "x"))
+    assert result.returncode == 2
+    assert result.stderr.startswith("error: ") and result.stderr.count("\n") == 1 and "missing.jsonl" in result.stderr
+    result = run_cli(*inputs, "--out", out)  # exists
+    assert result.returncode == 2 and "not empty" in result.stderr and "Traceback" not in result.stderr

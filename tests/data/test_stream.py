@@ -1,0 +1,218 @@
+import json
+import os
+import random
+import signal
+import tarfile
+import warnings
+from collections import Counter
+from contextlib import contextmanager
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+import webdataset as wds
+
+from megatok.data import stream
+from megatok.data.documents import DataError
+from megatok.data.shards import build_shards
+from megatok.data.stream import (BadShardWarning, PackedByteStream, check_readers, iter_shard_documents,
+                                 make_loader, pack_documents, resolve_shards)
+from megatok.vocab import PAD, SEP
+
+SEQ_LEN, BATCH = 32, 4
+
+
+def make_shards(tmp_path, n_docs=40, num_shards=8, seed=0):
+    """n_docs unique documents of 10-100 bytes (every byte value allowed) in num_shards equal shards."""
+    rng = random.Random(seed)
+    docs = [f"<{i:04d}>".encode() + bytes(rng.randrange(256) for _ in range(rng.randint(4, 94)))
+            for i in range(n_docs)]
+    with open(tmp_path / "docs.jsonl", "w") as f:
+        for d in docs:  # latin-1 maps every byte to one code point; the shards get its UTF-8 encoding
+            f.write(json.dumps({"text": d.decode("latin-1")}) + "\n")
+    out = str(tmp_path / "shards")
+    build_shards([str(tmp_path / "docs.jsonl")], out, val_fraction=0, num_shards=num_shards, progress=False)
+    urls = resolve_shards(out)
+    return urls, Counter(d.decode("latin-1").encode() for d in docs)
+
+
+def take(dataset, n, num_workers=0):
+    """The first n batches of a dataset, read through make_loader (real worker processes when num_workers > 0)."""
+    loader = make_loader(dataset, num_workers)
+    it = iter(loader)
+    batches = [next(it) for _ in range(n)]
+    del it
+    return batches
+
+
+def reader_stream(batches) -> np.ndarray:
+    """Undo the packing of one reader's consecutive batches: rows overlap by exactly one token."""
+    rows = [row for b in batches for row in b["tokens"].numpy()]
+    for a, b in zip(rows, rows[1:]):
+        assert a[-1] == b[0]
+    return np.concatenate([rows[0]] + [r[1:] for r in rows[1:]])
+
+
+def split_docs(stream: np.ndarray) -> list[bytes]:
+    """The complete documents in a token stream (each starts after a SEP and ends at the next one)."""
+    seps = np.flatnonzero(stream == SEP)
+    assert seps[0] == 0
+    return [stream[a + 1:b].astype(np.uint8).tobytes() for a, b in zip(seps, seps[1:])]
+
+
+@contextmanager
+def time_limit(seconds):
+    def fail(*_):
+        raise TimeoutError(f"did not finish within {seconds} s (hang?)")
+    old = signal.signal(signal.SIGALRM, fail)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def test_every_document_once_per_epoch_across_2_ranks_x_2_workers(tmp_path):
+    urls, all_docs = make_shards(tmp_path)  # 8 shards x 5 documents: each of 4 readers reads 10 per epoch
+    per_epoch = {0: Counter(), 1: Counter()}
+    for rank in range(2):
+        ds = PackedByteStream(urls, seq_len=SEQ_LEN, batch_size=BATCH, rank=rank, world_size=2, seed=3)
+        batches = take(ds, 50, num_workers=2)
+        for worker in range(2):
+            mine = batches[worker::2]  # round robin over the rank's workers
+            assert mine[-1]["epoch"] >= 2 and all(b["bad_shards"] == 0 for b in mine)
+            docs = split_docs(reader_stream(mine))
+            per_epoch[0].update(docs[:10])
+            per_epoch[1].update(docs[10:20])
+    assert per_epoch[0] == all_docs and per_epoch[1] == all_docs
+
+
+def test_packing_rule_and_carry_over_between_epochs(tmp_path):
+    urls, _ = make_shards(tmp_path, n_docs=7, num_shards=1)
+    docs = [d.text for d in iter_shard_documents(urls)]
+    ds = PackedByteStream(urls, seq_len=SEQ_LEN, batch_size=BATCH)
+    batches = take(ds, 12)
+    one_epoch = np.concatenate([np.concatenate([[SEP], np.frombuffer(d, np.uint8)]) for d in docs])
+    stream = reader_stream(batches)
+    assert len(stream) == 12 * BATCH * SEQ_LEN + 1 > 3 * len(one_epoch)
+    repeated = np.tile(one_epoch, len(stream) // len(one_epoch) + 1)[:len(stream)]
+    assert np.array_equal(stream, repeated)  # SEP before each document, no byte lost, leftovers carried over
+    assert [b["epoch"] for b in batches][-1] >= 3
+    packed = pack_documents(docs, SEQ_LEN)
+    n = len(one_epoch) // SEQ_LEN // BATCH * BATCH
+    assert torch.equal(torch.cat([b["tokens"] for b in batches])[:n], packed[:n])
+    assert batches[0]["tokens"].dtype == torch.long and batches[0]["tokens"].shape == (BATCH, SEQ_LEN + 1)
+
+
+def test_pack_documents_pads_the_last_row():
+    packed = pack_documents([b"ab", b"cde"], 3)
+    assert packed.tolist() == [[SEP, 97, 98, SEP], [SEP, 99, 100, 101]]
+    assert pack_documents([b"abcd"], 3).tolist() == [[SEP, 97, 98, 99], [99, 100, PAD, PAD]]
+    assert pack_documents([], 3).shape == (0, 4)
+
+
+def test_deterministic_and_resume_continues_exactly(tmp_path):
+    urls, _ = make_shards(tmp_path, n_docs=24, num_shards=4)
+    kw = dict(seq_len=SEQ_LEN, batch_size=BATCH, rank=1, world_size=2, seed=7)
+    full = take(PackedByteStream(urls, **kw), 20, num_workers=2)
+    again = take(PackedByteStream(urls, **kw), 20, num_workers=2)
+    assert all(torch.equal(a["tokens"], b["tokens"]) for a, b in zip(full, again))
+    for start in (7, 10):  # odd: the restarted loader's first batch must come from the original worker 1
+        resumed = take(PackedByteStream(urls, start_batch=start, **kw), 20 - start, num_workers=2)
+        for a, b in zip(full[start:], resumed):
+            assert torch.equal(a["tokens"], b["tokens"]) and a["epoch"] == b["epoch"]
+    other_seed = take(PackedByteStream(urls, **{**kw, "seed": 8}), 20, num_workers=2)
+    assert not all(torch.equal(a["tokens"], b["tokens"]) for a, b in zip(full, other_seed))
+
+
+def damage(path, kind):
+    data = open(path, "rb").read()
+    if kind == "empty":
+        data = b""
+    elif kind == "truncated":
+        data = data[:len(data) // 2 + 100]
+    elif kind == "cut_at_member":  # tarfile itself reports nothing here: the end-of-archive check must
+        data = data[:tarfile.open(path).getmembers()[4].offset]
+    elif kind == "bad_header":  # a garbled header after the first member: tarfile stops silently
+        offset = tarfile.open(path).getmembers()[4].offset
+        data = data[:offset] + b"\xff" * 512 + data[offset + 512:]
+    open(path, "wb").write(data)
+
+
+@pytest.mark.parametrize("kind", ["empty", "truncated", "cut_at_member", "bad_header"])
+def test_bad_shard_warns_and_the_stream_continues(tmp_path, kind):
+    urls, all_docs = make_shards(tmp_path, num_shards=4)
+    damage(urls[2], kind)
+    ds = PackedByteStream(urls, seq_len=SEQ_LEN, batch_size=BATCH, seed=1)
+    with pytest.warns(BadShardWarning) as record:
+        with time_limit(30):
+            batches = []
+            for b in ds:
+                batches.append(b)
+                if b["epoch"] == 2:
+                    break
+    assert any(urls[2] in str(w.message) for w in record)
+    assert batches[-1]["bad_shards"] >= 2  # counted again every epoch
+    good = Counter(d.text for url in urls if url != urls[2] for d in iter_shard_documents([url]))
+    seen = Counter(split_docs(reader_stream(batches)))
+    assert all(seen[d] >= 1 for d in good)  # everything in the good shards still arrives
+    assert set(seen) <= set(all_docs)  # and nothing partial from the damaged one
+
+    ds = PackedByteStream(urls, seq_len=SEQ_LEN, batch_size=BATCH, seed=1, on_bad_shard="error")
+    with pytest.raises(DataError, match=f"{urls[2]}: bad shard"), time_limit(30):
+        for _ in ds:
+            pass
+    with pytest.raises(DataError, match=f"{urls[2]}: bad shard"):
+        list(iter_shard_documents(urls))
+
+
+def test_reader_with_only_bad_or_empty_shards_raises_instead_of_hanging(tmp_path):
+    urls, _ = make_shards(tmp_path, num_shards=2)
+    damage(urls[0], "empty")
+    garbage = str(tmp_path / "garbage.tar")
+    open(garbage, "wb").write(bytes(range(256)) * 20)
+    empty_tar = str(tmp_path / "empty.tar")
+    wds.TarWriter(empty_tar).close()  # a valid tar with no samples
+    for bad in ([urls[0]], [empty_tar], [urls[0], garbage, empty_tar]):
+        ds = PackedByteStream(bad, seq_len=SEQ_LEN, batch_size=BATCH)
+        with warnings.catch_warnings(), time_limit(30):
+            warnings.simplefilter("ignore", BadShardWarning)
+            with pytest.raises(DataError, match="read no documents in epoch 0") as info:
+                next(iter(ds))
+        assert all(u in str(info.value) for u in bad)
+
+
+def test_too_few_shards_for_the_readers(tmp_path, monkeypatch):
+    urls, _ = make_shards(tmp_path, n_docs=12, num_shards=3)
+    assert check_readers(3, 1, 3) == 3
+    with pytest.raises(DataError, match="3 shards for 4 readers"):
+        check_readers(3, 2, 2)
+    with pytest.raises(DataError, match="3 shards for 4 readers"):
+        PackedByteStream(urls, seq_len=8, batch_size=2, world_size=2, num_workers_hint=2)
+    ds = PackedByteStream(urls, seq_len=8, batch_size=2, world_size=2)
+    next(iter(ds))  # no workers: 2 readers for 3 shards is fine
+    # in a worker of 2 (not through a real DataLoader: after a worker raises, torch spends 5 s per worker
+    # shutting the loader down)
+    monkeypatch.setattr(stream, "get_worker_info", lambda: SimpleNamespace(num_workers=2, id=1))
+    with pytest.raises(DataError, match="3 shards for 4 readers"):
+        next(iter(ds))
+
+
+def test_resolve_shards(tmp_path):
+    urls, _ = make_shards(tmp_path, num_shards=3)
+    shard_dir = os.path.dirname(urls[0])
+    assert urls == [os.path.join(shard_dir, f"train-{i:05d}.tar") for i in range(3)]
+    assert resolve_shards(os.path.join(shard_dir, "train-{00000..00002}.tar")) == urls
+    assert resolve_shards(urls[:2]) == urls[:2]
+    assert resolve_shards("pipe:cat a.tar::pipe:cat b.tar") == ["pipe:cat a.tar", "pipe:cat b.tar"]
+    with pytest.raises(DataError, match="lists no val shards"):
+        resolve_shards(shard_dir, "val")
+    with pytest.raises(DataError, match="manifest.json: no manifest"):
+        resolve_shards(str(tmp_path))
+    with pytest.raises(DataError, match="no shards"):
+        resolve_shards([])
+    os.remove(urls[1])
+    with pytest.raises(DataError, match="train-00001.tar: shard file not found"):
+        resolve_shards(shard_dir)
