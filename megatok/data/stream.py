@@ -135,7 +135,10 @@ def _shard_samples(url: str, problems: list[str]) -> Iterator[dict]:
         if not problems and (problem := stream.problem_at_end()):
             problems.append(problem)
     finally:
-        stream.close()
+        try:
+            stream.close()
+        except DAMAGE as exn:  # e.g. a "pipe:" command that exited with an error
+            handler(exn)
 
 
 def iter_shard_documents(urls: list[str]) -> Iterator[Document]:
@@ -143,7 +146,10 @@ def iter_shard_documents(urls: list[str]) -> Iterator[Document]:
     for url in urls:
         problems = []
         for sample in _shard_samples(url, problems):
-            meta = json.loads(sample["json"]) if "json" in sample else {}
+            try:
+                meta = json.loads(sample["json"]) if "json" in sample else {}
+            except ValueError as exn:
+                raise DataError(f"{url}: sample {sample['__key__']}: invalid json member: {exn}") from None
             yield Document(sample["bin"], meta.get("lang"), meta.get("domain"),
                            meta.get("source") or f"{url}:{sample['__key__']}")
         if problems:
