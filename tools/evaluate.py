@@ -19,6 +19,8 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# stdout carries the JSON result only: DeepSpeed's loggers print to whatever stdout is when it loads.
+RESULT_OUT, sys.stdout = sys.stdout, sys.stderr
 
 import torch  # noqa: E402
 from tqdm.auto import tqdm  # noqa: E402
@@ -71,7 +73,7 @@ def main(argv=None) -> int:
         return 2
     out = {"run": str(args.run), "checkpoint": tag, "strategy": cfg.boundary.strategy,
            "boundary_rule": boundary_rule(args.boundary, args.seed), **result}
-    print(json.dumps(out, indent=2))
+    print(json.dumps(out, indent=2), file=RESULT_OUT)
     return 0
 
 

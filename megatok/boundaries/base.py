@@ -8,8 +8,6 @@ know which strategy it holds.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import torch
 from pydantic import BaseModel, ConfigDict
 from torch import nn
@@ -19,8 +17,25 @@ class NoOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-@dataclass
-class Boundaries:
+class Record(dict):
+    """A dict with attribute access.
+
+    Module outputs are dicts rather than dataclasses because DeepSpeed ZeRO-3 hooks the tensors it
+    finds inside tuples, lists and dicts only; a tensor hidden in a dataclass escapes its backward
+    bookkeeping ("active_backward_submodules is empty during backward pass").
+    """
+
+    def __getattr__(self, key):
+        try:
+            return self[key]
+        except KeyError:
+            raise AttributeError(key) from None
+
+    def __setattr__(self, key, value):
+        self[key] = value
+
+
+class Boundaries(Record):
     """What a strategy decided for a batch of byte sequences.
 
     ``starts``: bool [B, T], True where a chunk starts. Always True at t = 0 and False at padding.
@@ -31,11 +46,9 @@ class Boundaries:
     ``extra``: anything the strategy wants back in ``loss`` (e.g. its logits).
     """
 
-    starts: torch.Tensor
-    log_probs: torch.Tensor | None = None
-    probs: torch.Tensor | None = None
-    gate: torch.Tensor | None = None
-    extra: dict = field(default_factory=dict)
+    def __init__(self, starts: torch.Tensor, log_probs: torch.Tensor | None = None,
+                 probs: torch.Tensor | None = None, gate: torch.Tensor | None = None, extra: dict | None = None):
+        super().__init__(starts=starts, log_probs=log_probs, probs=probs, gate=gate, extra=extra or {})
 
 
 class BoundaryStrategy(nn.Module):

@@ -16,14 +16,12 @@ modules they call (ZeRO needs that). The model knows nothing of DeepSpeed or of 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from megatok.boundaries import build_strategy
-from megatok.boundaries.base import Boundaries, finalize_starts
+from megatok.boundaries.base import Record, finalize_starts
 from megatok.config import BoundaryConfig, ModelConfig
 from megatok.model.blocks import Stack, ffn_hidden
 from megatok.model.chunking import downsample, upsample
@@ -31,15 +29,15 @@ from megatok.rl import masked_mean
 from megatok.vocab import PAD, VOCAB_SIZE
 
 
-@dataclass
-class Output:
-    logits: torch.Tensor                      # [B, T, V] next-byte logits
-    early_logits: torch.Tensor                # [B, T, V] early-exit head
-    boundaries: Boundaries
-    loss: torch.Tensor | None = None          # what backward() takes
-    terms: dict[str, torch.Tensor] = field(default_factory=dict)   # lm_loss, policy_loss, ...
-    stats: dict[str, torch.Tensor] = field(default_factory=dict)   # detached sums, see ByteUNet.stats
-    ce_full: torch.Tensor | None = None       # [B, T] per-byte loss in nats (0 at padding)
+class Output(Record):
+    """``logits`` [B, T, V] next-byte logits; ``early_logits`` [B, T, V] the early-exit head;
+    ``boundaries``; and, when targets are given: ``loss`` (what backward takes), ``terms`` (lm_loss,
+    policy_loss, ...), ``stats`` (detached sums, see ByteUNet.stats), ``ce_full`` [B, T] per-byte
+    loss in nats (0 at padding)."""
+
+    def __init__(self, logits, early_logits, boundaries, loss=None, terms=None, stats=None, ce_full=None):
+        super().__init__(logits=logits, early_logits=early_logits, boundaries=boundaries, loss=loss,
+                         terms=terms or {}, stats=stats or {}, ce_full=ce_full)
 
 
 class ByteUNet(nn.Module):

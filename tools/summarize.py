@@ -1,0 +1,102 @@
+"""Print a run's result table: what it learned, next to what simple baselines get on the same text.
+
+    python tools/summarize.py --run runs/tiny [--data data/shards] [--eval RUN/eval.json]
+
+Reference rows: the byte-unigram entropy of the training text (what a model that knows only byte
+frequencies gets), and gzip -9 / bzip2 -9 on the validation text (classic compressors, in bits per
+byte). Writes RUN/summary.json too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import bz2
+import gzip
+import json
+import math
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import numpy as np  # noqa: E402
+
+from megatok.data.stream import iter_shard_documents, resolve_shards  # noqa: E402
+from megatok.metrics import read_metrics  # noqa: E402
+
+
+def unigram_entropy(texts) -> float:
+    counts = np.zeros(256, dtype=np.int64)
+    for t in texts:
+        counts += np.bincount(np.frombuffer(t, dtype=np.uint8), minlength=256)
+    p = counts[counts > 0] / counts.sum()
+    return float(-(p * np.log2(p)).sum())
+
+
+def compressor_bpb(text: bytes) -> dict[str, float]:
+    n = len(text)
+    return {"gzip -9": 8 * len(gzip.compress(text, 9)) / n, "bzip2 -9": 8 * len(bz2.compress(text, 9)) / n}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--run", required=True)
+    ap.add_argument("--data", default=None, help="shard directory (default: the run's data.shards)")
+    ap.add_argument("--eval", default=None, help="tools/evaluate.py output (default: RUN/eval.json if present)")
+    args = ap.parse_args(argv)
+    run = Path(args.run)
+    cfg = json.loads((run / "config.json").read_text())
+    data = args.data or cfg["data"]["shards"]
+    rows = read_metrics(run)
+    train = [r for r in rows if r.get("split") == "train"]
+    val = [r for r in rows if r.get("split") == "val"]
+    eval_path = Path(args.eval) if args.eval else run / "eval.json"
+    ev = json.loads(eval_path.read_text()) if eval_path.is_file() else None
+
+    entropy = unigram_entropy(d.text for d in iter_shard_documents(resolve_shards(data, "train")))
+    val_text = b"\n".join(d.text for d in iter_shard_documents(resolve_shards(data, "val")))
+    comp = compressor_bpb(val_text)
+    target = cfg["boundary"]["target_rate"]
+    last = train[-1]
+    summary = {
+        "run": str(run), "strategy": cfg["boundary"]["strategy"], "steps": last["step"],
+        "train_bytes": last["bytes_seen"], "final_train_bpb": last["bpb"],
+        "final_val_bpb": val[-1]["val_bpb"] if val else None,
+        "val_bytes_per_chunk": val[-1]["val_bytes_per_chunk"] if val else None,
+        "val_boundary_rate": val[-1]["val_boundary_rate"] if val else None,
+        "target_rate": target, "byte_unigram_entropy": entropy, **comp,
+        "evaluate": {k: ev[k] for k in ("boundary_rule", "bpb", "bytes_per_chunk", "boundary_rate",
+                                        "whitespace_boundary_fraction", "bytes")} if ev else None,
+    }
+    (run / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+
+    def line(name, value, note=""):
+        print(f"| {name:<44} | {value:>12} | {note}")
+
+    fmt = "{:.4f}".format
+    print(f"\n## {run}  (strategy {summary['strategy']}, {summary['steps']} steps, "
+          f"{summary['train_bytes'] / 1e6:.1f} MB of training text)\n")
+    print(f"| {'figure':<44} | {'value':>12} | note\n|{'-' * 46}|{'-' * 14}|-----")
+    if val:
+        line("val bits per byte (training-time validation)", fmt(summary["final_val_bpb"]), val[-1]["boundary_rule"])
+    if ev:
+        line("held-out bits per byte (tools/evaluate.py)", fmt(ev["bpb"]), f"{ev['boundary_rule']}, {ev['bytes']:,} bytes")
+    line("byte-unigram entropy of the training text", fmt(entropy), "a model must beat this")
+    for k, v in comp.items():
+        line(f"{k} on the validation text", fmt(v), "bits per byte")
+    rate = ev["boundary_rate"] if ev else summary["val_boundary_rate"]
+    ok = "within 0.05 of target" if abs(rate - target) <= 0.05 else "NOT within 0.05 of target"
+    line("boundary rate", fmt(rate), f"target {target}: {ok}")
+    line("bytes per chunk", f"{(ev or {}).get('bytes_per_chunk', summary['val_bytes_per_chunk']):.2f}", "")
+    if ev:
+        line("whitespace positions with a boundary", fmt(ev["whitespace_boundary_fraction"]), "")
+        for lang, r in sorted(ev.get("by_domain", {}).items()):
+            line(f"  bpb, domain {lang}", fmt(r["bpb"]), f"{r['bytes']:,} bytes, {r['bytes_per_chunk']:.2f} bytes/chunk")
+    verdict = "learned" if (ev or {}).get("bpb", summary["final_val_bpb"] or 99) < entropy else "NOT below unigram entropy"
+    print(f"\nverdict: {verdict}; figures in {run / 'summary.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
