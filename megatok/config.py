@@ -31,21 +31,21 @@ class _Section(BaseModel):
 
 
 class ModelConfig(_Section):
-    kind: Literal["unet"] = "unet"
-    d_model: int = Field(256, gt=0)
-    n_heads: int = Field(4, gt=0)
-    n_encoder_layers: int = Field(1, ge=0)
-    n_main_layers: int = Field(2, gt=0)
-    n_decoder_layers: int = Field(1, ge=0)
+    kind: Literal["unet"] = Field("unet", description="model family (the BPE token model comes in a later release)")
+    d_model: int = Field(256, gt=0, description="width of the byte-rate encoder and decoder")
+    n_heads: int = Field(4, gt=0, description="attention heads at byte rate")
+    n_encoder_layers: int = Field(1, ge=0, description="byte-rate layers before the boundaries")
+    n_main_layers: int = Field(2, gt=0, description="chunk-rate layers (most parameters belong here)")
+    n_decoder_layers: int = Field(1, ge=0, description="byte-rate layers after upsampling")
     d_main: int | None = Field(None, gt=0, description="width of the main network (default d_model)")
-    n_main_heads: int | None = Field(None, gt=0)
-    ffn_multiple_of: int = Field(64, gt=0)
-    ffn_mult: float = Field(8 / 3, gt=0)
-    rope_theta: float = Field(10000.0, gt=0)
-    norm_eps: float = Field(1e-5, gt=0)
-    init_std: float = Field(0.02, gt=0)
+    n_main_heads: int | None = Field(None, gt=0, description="heads in the main network (default n_heads)")
+    ffn_multiple_of: int = Field(64, gt=0, description="SwiGLU hidden size is rounded up to a multiple of this")
+    ffn_mult: float = Field(8 / 3, gt=0, description="SwiGLU hidden size = ffn_mult x width")
+    rope_theta: float = Field(10000.0, gt=0, description="rotary base; the main network rotates by the byte position of each chunk start")
+    norm_eps: float = Field(1e-5, gt=0, description="RMSNorm epsilon")
+    init_std: float = Field(0.02, gt=0, description="std of weight init (output projections scaled by 1/sqrt(2 x layers))")
     early_exit_weight: float = Field(0.1, ge=0, lt=1, description="LM loss = (1-w) CE_full + w CE_early")
-    activation_checkpointing: bool = False
+    activation_checkpointing: bool = Field(False, description="recompute each block in backward (torch.utils.checkpoint)")
 
     @model_validator(mode="after")
     def _heads_divide(self) -> "ModelConfig":
@@ -70,7 +70,7 @@ class BoundaryConfig(_Section):
     """``strategy`` names a file in megatok/boundaries/; its other keys are that strategy's options."""
 
     model_config = ConfigDict(extra="allow", validate_assignment=True)
-    strategy: str = "policy"
+    strategy: str = Field("policy", description="a file in megatok/boundaries/: policy, fixed, ...")
     target_rate: float = Field(0.2, gt=0, lt=1, description="boundaries per byte (rho)")
 
     @property
@@ -81,27 +81,27 @@ class BoundaryConfig(_Section):
 class DataConfig(_Section):
     shards: str | list[str] = Field("data/shards", description="build_shards directory or WebDataset URLs")
     val_shards: str | list[str] | None = Field(None, description="default: the val split of data.shards")
-    seq_len: int = Field(512, gt=1)
-    num_workers: int = Field(1, ge=0)
-    on_bad_shard: Literal["warn", "error"] = "warn"
+    seq_len: int = Field(512, gt=1, description="bytes per training sequence")
+    num_workers: int = Field(1, ge=0, description="dataloader worker processes per rank (0: read in the training process)")
+    on_bad_shard: Literal["warn", "error"] = Field("warn", description="a corrupt/empty shard: skip it with a warning, or stop")
 
 
 class TrainConfig(_Section):
-    run_dir: str = "runs/tiny"
-    max_steps: int = Field(200, gt=0)
-    micro_batch_size: int = Field(8, gt=0)
+    run_dir: str = Field("runs/tiny", description="config.json, metrics.jsonl, checkpoints/, wandb/ go here")
+    max_steps: int = Field(200, gt=0, description="optimizer steps")
+    micro_batch_size: int = Field(8, gt=0, description="sequences per rank per forward")
     grad_accum: int | None = Field(None, gt=0, description="default: global_batch_size / (micro x world), else 1")
     global_batch_size: int | None = Field(None, gt=0, description="checked: micro x accum x world size")
-    lr: float = Field(1.5e-3, gt=0)
-    min_lr_ratio: float = Field(0.1, ge=0, le=1)
+    lr: float = Field(1.5e-3, gt=0, description="peak AdamW learning rate")
+    min_lr_ratio: float = Field(0.1, ge=0, le=1, description="cosine decays to lr x this")
     warmup_steps: int = Field(20, ge=0, description="linear warmup; capped at max_steps - 1")
-    weight_decay: float = Field(0.1, ge=0)
-    betas: tuple[float, float] = (0.9, 0.95)
-    eps: float = Field(1e-8, gt=0)
-    grad_clip: float = Field(1.0, ge=0)
-    seed: int = 0
-    log_every: int = Field(10, gt=0)
-    save_every: int = Field(100, gt=0)
+    weight_decay: float = Field(0.1, ge=0, description="AdamW decay on matrices (not norms or biases)")
+    betas: tuple[float, float] = Field((0.9, 0.95), description="AdamW betas")
+    eps: float = Field(1e-8, gt=0, description="AdamW epsilon")
+    grad_clip: float = Field(1.0, ge=0, description="clip the global gradient norm (0: off)")
+    seed: int = Field(0, description="init, data order and boundary sampling")
+    log_every: int = Field(10, gt=0, description="steps between metrics rows")
+    save_every: int = Field(100, gt=0, description="steps between checkpoints (and one at the end)")
     dist_timeout_s: float = Field(600.0, gt=0, description="collectives that take longer fail instead of hanging")
 
 
@@ -109,16 +109,16 @@ class EvalConfig(_Section):
     every: int = Field(100, ge=0, description="validation every N steps (0: only at the end)")
     max_sequences: int = Field(64, gt=0, description="validation sequences, split over ranks")
     batch_size: int | None = Field(None, gt=0, description="default: train.micro_batch_size")
-    boundary_mode: Literal["sample", "threshold", "topk"] = "sample"
-    seed: int = 1234
+    boundary_mode: Literal["sample", "threshold", "topk"] = Field("sample", description="validation boundaries: seeded samples, p > 0.5, or the top target fraction")
+    seed: int = Field(1234, description="sampling seed for validation boundaries")
 
 
 class LoggingConfig(_Section):
-    wandb_mode: Literal["offline", "online", "disabled"] = "offline"
-    wandb_project: str = "megatok"
-    wandb_entity: str | None = None
-    wandb_name: str | None = None
-    progress: bool = True
+    wandb_mode: Literal["offline", "online", "disabled"] = Field("offline", description="offline logs under RUN_DIR/wandb (wandb sync to upload)")
+    wandb_project: str = Field("megatok", description="wandb project")
+    wandb_entity: str | None = Field(None, description="wandb team or user")
+    wandb_name: str | None = Field(None, description="wandb run name and id (default: the run directory name)")
+    progress: bool = Field(True, description="progress bar on rank 0")
 
 
 class Config(_Section):

@@ -119,3 +119,9 @@ def test_launcher_fails_before_any_process_group(tmp_path):
     assert len(lines) == 1 and "train.max_stepss" in lines[0], r.stderr
     assert "Traceback" not in r.stderr and "process group" not in r.stdout + r.stderr
     assert time.time() - t < 60  # MASTER_PORT=1 would have failed or hung an init
+
+
+def test_readme_configuration_reference_is_current():
+    r = subprocess.run([sys.executable, str(ROOT / "tools/config_reference.py"), "--check", str(ROOT / "README.md")],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr

@@ -24,10 +24,10 @@ from megatok.boundaries.base import Boundaries, BoundaryStrategy, finalize_start
 class Options(BaseModel):
     model_config = ConfigDict(extra="forbid")
     gamma: float = Field(0.99, ge=0, le=1, description="discount of future advantages")
-    logit_cap: float = Field(6.0, gt=0)
-    lambda_policy: float = Field(0.01, ge=0)
-    lambda_rate: float = Field(0.01, ge=0)
-    batch_baseline: bool = True
+    logit_cap: float = Field(6.0, gt=0, description="soft cap c: logit = c tanh(f(h) / c)")
+    lambda_policy: float = Field(0.01, ge=0, description="weight of the policy-gradient loss")
+    lambda_rate: float = Field(0.01, ge=0, description="weight of the rate loss holding p at target_rate")
+    batch_baseline: bool = Field(True, description="subtract the micro-batch mean reward at each position")
     early_exit_reward: bool = Field(True, description="reward CE_early - CE_full; off: reward -CE_full")
 
 

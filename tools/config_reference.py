@@ -1,0 +1,82 @@
+"""Print the configuration reference (every key, its type, default and meaning) as markdown.
+
+    python tools/config_reference.py            # print
+    python tools/config_reference.py --check README.md   # exit 1 if the README's copy is stale
+
+It is generated from the schema in megatok/config.py and the strategies' Options, so it cannot
+drift from the code; the README holds a copy between two marker lines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import typing
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from pydantic import BaseModel  # noqa: E402
+
+from megatok.boundaries import available, strategy_options  # noqa: E402
+from megatok.config import BoundaryConfig, Config  # noqa: E402
+
+BEGIN, END = "<!-- config-reference:begin -->", "<!-- config-reference:end -->"
+
+
+def _type(ann) -> str:
+    text = str(ann).replace("typing.", "")
+    text = text.replace("<class '", "").replace("'>", "").replace("NoneType", "None")
+    return text.replace("|", "or")
+
+
+def _rows(model: type[BaseModel], prefix: str) -> list[str]:
+    rows = []
+    for name, f in model.model_fields.items():
+        default = f.default_factory() if f.default_factory else f.default
+        default = json.dumps(default.model_dump() if isinstance(default, BaseModel) else default)
+        rows.append(f"| `{prefix}{name}` | {_type(f.annotation)} | `{default}` | {f.description or ''} |")
+    return rows
+
+
+def reference() -> str:
+    out = ["| key | type | default | meaning |", "|---|---|---|---|"]
+    for section, f in Config.model_fields.items():
+        ann = f.annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            out += _rows(ann, f"{section}.")
+        else:
+            out.append(f"| `{section}` | object | `{{}}` | DeepSpeed's own JSON, passed to deepspeed.initialize; "
+                       "megatok fills batch sizes, optimizer, scheduler and clipping from `train` |")
+    for name in available():
+        opts = strategy_options(name)
+        if opts.model_fields:
+            out.append(f"| *`boundary.strategy = \"{name}\"` adds:* | | | |")
+            out += _rows(opts, "boundary.")
+    assert "strategy" in BoundaryConfig.model_fields
+    return "\n".join(out) + "\n"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--check", metavar="README", help="compare with the copy between the markers in this file")
+    args = ap.parse_args(argv)
+    ref = reference()
+    if not args.check:
+        print(ref, end="")
+        return 0
+    text = open(args.check).read()
+    if BEGIN not in text or END not in text:
+        print(f"error: {args.check}: markers {BEGIN} / {END} not found", file=sys.stderr)
+        return 1
+    copy = text.split(BEGIN, 1)[1].split(END, 1)[0].strip("\n") + "\n"
+    if copy != ref:
+        print(f"error: {args.check}: the configuration reference is stale; regenerate it with "
+              f"python tools/config_reference.py", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
