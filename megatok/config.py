@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import math
 import os
 from pathlib import Path
 from typing import Any, Literal
@@ -94,7 +95,7 @@ class TrainConfig(_Section):
     global_batch_size: int | None = Field(None, gt=0, description="checked: micro x accum x world size")
     lr: float = Field(1.5e-3, gt=0, description="peak AdamW learning rate")
     min_lr_ratio: float = Field(0.1, ge=0, le=1, description="cosine decays to lr x this")
-    warmup_steps: int = Field(20, ge=0, description="linear warmup; capped at max_steps - 1")
+    warmup_steps: int = Field(20, ge=0, description="linear warmup steps, then cosine decay to max_steps")
     weight_decay: float = Field(0.1, ge=0, description="AdamW decay on matrices (not norms or biases)")
     betas: tuple[float, float] = Field((0.9, 0.95), description="AdamW betas")
     eps: float = Field(1e-8, gt=0, description="AdamW epsilon")
@@ -102,6 +103,7 @@ class TrainConfig(_Section):
     seed: int = Field(0, description="init, data order and boundary sampling")
     log_every: int = Field(10, gt=0, description="steps between metrics rows")
     save_every: int = Field(100, gt=0, description="steps between checkpoints (and one at the end)")
+    max_skipped_steps: int = Field(10, ge=0, description="abort after this many optimizer steps in a row skipped for non-finite gradients")
     dist_timeout_s: float = Field(600.0, gt=0, description="collectives that take longer fail instead of hanging")
 
 
@@ -109,7 +111,7 @@ class EvalConfig(_Section):
     every: int = Field(100, ge=0, description="validation every N steps (0: only at the end)")
     max_sequences: int = Field(64, gt=0, description="validation sequences, split over ranks")
     batch_size: int | None = Field(None, gt=0, description="default: train.micro_batch_size")
-    boundary_mode: Literal["sample", "threshold", "topk"] = Field("sample", description="validation boundaries: seeded samples, p > 0.5, or the top target fraction")
+    boundary_mode: Literal["sample", "threshold"] = Field("sample", description="validation boundaries: seeded samples, or p > 0.5")
     seed: int = Field(1234, description="sampling seed for validation boundaries")
 
 
@@ -146,7 +148,7 @@ DERIVED_DS_KEYS = {
     "gradient_accumulation_steps": "train.grad_accum",
     "gradient_clipping": "train.grad_clip",
     "optimizer": "train.lr / train.betas / train.weight_decay",
-    "scheduler": "train.warmup_steps / train.min_lr_ratio",
+    "scheduler": "train.warmup_steps / train.min_lr_ratio (megatok's own warmup + cosine, see lr_lambda)",
 }
 KNOWN_DS_KEYS = {
     "zero_optimization", "bf16", "fp16", "activation_checkpointing", "steps_per_print",
@@ -182,6 +184,21 @@ def _check_deepspeed(ds: dict[str, Any], where: str) -> None:
         raise ConfigError(f"{where}: deepspeed.fp16 is not supported (use bf16; byte-level losses overflow fp16)")
 
 
+def lr_lambda(cfg: Config):
+    """Multiplier of train.lr for optimizer step s (0-based): linear warmup to 1 over warmup_steps
+    (the first step already trains, at lr / warmup_steps), then cosine down to min_lr_ratio."""
+    t = cfg.train
+    warmup, total, floor = t.warmup_steps, t.max_steps, t.min_lr_ratio
+
+    def factor(s: int) -> float:
+        if s < warmup:
+            return (s + 1) / warmup
+        progress = min(1.0, (s - warmup) / max(1, total - warmup))
+        return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return factor
+
+
 def zero_stage(cfg: Config) -> int:
     return int(cfg.deepspeed.get("zero_optimization", {}).get("stage", 0))
 
@@ -204,12 +221,6 @@ def deepspeed_config(cfg: Config, world_size: int) -> dict[str, Any]:
             # torch's AdamW: DeepSpeed's fused/CPU Adam would compile a C++ op at first use.
             "params": {"lr": t.lr, "betas": list(t.betas), "eps": t.eps, "weight_decay": t.weight_decay,
                        "torch_adam": True},
-        },
-        scheduler={
-            "type": "WarmupCosineLR",
-            # A short run (--set train.max_steps=20) keeps a valid schedule: warmup is capped below the total.
-            "params": {"total_num_steps": t.max_steps, "warmup_num_steps": min(t.warmup_steps, t.max_steps - 1),
-                       "warmup_type": "linear", "warmup_min_ratio": 0.0, "cos_min_ratio": t.min_lr_ratio},
         },
     )
     ds.setdefault("steps_per_print", 10**9)

@@ -125,3 +125,17 @@ def test_readme_configuration_reference_is_current():
     r = subprocess.run([sys.executable, str(ROOT / "tools/config_reference.py"), "--check", str(ROOT / "README.md")],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
+
+
+def test_lr_schedule_warms_up_from_the_first_step_and_decays_to_the_floor(tmp_path):
+    from megatok.config import lr_lambda
+
+    cfg = load_config(write(tmp_path, "c.json", {"train": {"max_steps": 100, "warmup_steps": 10, "min_lr_ratio": 0.1}}),
+                      world_size=1)
+    f = lr_lambda(cfg)
+    assert f(0) == pytest.approx(0.1)  # the first update already trains
+    assert [round(f(s), 6) for s in (4, 9)] == [0.5, 1.0]
+    assert f(10) == pytest.approx(1.0) and f(55) == pytest.approx(0.55) and f(100) == pytest.approx(0.1)
+    assert all(f(s) >= f(s + 1) for s in range(10, 100))
+    cfg0 = load_config(None, ["train.warmup_steps=0", "train.max_steps=1"], world_size=1)
+    assert lr_lambda(cfg0)(0) == pytest.approx(1.0)

@@ -2,6 +2,7 @@
 
     python tools/config_reference.py            # print
     python tools/config_reference.py --check README.md   # exit 1 if the README's copy is stale
+    python tools/config_reference.py --write README.md   # refresh the README's copy
 
 It is generated from the schema in megatok/config.py and the strategies' Options, so it cannot
 drift from the code; the README holds a copy between two marker lines.
@@ -61,19 +62,25 @@ def reference() -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--check", metavar="README", help="compare with the copy between the markers in this file")
+    ap.add_argument("--write", metavar="README", help="replace the copy between the markers in this file")
     args = ap.parse_args(argv)
     ref = reference()
-    if not args.check:
+    path = args.check or args.write
+    if not path:
         print(ref, end="")
         return 0
-    text = open(args.check).read()
+    text = open(path).read()
     if BEGIN not in text or END not in text:
-        print(f"error: {args.check}: markers {BEGIN} / {END} not found", file=sys.stderr)
+        print(f"error: {path}: markers {BEGIN} / {END} not found", file=sys.stderr)
         return 1
-    copy = text.split(BEGIN, 1)[1].split(END, 1)[0].strip("\n") + "\n"
-    if copy != ref:
-        print(f"error: {args.check}: the configuration reference is stale; regenerate it with "
-              f"python tools/config_reference.py", file=sys.stderr)
+    before, rest = text.split(BEGIN, 1)
+    copy, after = rest.split(END, 1)
+    if args.write:
+        open(path, "w").write(before + BEGIN + "\n" + ref + END + after)
+        return 0
+    if copy.strip("\n") + "\n" != ref:
+        print(f"error: {path}: the configuration reference is stale; regenerate it with "
+              f"python tools/config_reference.py --write README.md", file=sys.stderr)
         return 1
     return 0
 

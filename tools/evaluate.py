@@ -6,7 +6,7 @@ Inputs are what build_shards reads (.txt, .txt.gz, .jsonl, .jsonl.gz, directorie
 build_shards output directory (its validation split). Figures: bpb (corpus: total NLL over total
 bytes, and the per-document mean), bytes_per_chunk, boundary_rate, whitespace_boundary_fraction,
 and the same per "lang" and "domain" when the documents carry them. Boundaries are sampled with a
-fixed seed by default (``--boundary sample``) or chosen deterministically (threshold, topk); the
+fixed seed by default (``--boundary sample``) or chosen deterministically (threshold: p > 0.5); the
 output says which under "boundary_rule".
 """
 
@@ -45,7 +45,7 @@ def main(argv=None) -> int:
     ap.add_argument("--run", required=True, help="run directory (holds config.json and checkpoints/)")
     ap.add_argument("--data", required=True, nargs="+", help="files, directories, or a shard directory")
     ap.add_argument("--checkpoint", default=None, help="checkpoint tag (default: latest)")
-    ap.add_argument("--boundary", choices=["sample", "threshold", "topk"], default="sample")
+    ap.add_argument("--boundary", choices=["sample", "threshold"], default="sample")
     ap.add_argument("--seed", type=int, default=0, help="sampling seed for --boundary sample")
     ap.add_argument("--seq-len", type=int, default=None, help="window length (default: the run's data.seq_len)")
     ap.add_argument("--batch-size", type=int, default=8)

@@ -54,8 +54,8 @@ class Boundaries(Record):
 class BoundaryStrategy(nn.Module):
     """Base class. ``mask`` is bool [B, T], True at real (non-padding) bytes."""
 
-    #: "sample" draws boundaries; "threshold" uses p > 0.5; "topk" keeps the target fraction with the
-    #: highest p. Strategies without probabilities ignore it. The trainer sets it for evaluation.
+    #: "sample" draws boundaries; "threshold" uses p > 0.5. Strategies without probabilities ignore
+    #: it. The trainer sets it for evaluation.
     eval_mode: str = "sample"
 
     def __init__(self, *, d_model: int, target_rate: float, options: BaseModel):

@@ -51,12 +51,8 @@ class Strategy(BoundaryStrategy):
         mode = "sample" if self.training else self.eval_mode
         if mode == "sample":
             starts = torch.rand_like(probs) < probs
-        elif mode == "threshold":
+        else:  # "threshold". (A "top rho fraction per sequence" rule would look at later bytes: not causal.)
             starts = probs > 0.5
-        else:  # topk: the target fraction of each sequence's real positions with the highest p
-            k = (mask.sum(1).float() * self.target_rate).ceil().long().clamp(min=1)
-            rank = probs.masked_fill(~mask, -1.0).argsort(1, descending=True).argsort(1)
-            starts = rank < k[:, None]
         starts = finalize_starts(starts.detach(), mask)
         log_probs = torch.where(starts, F.logsigmoid(logits), F.logsigmoid(-logits))
         return Boundaries(starts=starts, log_probs=log_probs, probs=probs, extra={"logits": logits})

@@ -14,44 +14,18 @@ from collections.abc import Iterable, Iterator
 
 import torch
 
+from megatok.stats import ratios, row_stats
 from megatok.vocab import PAD, SEP
-
-WHITESPACE = torch.tensor([ord(c) for c in " \t\n\r"])
-SUM_KEYS = ("nll", "targets", "chunks", "positions", "ws_positions", "ws_boundaries")
-
 
 def boundary_rule(mode: str, seed: int) -> str:
     return f"sample(seed={seed})" if mode == "sample" else mode
 
 
 def row_sums(model, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Forward one [B, T+1] batch; statistics per row (float64 [B] each, see SUM_KEYS)."""
+    """Forward one [B, T+1] batch; statistics per row (see megatok.stats.row_stats)."""
     x, y = tokens[:, :-1], tokens[:, 1:]
     out = model(x, y)
-    starts, real, tmask = out.boundaries.starts, x != PAD, y != PAD
-    ws = torch.isin(x, WHITESPACE.to(x.device)) & real
-    cols = {
-        "nll": (out.ce_full * tmask).sum(1),
-        "targets": tmask.sum(1),
-        "chunks": (starts & real).sum(1),
-        "positions": real.sum(1),
-        "ws_positions": ws.sum(1),
-        "ws_boundaries": (ws & starts).sum(1),
-    }
-    return {k: v.double() for k, v in cols.items()}
-
-
-def ratios(s: dict[str, float]) -> dict[str, float]:
-    """Turn sums into the reported figures."""
-    def div(a, b):
-        return float(a) / float(b) if float(b) else float("nan")
-
-    return {
-        "bpb": div(s["nll"], s["targets"]) / math.log(2),
-        "bytes_per_chunk": div(s["positions"], s["chunks"]),
-        "boundary_rate": div(s["chunks"], s["positions"]),
-        "whitespace_boundary_fraction": div(s["ws_boundaries"], s["ws_positions"]),
-    }
+    return row_stats(x, y, out.boundaries.starts, out.ce_full, out.ce_early)
 
 
 class _Seeded:
@@ -87,7 +61,7 @@ def evaluate_batches(model, batches: Iterable[torch.Tensor], *, mode: str, seed:
                 totals[k] += float(v.sum())
     finally:
         module.train(was_training)
-    return {k: totals[k] for k in SUM_KEYS}
+    return dict(totals)
 
 
 def document_windows(text: bytes, seq_len: int) -> list[torch.Tensor]:

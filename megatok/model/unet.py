@@ -26,18 +26,20 @@ from megatok.config import BoundaryConfig, ModelConfig
 from megatok.model.blocks import Stack, ffn_hidden
 from megatok.model.chunking import downsample, upsample
 from megatok.rl import masked_mean
+from megatok.stats import row_stats
 from megatok.vocab import PAD, VOCAB_SIZE
 
 
 class Output(Record):
     """``logits`` [B, T, V] next-byte logits; ``early_logits`` [B, T, V] the early-exit head;
     ``boundaries``; and, when targets are given: ``loss`` (what backward takes), ``terms`` (lm_loss,
-    policy_loss, ...), ``stats`` (detached sums, see ByteUNet.stats), ``ce_full`` [B, T] per-byte
-    loss in nats (0 at padding)."""
+    policy_loss, ...), ``stats`` (detached sums, see megatok.stats), ``ce_full`` [B, T] per-byte
+    loss in nats (0 at padding), ``ce_early`` the same for the early-exit head."""
 
-    def __init__(self, logits, early_logits, boundaries, loss=None, terms=None, stats=None, ce_full=None):
+    def __init__(self, logits, early_logits, boundaries, loss=None, terms=None, stats=None, ce_full=None,
+                 ce_early=None):
         super().__init__(logits=logits, early_logits=early_logits, boundaries=boundaries, loss=loss,
-                         terms=terms or {}, stats=stats or {}, ce_full=ce_full)
+                         terms=terms or {}, stats=stats or {}, ce_full=ce_full, ce_early=ce_early)
 
 
 class ByteUNet(nn.Module):
@@ -98,10 +100,10 @@ class ByteUNet(nn.Module):
         early_logits = self.early_head(self.early_norm(h))
         out = Output(logits=logits, early_logits=early_logits, boundaries=b)
         if targets is not None:
-            self._losses(out, targets, real)
+            self._losses(out, x, targets)
         return out
 
-    def _losses(self, out: Output, targets: torch.Tensor, real: torch.Tensor) -> None:
+    def _losses(self, out: Output, x: torch.Tensor, targets: torch.Tensor) -> None:
         B, T = targets.shape
         tmask = targets != PAD
 
@@ -114,22 +116,9 @@ class ByteUNet(nn.Module):
         w = self.cfg.early_exit_weight
         terms = {"lm_loss": (1 - w) * masked_mean(ce_full, tmask) + w * masked_mean(ce_early, tmask)}
         terms.update(self.boundary.loss(out.boundaries, ce_full, ce_early, tmask))
-        out.terms, out.ce_full = terms, ce_full
+        out.terms, out.ce_full, out.ce_early = terms, ce_full, ce_early
         out.loss = sum(terms.values())
-        out.stats = self.stats(out.boundaries.starts, real, ce_full, ce_early, tmask)
-
-    @staticmethod
-    def stats(starts, real, ce_full, ce_early, tmask) -> dict[str, torch.Tensor]:
-        """Sums (not means), so they add up over micro-batches and ranks:
-        bpb = nll / targets / ln 2, boundary rate = chunks / positions, bytes per chunk = positions / chunks."""
-        with torch.no_grad():
-            return {
-                "nll": (ce_full * tmask).sum().double(),
-                "nll_early": (ce_early * tmask).sum().double(),
-                "targets": tmask.sum().double(),
-                "chunks": (starts & real).sum().double(),
-                "positions": real.sum().double(),
-            }
+        out.stats = {k: v.sum() for k, v in row_stats(x, targets, out.boundaries.starts, ce_full, ce_early).items()}
 
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())

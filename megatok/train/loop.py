@@ -16,9 +16,10 @@ from pathlib import Path
 import torch
 import torch.distributed as tdist
 
-from megatok.config import Config, deepspeed_config
+from megatok.config import Config, deepspeed_config, lr_lambda
 from megatok.data.stream import PackedByteStream, iter_shard_documents, make_loader, pack_documents, resolve_shards
-from megatok.eval.bpb import boundary_rule, evaluate_batches, ratios
+from megatok.eval.bpb import boundary_rule, evaluate_batches
+from megatok.stats import ratios
 from megatok.metrics import MetricsLogger
 from megatok.model.unet import ByteUNet
 from megatok.train import checkpoint, dist
@@ -53,35 +54,67 @@ def validation_batches(cfg: Config, rank: int, world: int) -> list[torch.Tensor]
             break
     seqs = pack_documents(docs, seq_len)[:n_seq]
     bs = cfg.eval.batch_size or cfg.train.micro_batch_size
-    n_batches = math.ceil(math.ceil(len(seqs) / world) / bs)
+    n_batches = max(1, math.ceil(math.ceil(len(seqs) / world) / bs))
     mine = seqs[rank::world]
     pad = torch.full((1, seq_len + 1), PAD, dtype=torch.long)
     return [mine[i * bs:(i + 1) * bs] if i * bs < len(mine) else pad for i in range(n_batches)]
 
 
-def all_sum(values: dict[str, float], device) -> dict[str, float]:
-    keys = sorted(values)
-    t = torch.tensor([values[k] for k in keys], dtype=torch.float64, device=device)
-    tdist.all_reduce(t)
-    return dict(zip(keys, t.tolist()))
-
-
 def validate(engine, cfg: Config, batches, device, step: int, logger: MetricsLogger) -> dict:
-    sums = all_sum(evaluate_batches(engine, batches, mode=cfg.eval.boundary_mode, seed=cfg.eval.seed,
-                                    device=device), device)
-    r = ratios(sums)
-    row = {"step": step, "split": "val", "val_bpb": r["bpb"], "val_bytes_per_chunk": r["bytes_per_chunk"],
-           "val_boundary_rate": r["boundary_rate"], "val_whitespace_boundary_fraction": r["whitespace_boundary_fraction"],
+    sums = evaluate_batches(engine, batches, mode=cfg.eval.boundary_mode, seed=cfg.eval.seed, device=device)
+    keys = sorted(sums)
+    t = torch.tensor([sums[k] for k in keys], dtype=torch.float64, device=device)
+    tdist.all_reduce(t)
+    sums = dict(zip(keys, t.tolist()))
+    row = {"step": step, "split": "val", **{f"val_{k}": v for k, v in ratios(sums).items()},
            "val_bytes": sums["targets"],
            "boundary_rule": boundary_rule(cfg.eval.boundary_mode, cfg.eval.seed)}
     logger.log(row)
     return row
 
 
+def layout(cfg: Config, world: int) -> dict:
+    """What the data position of a checkpoint depends on (batches consumed per rank = step x accum)."""
+    return {"world_size": world, "micro_batch_size": cfg.train.micro_batch_size, "grad_accum": cfg.train.grad_accum,
+            "num_workers": max(1, cfg.data.num_workers), "seq_len": cfg.data.seq_len, "seed": cfg.train.seed}
+
+
+class Totals:
+    """Per-log-interval sums kept on the device (one host sync per logged step, not per micro-batch).
+    Micro-batches with a non-finite loss are counted, not averaged in."""
+
+    def __init__(self, device):
+        self.device, self.sums = device, {}
+
+    def add(self, key: str, value: torch.Tensor) -> None:
+        value = value.detach().to(self.device, torch.float64)
+        self.sums[key] = self.sums[key] + value if key in self.sums else value
+
+    def add_output(self, out) -> torch.Tensor:
+        finite = torch.isfinite(out.loss.detach())
+        keep = finite.double()
+        for k in LOSS_TERMS:
+            v = out.loss if k == "loss" else out.terms.get(k, torch.zeros((), device=self.device))
+            self.add(k, torch.where(finite, v.detach().double(), 0.0))
+        for k, v in out.stats.items():
+            self.add(k, torch.nan_to_num(v) * keep)
+        self.add("micro_batches", keep)
+        self.add("nonfinite_losses", 1 - keep)
+        return finite
+
+    def all_sum(self) -> dict[str, float]:
+        keys = sorted(self.sums)
+        t = torch.stack([self.sums[k] for k in keys])
+        tdist.all_reduce(t)
+        self.sums = {}
+        return dict(zip(keys, t.tolist()))
+
+
 def train(cfg: Config, *, resume: str = "auto") -> dict:
     """Run training as configured. ``resume``: "auto" (latest checkpoint of the run directory, if any),
     "none", or a checkpoint tag. Returns the last logged training row (rank 0; {} elsewhere)."""
     import deepspeed
+    from torch.optim.lr_scheduler import LambdaLR
 
     device = dist.init(cfg.train.dist_timeout_s)
     rank, world = tdist.get_rank(), tdist.get_world_size()
@@ -93,9 +126,13 @@ def train(cfg: Config, *, resume: str = "auto") -> dict:
     torch.manual_seed(cfg.train.seed)  # identical initial weights on every rank
     model = ByteUNet(cfg.model, cfg.boundary)
     engine, _, _, _ = deepspeed.initialize(model=model, config=deepspeed_config(cfg, world),
-                                           model_parameters=param_groups(model, cfg.train.weight_decay))
+                                           model_parameters=param_groups(model, cfg.train.weight_decay),
+                                           lr_scheduler=lambda opt: LambdaLR(opt, lr_lambda(cfg)))
     state = None if resume == "none" else checkpoint.load(engine, run_dir, None if resume == "auto" else resume)
     step = state["step"] if state else 0
+    if state and state.get("layout") != layout(cfg, world):
+        raise RuntimeError(f"{run_dir}: checkpoint at step {step} was written with {state.get('layout')}, this run "
+                           f"has {layout(cfg, world)}; the data position would not match (start a new run_dir)")
     accum = cfg.train.grad_accum
 
     stream = PackedByteStream(resolve_shards(cfg.data.shards, "train"), seq_len=cfg.data.seq_len,
@@ -113,51 +150,59 @@ def train(cfg: Config, *, resume: str = "auto") -> dict:
               f"ZeRO stage {engine.zero_optimization_stage()}, {'bf16' if engine.bfloat16_enabled() else 'fp32'}, "
               f"start step {step}, run dir {run_dir}", flush=True)
 
-    acc: dict[str, float] = {}
-    t_last, paused, last_row = time.time(), 0.0, {}
+    totals = Totals(device)
+    skipped_in_row, t_last, paused, last_row = 0, time.time(), 0.0, {}
     engine.train()
     while step < cfg.train.max_steps:
+        lr, skipped_before = engine.get_lr()[0], engine.skipped_steps
+        finite = torch.ones((), dtype=torch.bool, device=device)
         for micro in range(accum):
             batch = next(batches)
             tokens = batch["tokens"].to(device)
             torch.manual_seed(step_seed(cfg.train.seed, step, micro * world + rank))
             out = engine(tokens[:, :-1], tokens[:, 1:])
-            if not torch.isfinite(out.loss):
-                raise FloatingPointError(f"loss is {out.loss.item()} at step {step + 1}; no checkpoint was written "
-                                         f"from it (last good: {checkpoint.latest_tag(run_dir)})")
             engine.backward(out.loss)
-            engine.step()
-            for k in LOSS_TERMS:
-                acc[k] = acc.get(k, 0.0) + (out.loss if k == "loss" else out.terms.get(k, out.loss.new_zeros(()))).item()
-            for k, v in out.stats.items():
-                acc[k] = acc.get(k, 0.0) + float(v)
-            acc["micro_batches"] = acc.get("micro_batches", 0.0) + 1
-            acc["bad_shards"] = float(batch["bad_shards"])
+            engine.step()  # DeepSpeed updates only at the accumulation boundary
+            finite &= totals.add_output(out)
         step += 1
+        # DeepSpeed (ZeRO 1-3) skips an update whose global gradient norm is not finite: count it, and give up
+        # after too many in a row. ZeRO-0 cannot skip, so there a non-finite loss stops the run before any save.
+        skipped = engine.skipped_steps - skipped_before
+        skipped_in_row = skipped_in_row + 1 if skipped else 0
+        if engine.zero_optimization_stage() == 0:
+            bad = (~finite).float()
+            tdist.all_reduce(bad)
+            if bad.item():
+                raise FloatingPointError(f"non-finite loss at step {step} under ZeRO stage 0, which cannot skip an "
+                                         f"update; last good checkpoint: {checkpoint.latest_tag(run_dir)}")
+        if skipped_in_row > cfg.train.max_skipped_steps:
+            raise FloatingPointError(f"{skipped_in_row} optimizer steps in a row skipped for non-finite gradients "
+                                     f"(train.max_skipped_steps={cfg.train.max_skipped_steps}) at step {step}; "
+                                     f"last good checkpoint: {checkpoint.latest_tag(run_dir)}")
+        totals.add("skipped_steps", torch.tensor(float(skipped)))
 
         if step % cfg.train.log_every == 0 or step == cfg.train.max_steps:
-            bad = acc.pop("bad_shards")
-            s = all_sum(acc, device)
+            totals.add("bad_shards", torch.tensor(float(batch["bad_shards"])))  # this rank's running count
+            s = totals.all_sum()
             now = time.time()
-            n = s["micro_batches"]
-            r = ratios({**s, "ws_positions": 0.0, "ws_boundaries": 0.0})
-            last_row = {"step": step, "split": "train", **{k: s[k] / n for k in LOSS_TERMS},
-                        "bpb": r["bpb"], "bpb_early": s["nll_early"] / s["targets"] / math.log(2),
-                        "boundary_rate": r["boundary_rate"], "bytes_per_chunk": r["bytes_per_chunk"],
-                        "lr": engine.get_lr()[0], "grad_norm": engine.get_global_grad_norm(),
-                        "bytes_per_s": s["targets"] / (now - t_last - paused), "bytes_seen": step * accum * world *
-                        cfg.train.micro_batch_size * cfg.data.seq_len, "epoch": batch["epoch"], "bad_shards": bad}
+            n = max(1.0, s["micro_batches"])
+            last_row = {"step": step, "split": "train", **{k: s[k] / n for k in LOSS_TERMS}, **ratios(s),
+                        "lr": lr, "grad_norm": engine.get_global_grad_norm(),
+                        "bytes_per_s": s["targets"] / (now - t_last - paused),
+                        "bytes_seen": step * accum * world * cfg.train.micro_batch_size * cfg.data.seq_len,
+                        "epoch": batch["epoch"], "bad_shards": int(s["bad_shards"]),
+                        "nonfinite_losses": int(s["nonfinite_losses"]), "skipped_steps": int(s["skipped_steps"] / world)}
             logger.log(last_row)
             logger.progress(step, loss=last_row["loss"], bpb=last_row["bpb"], rate=last_row["boundary_rate"],
                             bytes_per_s=last_row["bytes_per_s"])
-            acc, t_last, paused = {}, now, 0.0
+            t_last, paused = now, 0.0
 
         t_pause = time.time()
         if (cfg.eval.every and step % cfg.eval.every == 0) or step == cfg.train.max_steps:
             validate(engine, cfg, val, device, step, logger)
             engine.train()
         if step % cfg.train.save_every == 0 or step == cfg.train.max_steps:
-            checkpoint.save(engine, run_dir, step, {"step": step, "world_size": world, "batches_per_rank": step * accum})
+            checkpoint.save(engine, run_dir, step, {"step": step, "layout": layout(cfg, world)})
         paused += time.time() - t_pause
 
     logger.close()
