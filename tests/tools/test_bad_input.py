@@ -1,0 +1,184 @@
+"""The launcher and the tools on bad input: exit code 2 and one 'error:' line that names the file,
+no traceback, and for the launcher no process group (the check happens before anything starts).
+Plus inputs that look odd but are fine: binary text, a document much longer than a sequence, and
+a finished run started again."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+
+import pytest
+
+from megatok.data.stream import iter_shard_documents, resolve_shards
+from megatok.metrics import read_metrics
+from tests.conftest import ROOT, TINY, pretrain, stdlib_texts
+
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu", "WANDB_MODE": "disabled",
+       "PYTHONPATH": str(ROOT)}
+
+
+def build(*args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "tools/build_shards.py"), "--no-progress", *map(str, args)],
+                          capture_output=True, text=True, env=ENV, timeout=120, cwd=ROOT)
+
+
+def assert_one_error_line(r: subprocess.CompletedProcess, *names) -> str:
+    """Exit code 2; stderr, warnings aside, is a single line starting with 'error:' naming each of names."""
+    assert r.returncode == 2, (r.returncode, r.stdout[-2000:], r.stderr[-3000:])
+    lines = [line for line in r.stderr.splitlines()
+             if line.strip() and "[WARNING]" not in line and not line.lower().startswith("warning")]
+    assert len(lines) == 1, r.stderr
+    assert lines[0].startswith("error: "), lines[0]
+    for name in names:
+        assert str(name) in lines[0], (name, lines[0])
+    assert "Traceback" not in r.stderr
+    return lines[0]
+
+
+def launch_fails(tmp_path, *args, config="configs/tiny.json", names=()) -> str:
+    run_dir = tmp_path / "run"
+    t0 = time.monotonic()
+    r = pretrain(["--config", str(config), "--set", *TINY, f"train.run_dir={run_dir}", *args], check=False,
+                 timeout=60)
+    line = assert_one_error_line(r, *names)
+    out = r.stdout + r.stderr
+    assert "Initializing" not in out and "process group" not in out and "megatok:" not in out, out[-2000:]
+    assert not run_dir.exists()  # rank 0 creates it once the process group is up
+    assert time.monotonic() - t0 < 30
+    return line
+
+
+def tree(path) -> dict[str, tuple[int, int, str]]:
+    """Every file under path: (size, mtime in ns, sha256)."""
+    out = {}
+    for root, _, files in os.walk(path):
+        for name in files:
+            p = os.path.join(root, name)
+            st = os.stat(p)
+            with open(p, "rb") as f:
+                out[os.path.relpath(p, path)] = (st.st_size, st.st_mtime_ns, hashlib.sha256(f.read()).hexdigest())
+    return out
+
+
+# --------------------------------------------------------------------------- launch/pretrain.py
+
+
+def test_launch_shards_missing_directory(tmp_path):
+    missing = tmp_path / "no-such-shards"
+    launch_fails(tmp_path, f"data.shards={missing}", names=[missing])
+
+
+def test_launch_shards_empty_directory(tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    launch_fails(tmp_path, f"data.shards={empty}", names=[empty])
+
+
+def test_launch_shard_listed_in_manifest_deleted(shards, tmp_path):
+    copy = tmp_path / "shards"
+    copy.mkdir()
+    for f in shards.iterdir():
+        (copy / f.name).symlink_to(f)
+    gone = copy / json.loads((shards / "manifest.json").read_text())["train"][1]["name"]
+    gone.unlink()
+    launch_fails(tmp_path, f"data.shards={copy}", names=[gone])
+
+
+def test_launch_config_not_json(shards, tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"extends": "base.json", "model": {"d_model": 32,}\n')
+    launch_fails(tmp_path, f"data.shards={shards}", config=bad, names=[bad])
+
+
+def test_launch_config_missing(shards, tmp_path):
+    missing = tmp_path / "nope.json"
+    launch_fails(tmp_path, f"data.shards={shards}", config=missing, names=[missing])
+
+
+# --------------------------------------------------------------------------- tools/build_shards.py
+
+
+def test_build_missing_input(tmp_path):
+    missing = tmp_path / "no-such.jsonl"
+    assert_one_error_line(build(missing, "--out", tmp_path / "out"), missing)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_build_without_documents_leaves_existing_output_intact(shards, tmp_path):
+    out = tmp_path / "shards"
+    out.mkdir()
+    for f in shards.iterdir():
+        (out / f.name).write_bytes(f.read_bytes())
+    before = tree(out)
+    empty = tmp_path / "empty.jsonl"
+    empty.write_bytes(b"")
+    line = assert_one_error_line(build(empty, "--out", out, "--overwrite"), empty)
+    assert "no documents" in line
+    assert tree(out) == before
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith("shards.")]  # no .tmp-/.old- left
+
+
+def test_build_binary_text(tmp_path):
+    """Not UTF-8 at all: the model reads bytes, so the bytes go into the shards unchanged."""
+    rng = random.Random(0)
+    blobs = [bytes(rng.randrange(256) for _ in range(3000)) + b"\xff\xfe\x80\xc3" for _ in range(3)]
+    for i, blob in enumerate(blobs):
+        (tmp_path / f"blob{i}.txt").write_bytes(blob)
+    out = tmp_path / "out"
+    r = build(*(tmp_path / f"blob{i}.txt" for i in range(3)), "--out", out, "--val-fraction", "0.3")
+    assert r.returncode == 0, r.stderr
+    got = [d.text for split in ("train", "val") for d in iter_shard_documents(resolve_shards(str(out), split))]
+    assert sorted(got) == sorted(blobs)
+
+
+@pytest.fixture(scope="module")
+def long_doc_run(tmp_path_factory):
+    """One 20 kB document and a few short ones; 2 steps of 2 sequences of 64 bytes. The short ones
+    hold fewer bytes than one step, so whatever their order the long document is trained on."""
+    tmp = tmp_path_factory.mktemp("longdoc")
+    long_text = "".join(stdlib_texts(n_files=20)).encode("ascii", "ignore")[:20_000].decode()
+    assert len(long_text.encode()) == 20_000
+    small = [f"short document {i}." for i in range(5)]
+    assert sum(len(s) + 1 for s in small) < 2 * 64
+    corpus = tmp / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in [long_text, *small]))
+    shard_dir = tmp / "shards"
+    r = build(corpus, "--out", shard_dir, "--val-fraction", "0.2")
+    assert r.returncode == 0, r.stderr
+    manifest = json.loads((shard_dir / "manifest.json").read_text())
+    assert manifest["bytes"]["train"] >= 20_000, manifest  # the long document is in the train split
+    assert manifest["split_documents"] == 0
+    run_dir = tmp / "run"
+    args = ["--config", "configs/tiny.json", "--set", *TINY, f"data.shards={shard_dir}", f"train.run_dir={run_dir}",
+            "train.max_steps=2", "train.micro_batch_size=2", "train.global_batch_size=2", "data.seq_len=64"]
+    pretrain(args)
+    return run_dir, args
+
+
+def test_document_longer_than_the_sequence_trains(long_doc_run):
+    run_dir, _ = long_doc_run
+    rows = read_metrics(run_dir)
+    train = [r for r in rows if r.get("split") == "train"]
+    assert [r["step"] for r in train] == [1, 2]
+    assert all(0 < r["bpb"] < 12 for r in train)
+    assert [r for r in rows if r.get("split") == "val"]
+    assert (run_dir / "checkpoints" / "latest").read_text().strip() == "step00000002"
+
+
+def test_finished_run_started_again_leaves_checkpoints_alone(long_doc_run):
+    run_dir, args = long_doc_run
+    ckpts = run_dir / "checkpoints"
+    before, metrics_before = tree(ckpts), (run_dir / "metrics.jsonl").read_text()
+    r = pretrain(args)  # same run dir, same max_steps, --resume auto
+    assert "start step 2" in r.stdout, r.stdout[-2000:]
+    assert (ckpts / "latest").read_text().strip() == "step00000002"
+    assert tree(ckpts) == before
+    assert sorted(p.name for p in ckpts.iterdir() if p.is_dir()) == ["step00000002"]
+    new_rows = (run_dir / "metrics.jsonl").read_text()[len(metrics_before):]
+    assert not [r for r in map(json.loads, new_rows.splitlines()) if r.get("split") == "train"]

@@ -1,0 +1,257 @@
+"""End to end: a tiny real training run, then the tools users run on it.
+
+tools/evaluate.py is run as a subprocess (the CLI), and its figure is checked against a by-hand
+computation with the checkpoint loaded through megatok.train.checkpoint.load_model. The run itself
+is checked for what the tools rely on: config.json, metrics.jsonl, checkpoints/latest, wandb offline files.
+"""
+
+from __future__ import annotations
+
+import collections
+import gzip
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from megatok.config import load_config
+from megatok.data.stream import iter_shard_documents, resolve_shards
+from megatok.metrics import read_metrics
+from megatok.vocab import SEP
+from tests.conftest import ROOT, TINY, pretrain, stdlib_texts
+
+STEPS = 4
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu", "WANDB_MODE": "disabled",
+       "PYTHONPATH": str(ROOT)}
+TRAIN_KEYS = ("step", "loss", "lm_loss", "policy_loss", "rate_loss", "bpb", "boundary_rate", "bytes_per_chunk",
+              "lr", "grad_norm", "bytes_per_s")
+FIGURES = ("bpb", "bpb_doc_mean", "bytes_per_chunk", "boundary_rate", "whitespace_boundary_fraction")
+# A short document (fewer bytes than data.seq_len = 64, so a single window) with whitespace in it.
+SHORT_DOC = "def f(x):\n    return x + 1  # café\n"
+
+
+def tool(name: str, *args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "tools" / name), *map(str, args)], capture_output=True,
+                          text=True, env=ENV, timeout=180, cwd=ROOT)
+
+
+def evaluate(run, *args) -> dict:
+    r = tool("evaluate.py", "--run", run, *args)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout)  # the whole stdout is one JSON object
+
+
+def assert_clean_error(r: subprocess.CompletedProcess, path) -> None:
+    """Exit code 2, exactly one 'error:' line naming the path, no traceback."""
+    assert r.returncode == 2, (r.returncode, r.stdout[-2000:], r.stderr[-3000:])
+    errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, r.stderr
+    assert str(path) in errors[0], errors[0]
+    assert "Traceback" not in r.stderr, r.stderr
+    assert r.stdout.strip() == ""
+
+
+@pytest.fixture(scope="module")
+def run(shards, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("evaluate")
+    run_dir = tmp / "run"
+    wandb_dir = tmp / "wandb-home"
+    env = {"WANDB_MODE": "offline", "WANDB_DIR": str(wandb_dir), "WANDB_CONFIG_DIR": str(wandb_dir / "config"),
+           "WANDB_CACHE_DIR": str(wandb_dir / "cache"), "WANDB_DATA_DIR": str(wandb_dir / "data")}
+    pretrain(["--config", "configs/tiny.json", "--set", *TINY, "logging.wandb_mode=offline",
+              f"data.shards={shards}", f"train.run_dir={run_dir}", f"train.max_steps={STEPS}",
+              "train.micro_batch_size=2", "train.global_batch_size=2"], env=env)
+    return run_dir
+
+
+@pytest.fixture(scope="module")
+def docs() -> list[dict]:
+    """Six documents, two languages x two domains (unevenly mixed), one with non-ASCII text."""
+    texts = [t[:700 + 300 * i] for i, t in enumerate(stdlib_texts(n_files=6))]
+    texts[2] = "Ceci n'est pas une pipe. Déjà vu, naïve café — 日本語. " * 10
+    langs = ["en", "en", "fr", "en", "fr", "fr"]
+    domains = ["code", "prose", "prose", "code", "code", "code"]
+    return [{"text": t, "lang": lang, "domain": dom} for t, lang, dom in zip(texts, langs, domains)]
+
+
+@pytest.fixture(scope="module")
+def data_file(docs, tmp_path_factory):
+    path = tmp_path_factory.mktemp("evaldata") / "held_out.jsonl"
+    path.write_text("".join(json.dumps(d) + "\n" for d in docs))
+    return path
+
+
+@pytest.fixture(scope="module")
+def result(run, data_file):
+    return evaluate(run, "--data", data_file)
+
+
+# --------------------------------------------------------------------------- the run directory
+
+
+def test_run_dir_holds_resolved_config_metrics_checkpoint_and_wandb(run, shards):
+    cfg = load_config(run / "config.json")
+    assert cfg.train.max_steps == STEPS and cfg.data.seq_len == 64 and cfg.data.shards == str(shards)
+    assert "extends" not in json.loads((run / "config.json").read_text())  # resolved, not a reference
+
+    rows = read_metrics(run)
+    train = [r for r in rows if r.get("split") == "train"]
+    assert [r["step"] for r in train] == list(range(1, STEPS + 1))  # log_every=1
+    for r in train:
+        missing = [k for k in TRAIN_KEYS if k not in r]
+        assert not missing, (missing, r)
+        assert all(isinstance(r[k], (int, float)) and math.isfinite(r[k]) for k in TRAIN_KEYS), r
+        assert 0 < r["bpb"] < 12 and 0 < r["boundary_rate"] <= 1 and r["bytes_per_chunk"] >= 1
+    val = [r for r in rows if r.get("split") == "val"]
+    assert val and val[-1]["step"] == STEPS
+    assert 0 < val[-1]["val_bpb"] < 12 and val[-1]["val_bytes_per_chunk"] >= 1
+
+    assert (run / "checkpoints" / "latest").read_text().strip() == f"step{STEPS:08d}"
+    assert (run / "checkpoints" / f"step{STEPS:08d}").is_dir()
+
+    offline = list((run / "wandb").glob("offline-run-*"))
+    assert len(offline) == 1, list((run / "wandb").iterdir()) if (run / "wandb").exists() else "no wandb dir"
+    assert list(offline[0].glob("*.wandb")), list(offline[0].iterdir())
+
+
+# --------------------------------------------------------------------------- evaluate.py
+
+
+def test_evaluate_prints_one_json_object_with_the_figures(result, run, docs):
+    assert result["boundary_rule"] == "sample(seed=0)"
+    assert result["checkpoint"] == f"step{STEPS:08d}" and result["run"] == str(run)
+    assert result["documents"] == len(docs)
+    assert result["bytes"] == sum(len(d["text"].encode()) for d in docs)
+    for k in FIGURES:
+        assert isinstance(result[k], float) and math.isfinite(result[k]), (k, result[k])
+    assert 0 < result["bpb"] < 12
+    assert 0 < result["boundary_rate"] <= 1
+    assert result["bytes_per_chunk"] == pytest.approx(1 / result["boundary_rate"])
+    assert 0 <= result["whitespace_boundary_fraction"] <= 1
+
+
+@pytest.mark.parametrize("kind", ["lang", "domain"])
+def test_groups_add_up_to_the_corpus(result, docs, kind):
+    groups = result[f"by_{kind}"]
+    assert sorted(groups) == sorted({d[kind] for d in docs})
+    for name, g in groups.items():
+        mine = [d for d in docs if d[kind] == name]
+        assert g["documents"] == len(mine)
+        assert g["bytes"] == sum(len(d["text"].encode()) for d in mine)
+    total = result["bytes"]
+    assert sum(g["bytes"] for g in groups.values()) == total
+    # Corpus bpb is total NLL over total bytes, so it is the byte-weighted mean of the groups' bpb ...
+    assert result["bpb"] == pytest.approx(sum(g["bpb"] * g["bytes"] for g in groups.values()) / total, rel=1e-9)
+    # ... and the per-document mean is the document-weighted mean of the groups' per-document means.
+    assert result["bpb_doc_mean"] == pytest.approx(
+        sum(g["bpb_doc_mean"] * g["documents"] for g in groups.values()) / result["documents"], rel=1e-9)
+
+
+def test_bpb_matches_a_by_hand_computation(run, tmp_path):
+    """NLL of each byte given [SEP] + the bytes before it, one prefix at a time, with threshold
+    boundaries; against evaluate.py --boundary threshold on the same single document."""
+    from megatok.train.checkpoint import load_model
+
+    path = tmp_path / "one.jsonl"
+    path.write_text(json.dumps({"text": SHORT_DOC}) + "\n")
+    text = SHORT_DOC.encode()
+    assert len(text) < 64  # one window
+    # The seed must not matter for a deterministic rule.
+    got = evaluate(run, "--data", path, "--boundary", "threshold", "--seed", "7")
+    assert got["boundary_rule"] == "threshold" and got["documents"] == 1 and got["bytes"] == len(text)
+    assert "by_lang" not in got and "by_domain" not in got  # the document carries neither
+
+    model, cfg, tag = load_model(run)
+    assert tag == f"step{STEPS:08d}" and not model.training
+    model.boundary.eval_mode = "threshold"
+    nll = 0.0
+    with torch.no_grad():
+        for t in range(len(text)):
+            context = torch.tensor([[SEP, *text[:t]]])
+            logp = torch.log_softmax(model(context).logits[0, -1].double(), -1)
+            nll -= logp[text[t]].item()
+        x = torch.tensor([[SEP, *text[:-1]]])
+        starts = model(x).boundaries.starts[0]
+    assert got["bpb"] == pytest.approx(nll / len(text) / math.log(2), rel=1e-6)  # fp32 model, float64 sums
+    assert got["bpb_doc_mean"] == pytest.approx(got["bpb"], rel=1e-12)
+    assert got["boundary_rate"] == pytest.approx(starts.sum().item() / len(text), rel=1e-12)
+    ws = torch.isin(x[0], torch.tensor([ord(c) for c in " \t\n\r"]))
+    assert got["whitespace_boundary_fraction"] == pytest.approx((ws & starts).sum().item() / ws.sum().item(),
+                                                                rel=1e-12)
+
+
+def test_same_seed_same_result_other_seed_other_sample(run, data_file, result):
+    assert evaluate(run, "--data", data_file) == result
+    other = evaluate(run, "--data", data_file, "--seed", "1")
+    assert other["boundary_rule"] == "sample(seed=1)"
+    assert other["bytes"] == result["bytes"]
+    assert other["bpb"] != result["bpb"]  # boundaries are sampled: a different seed, a different sample
+
+
+def test_topk_rule_is_refused(run, data_file):
+    """The top-rho-per-window rule was dropped (it looks at later bytes: not causal); asking for it
+    is a usage error, not a silently different rule."""
+    r = tool("evaluate.py", "--run", run, "--data", data_file, "--boundary", "topk")
+    assert r.returncode == 2 and "invalid choice: 'topk'" in r.stderr, r.stderr[-2000:]
+    assert r.stdout == "" and "Traceback" not in r.stderr
+
+
+def test_input_formats(run, docs, tmp_path):
+    texts = [d["text"] for d in docs[:3]]
+    (tmp_path / "a.txt").write_bytes(texts[0].encode())
+    with gzip.open(tmp_path / "b.txt.gz", "wb") as f:
+        f.write(texts[1].encode())
+    with gzip.open(tmp_path / "c.jsonl.gz", "wt") as f:
+        f.write(json.dumps({"text": texts[2], "lang": "fr"}) + "\n")
+    # One call (each start of the tool costs seconds); the groups tell the files apart.
+    got = evaluate(run, "--data", tmp_path / "a.txt", tmp_path / "b.txt.gz", tmp_path / "c.jsonl.gz",
+                   "--boundary", "threshold")
+    assert got["documents"] == 3 and got["bytes"] == sum(len(t.encode()) for t in texts)
+    assert {k: (v["documents"], v["bytes"]) for k, v in got["by_lang"].items()} == {
+        "fr": (1, len(texts[2].encode())), "unknown": (2, len(texts[0].encode()) + len(texts[1].encode()))}
+    assert 0 < got["bpb"] < 12
+
+
+def test_shard_directory_means_its_val_split(run, shards):
+    manifest = json.loads((shards / "manifest.json").read_text())
+    got = evaluate(run, "--data", shards, "--boundary", "threshold")
+    assert got["documents"] == manifest["documents"]["val"]
+    assert got["bytes"] == manifest["bytes"]["val"]
+    assert sum(g["bytes"] for g in got["by_domain"].values()) == got["bytes"]
+
+
+def test_errors_are_one_line(run, data_file, tmp_path):
+    missing_run = tmp_path / "no-such-run"
+    assert_clean_error(tool("evaluate.py", "--run", missing_run, "--data", data_file), missing_run)
+
+    missing_data = tmp_path / "no-such-file.jsonl"
+    assert_clean_error(tool("evaluate.py", "--run", run, "--data", missing_data), missing_data)
+
+    bare = tmp_path / "bare-run"
+    bare.mkdir()
+    (bare / "config.json").write_text((run / "config.json").read_text())
+    assert_clean_error(tool("evaluate.py", "--run", bare, "--data", data_file), bare)
+
+
+# --------------------------------------------------------------------------- summarize.py
+
+
+def test_summarize(run, shards):
+    r = tool("summarize.py", "--run", run, "--data", shards)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "byte-unigram entropy" in r.stdout
+    summary = json.loads((run / "summary.json").read_text())
+    last_val = [row for row in read_metrics(run) if row.get("split") == "val"][-1]
+    assert summary["final_val_bpb"] == last_val["val_bpb"]
+    assert summary["steps"] == STEPS
+    counts = collections.Counter()
+    for d in iter_shard_documents(resolve_shards(str(shards), "train")):
+        counts.update(d.text)
+    n = sum(counts.values())
+    entropy = -sum(c / n * math.log2(c / n) for c in counts.values())
+    assert summary["byte_unigram_entropy"] == pytest.approx(entropy, rel=1e-9)
+    assert f"{entropy:.4f}" in next(line for line in r.stdout.splitlines() if "byte-unigram entropy" in line)
