@@ -26,6 +26,9 @@ def parse_args(argv=None):
                    help="override config values by dotted key, e.g. train.max_steps=20 data.shards=data/shards")
     p.add_argument("--resume", default="auto",
                    help="'auto' (latest checkpoint in the run directory, if any), 'none', or a checkpoint tag")
+    p.add_argument("--dry-run", nargs="?", type=int, const=0, default=None, metavar="RANKS",
+                   help="resolve the config for RANKS ranks (default $WORLD_SIZE, else 8), build the model on the "
+                        "meta device, print its size table and the DeepSpeed config, exit (no data, no process group)")
     p.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)  # deepspeed launcher
     return p.parse_args(argv)
 
@@ -40,6 +43,10 @@ def check_data(cfg) -> None:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.dry_run is not None:
+        from megatok.flops import dry_run
+
+        return dry_run(args.config, args.overrides, args.dry_run or None)
     try:
         cfg = load_config(args.config, args.overrides)
         check_data(cfg)

@@ -1,0 +1,49 @@
+"""How big is a config: parameters per component, FLOPs per byte, training FLOPs, memory per GPU.
+
+    python tools/model_size.py --config configs/1b.json [--gpus 8] [--nodes 1] [--json] [--rate 0.2] [--set KEY=VALUE ...]
+
+Parameters are counted by formula and checked against the real model built on the meta device (no
+memory, so 13B takes a second); the command fails if they differ. FLOPs per byte count byte-rate
+layers at every byte and main layers at the chunk rate (``--rate``, default boundary.target_rate).
+Memory is per GPU for DeepSpeed ZeRO 0-3 with and without CPU offload, for gpus x nodes data-parallel
+ranks, plus the activations of one micro-batch. Formulas: megatok/flops.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from megatok import flops  # noqa: E402
+from megatok.config import ConfigError, load_config  # noqa: E402
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config", required=True)
+    ap.add_argument("--gpus", type=int, default=8, help="GPUs (ranks) per node (default 8)")
+    ap.add_argument("--nodes", type=int, default=1, help="nodes (default 1)")
+    ap.add_argument("--rate", type=float, default=None, help="chunks per byte (default boundary.target_rate)")
+    ap.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    ap.add_argument("--set", dest="overrides", nargs="+", action="extend", default=[], metavar="KEY=VALUE")
+    args = ap.parse_args(argv)
+    flops.quiet_deepspeed_import()
+    try:
+        cfg = load_config(args.config, args.overrides, world_size=args.gpus * args.nodes)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    report = flops.size_report(cfg, gpus=args.gpus, nodes=args.nodes, rate=args.rate)
+    if report["params_instantiated"] != report["params"]["total"]:
+        print(f"error: formula gives {report['params']['total']:,} parameters but the model has "
+              f"{report['params_instantiated']:,}: megatok/flops.py is out of date", file=sys.stderr)
+        return 1
+    print(flops.report_json(report) if args.json else flops.format_report(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
