@@ -1,0 +1,82 @@
+"""tools/sweep.py: configs at equal training bytes that all validate, sbatch lines, a real local run
+of a tiny sweep, and the collected table and plot."""
+
+import importlib.util
+import json
+import math
+
+import pytest
+
+from megatok.config import load_config
+from tests.conftest import ROOT, TINY
+
+_spec = importlib.util.spec_from_file_location("sweep", ROOT / "tools/sweep.py")
+sweep = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(sweep)
+
+
+def test_generated_configs_validate_at_equal_bytes(tmp_path, capsys):
+    out = tmp_path / "s"
+    assert sweep.main(["--sizes", "100m,350m,1b", "--strategies", "policy,fixed", "--bytes", "2e9", "--out", str(out),
+                       "--emit", "sbatch", "--set", "data.shards=/shared/megatok/shards"]) == 0
+    printed = capsys.readouterr().out
+    runs = json.loads((out / "sweep.json").read_text())["runs"]
+    assert [r["name"] for r in runs] == ["100m-policy", "100m-fixed", "350m-policy", "350m-fixed", "1b-policy",
+                                         "1b-fixed"]
+    for r in runs:
+        cfg = load_config(r["config"], world_size=8)  # a complete config: validates on its own
+        per_step = cfg.train.global_batch_size * cfg.data.seq_len
+        assert cfg.train.max_steps == math.ceil(2e9 / per_step)
+        assert 2e9 <= r["training_bytes"] < 2e9 + per_step
+        assert cfg.boundary.strategy == r["strategy"] and cfg.data.shards == "/shared/megatok/shards"
+        assert cfg.train.run_dir == str(out.resolve() / "runs" / r["name"])
+        assert cfg.train.warmup_steps <= cfg.train.max_steps // 10
+        if r["strategy"] == "fixed":
+            assert cfg.boundary.options == {}
+        else:
+            assert cfg.boundary.options["gamma"] == 0.99
+        assert f"launch/slurm/pretrain.sbatch --config {r['config']}" in printed
+    assert (out / "submit.sh").read_text().count("sbatch --nodes=1") == 6
+
+
+def test_unknown_strategy_is_refused_with_the_available_ones(tmp_path, capsys):
+    assert sweep.main(["--sizes", "1b", "--strategies", "policy,nope", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "nope" in err and "policy" in err and "fixed" in err
+
+
+def test_collect_table_and_plot_from_metrics(tmp_path, capsys):
+    out = tmp_path / "s"
+    sweep.main(["--sizes", "100m,350m", "--strategies", "policy,fixed", "--bytes", "1e8", "--out", str(out)])
+    runs = json.loads((out / "sweep.json").read_text())["runs"]
+    for i, r in enumerate(runs[:3]):
+        rd = (out / "runs" / r["name"])
+        rd.mkdir(parents=True)
+        end = r["max_steps"] if i < 2 else r["max_steps"] // 2
+        rows = [{"step": s, "split": "train", "boundary_rate": 0.25} for s in (1, end)]
+        rows += [{"step": s, "split": "val", "val_bpb": 2.0 - 0.1 * i - s / 1e4, "val_bytes_per_chunk": 4.0,
+                  "boundary_rule": "sample(seed=1234)"} for s in (end // 2, end)]
+        (rd / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in rows))
+    assert sweep.main(["--out", str(out), "--collect"]) == 0
+    table = (out / "results.md").read_text().splitlines()
+    assert len(table) == 2 + 4
+    assert "finished" in table[2] and "finished" in table[3] and "running" in table[4] and "not started" in table[5]
+    assert "0.250" in table[2] and "sample(seed=1234)" in table[2]
+    assert (out / "loss_vs_flops.png").stat().st_size > 10_000
+
+
+@pytest.mark.dist
+def test_run_local_then_collect_a_tiny_sweep(shards, tmp_path, capsys):
+    out = tmp_path / "s"
+    sets = TINY + [f"data.shards={shards}", "data.num_workers=1", "train.micro_batch_size=4",
+                   "train.global_batch_size=4"]
+    # 2 steps of 4 sequences x 64 bytes
+    assert sweep.main(["--sizes", "tiny", "--strategies", "fixed", "--bytes", str(2 * 4 * 64), "--out", str(out),
+                       "--run-local", "--nproc", "1", "--set", *sets]) == 0
+    assert sweep.main(["--out", str(out), "--collect"]) == 0
+    row = (out / "results.md").read_text().splitlines()[2]
+    assert row.startswith("| tiny-fixed |") and "finished" in row
+    # Run again: finished runs are skipped.
+    assert sweep.main(["--sizes", "tiny", "--strategies", "fixed", "--bytes", str(2 * 4 * 64), "--out", str(out),
+                       "--run-local", "--nproc", "1", "--set", *sets]) == 0
+    assert "finished already, skipped" in capsys.readouterr().out
