@@ -1,0 +1,333 @@
+"""Check one GPU (H100/H200) before a cluster run: attention backends, bf16 training speed, MFU, memory.
+
+    python tools/gpu_check.py                       # on the GPU machine: a few minutes, no network, installs nothing
+    python tools/gpu_check.py --configs configs/100m.json configs/1b.json --steps 10 --json-out docs/gpu_check.json
+    python tools/gpu_check.py --cpu-smoke           # the same code paths on a CPU with a tiny config (the tests)
+
+It prints:
+
+1. flash-attn against torch SDPA (if flash_attn is importable): largest difference of outputs and input
+   gradients on the same bf16 inputs, and forward+backward time of each, at megatok's byte-rate shape
+   (T = seq_len) and main-network shape (T = rho x seq_len). Without flash-attn: SDPA timings only.
+2. For each config (default 100m and 1b): bf16 training steps on one GPU, one micro-batch per step
+   (train.micro_batch_size, or --micro), on real text (the Python standard library's sources, on every
+   machine): bytes/s, model FLOPs per byte at the realised boundary rate (megatok/flops.py, training =
+   3 x forward), MFU = achieved FLOP/s / the dense bf16 peak of the device (H100/H200: 989 TFLOP/s,
+   detected from the device name; --peak-tflops overrides), peak memory against megatok.flops'
+   estimate for one rank. The engine is DeepSpeed (the config's ZeRO stage and bf16, as the trainer
+   runs it) when importable, else a plain torch loop (autocast bf16, fp32 weights, fused AdamW);
+   --engine picks one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import resource
+import sys
+import sysconfig
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from megatok import flops  # noqa: E402
+
+GIB = 2**30
+SMOKE_SETS = ["model.d_model=64", "model.n_heads=2", "model.n_encoder_layers=1", "model.n_main_layers=2",
+              "model.n_decoder_layers=1", "data.seq_len=128", "deepspeed.bf16.enabled=false",
+              "deepspeed.zero_optimization.stage=1"]
+
+
+# ----------------------------------------------------------------------------- helpers
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def peak_tflops(device: torch.device, override: float | None) -> float | None:
+    if override:
+        return override
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    for key, value in flops.PEAK_BF16_TFLOPS.items():  # "H200" before "H100": both 989 anyway
+        if key in name:
+            return value
+    return None
+
+
+def environment(device: torch.device) -> dict:
+    env = {"python": platform.python_version(), "torch": torch.__version__, "device": str(device)}
+    if device.type == "cuda":
+        env.update(gpu=torch.cuda.get_device_name(device), cuda=torch.version.cuda,
+                   gpu_memory_gib=round(torch.cuda.get_device_properties(device).total_memory / GIB, 1))
+    for mod in ("deepspeed", "flash_attn"):
+        try:
+            env[mod] = __import__(mod).__version__
+        except Exception:  # noqa: BLE001 - absent or broken: report, do not fail
+            env[mod] = None
+    return env
+
+
+def text_sequences(seq_len: int, n: int) -> torch.Tensor:
+    """[n, seq_len + 1] packed byte sequences of real text (stdlib sources, cycled if short)."""
+    from megatok.data.stream import pack_documents
+
+    docs = [p.read_bytes() for p in sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py"))]
+    seqs = pack_documents(docs, seq_len)[:-1]  # the last row is padded
+    reps = -(-n // max(1, len(seqs)))
+    return seqs.repeat(reps, 1)[:n]
+
+
+# ----------------------------------------------------------------------------- 1. attention
+
+def attention_check(device: torch.device, shapes: list[tuple[int, int, int, int]], iters: int) -> list[dict]:
+    from megatok.model import blocks
+
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    have_flash = blocks.flash_attn_func is not None and device.type == "cuda"
+    rows = []
+    for B, H, T, D in shapes:
+        g = torch.Generator(device=device).manual_seed(0)
+        q, k, v = (torch.randn(B, H, T, D, device=device, dtype=dtype, generator=g) for _ in range(3))
+        dout = torch.randn(B, H, T, D, device=device, dtype=dtype, generator=g)
+        row = {"shape": [B, H, T, D], "dtype": str(dtype).replace("torch.", "")}
+        results = {}
+        for backend in (["flash_attn"] if have_flash else []) + ["sdpa"]:
+            qq, kk, vv = (t.clone().requires_grad_(True) for t in (q, k, v))
+            out = blocks.attention(qq, kk, vv, backend=backend)
+            out.backward(dout)
+            results[backend] = (out.detach().float(), qq.grad.float(), kk.grad.float(), vv.grad.float())
+            for _ in range(2):  # warm-up
+                blocks.attention(qq, kk, vv, backend=backend).backward(dout)
+            sync(device)
+            t = time.perf_counter()
+            for _ in range(iters):
+                blocks.attention(qq, kk, vv, backend=backend).backward(dout)
+            sync(device)
+            ms = (time.perf_counter() - t) / iters * 1e3
+            causal_flops = 3 * 2 * 2 * B * H * D * T * (T + 1) / 2  # fwd + bwd (3x), QK^T and AV, causal half
+            row[f"{backend}_ms"] = round(ms, 3)
+            row[f"{backend}_tflops"] = round(causal_flops / (ms / 1e3) / 1e12, 2)
+        if have_flash:
+            a, b = results["flash_attn"], results["sdpa"]
+            row["max_abs_diff"] = {n: float((x - y).abs().max()) for n, x, y in zip(("out", "dq", "dk", "dv"), a, b)}
+            scale = max(float(b[0].abs().max()), 1e-6)
+            row["equal"] = row["max_abs_diff"]["out"] <= 2e-2 * scale  # bf16 has ~3 significant digits
+        else:
+            row["note"] = "flash_attn not importable (or not on a GPU): SDPA only"
+        rows.append(row)
+        del q, k, v, dout, results
+    return rows
+
+
+# ----------------------------------------------------------------------------- 2. training
+
+def build(cfg, device: torch.device):
+    from megatok.model.unet import ByteUNet
+
+    torch.manual_seed(cfg.train.seed)
+    with torch.device(device):
+        return ByteUNet(cfg.model, cfg.boundary)
+
+
+def train_check(config: str, overrides: list[str], *, device: torch.device, engine: str, steps: int, warmup: int,
+                micro: int | None, peak: float | None) -> dict:
+    from megatok.config import deepspeed_config, load_config, uses_bf16, zero_stage
+    from megatok.train.loop import param_groups
+
+    sets = list(overrides) + ["logging.wandb_mode=disabled"]
+    if micro:
+        sets.append(f"train.micro_batch_size={micro}")
+    base = load_config(config, sets, world_size=1)
+    mb = base.train.micro_batch_size
+    cfg = load_config(config, sets + ["train.grad_accum=1", f"train.global_batch_size={mb}"], world_size=1)
+    bf16 = uses_bf16(cfg)
+    T = cfg.data.seq_len
+    data = text_sequences(T, mb * (steps + warmup)).view(steps + warmup, mb, T + 1)
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+    rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    model = build(cfg, device)
+    n_params = sum(p.numel() for p in model.parameters())
+
+    if engine == "deepspeed":
+        import deepspeed
+
+        from megatok.train import dist
+
+        if not torch.distributed.is_initialized():
+            dist.init(cfg.train.dist_timeout_s)
+        runner, _, _, _ = deepspeed.initialize(model=model, config=deepspeed_config(cfg, 1),
+                                               model_parameters=param_groups(model, cfg.train.weight_decay))
+
+        def step(x):
+            out = runner(x[:, :-1], x[:, 1:])
+            runner.backward(out.loss)
+            runner.step()
+            return out
+    else:
+        opt = torch.optim.AdamW(param_groups(model, cfg.train.weight_decay), lr=cfg.train.lr,
+                                betas=cfg.train.betas, eps=cfg.train.eps, fused=device.type == "cuda")
+        model.train()
+
+        def step(x):
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+                out = model(x[:, :-1], x[:, 1:])
+            out.loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            return out
+
+    times, rates, losses = [], [], []
+    for i in range(warmup + steps):
+        x = data[i].to(device, non_blocking=True)
+        torch.manual_seed(i)
+        sync(device)
+        t = time.perf_counter()
+        out = step(x)
+        sync(device)
+        if i >= warmup:
+            times.append(time.perf_counter() - t)
+        real = x[:, :-1] != 257
+        rates.append(float(out.boundaries.starts[real].float().mean()))
+        losses.append(float(out.loss.detach()))
+    step_s = sorted(times)[len(times) // 2]  # median
+    rate = sum(rates[warmup:]) / max(1, len(rates[warmup:]))
+    fpb = flops.flops_per_byte(cfg, rate=rate)["training"]
+    bytes_per_s = mb * T / step_s
+    achieved = fpb * bytes_per_s
+    row = {"config": config, "engine": engine, "params": n_params, "micro_batch": mb, "seq_len": T,
+           "precision": "bf16" if bf16 else "fp32", "zero_stage": zero_stage(cfg) if engine == "deepspeed" else None,
+           "activation_checkpointing": cfg.model.activation_checkpointing,
+           "steps_timed": steps, "step_s_median": round(step_s, 4), "bytes_per_s": round(bytes_per_s),
+           "realised_rate": round(rate, 4), "train_flops_per_byte": fpb, "achieved_tflops": round(achieved / 1e12, 2),
+           "mfu": round(achieved / (peak * 1e12), 4) if peak else None, "peak_tflops": peak,
+           "loss_first": round(losses[0], 4), "loss_last": round(losses[-1], 4)}
+    if engine == "deepspeed":
+        est = flops.model_state_bytes(n_params, stage=zero_stage(cfg), world=1, bf16=bf16, **flops.zero_kwargs(cfg))
+        act = flops.activation_bytes(cfg, rate=rate)["total"]
+        row["estimate_gib"] = round((est["device"] + act) / GIB, 2)
+    if device.type == "cuda":
+        row["peak_memory_gib"] = round(torch.cuda.max_memory_allocated(device) / GIB, 2)
+        row["peak_reserved_gib"] = round(torch.cuda.max_memory_reserved(device) / GIB, 2)
+    else:
+        row["peak_rss_growth_gib"] = round((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - rss0) / GIB, 3)
+    del model, step, out
+    if engine == "deepspeed":
+        runner.destroy()
+        del runner
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return row
+
+
+# ----------------------------------------------------------------------------- report
+
+def show(report: dict) -> str:
+    lines = ["environment: " + ", ".join(f"{k}={v}" for k, v in report["environment"].items())]
+    lines += ["", "attention: flash-attn vs SDPA (forward + backward)",
+              "| B,H,T,D | flash ms | SDPA ms | flash TFLOP/s | SDPA TFLOP/s | equal | max |out diff| |",
+              "|---|---:|---:|---:|---:|---|---:|"]
+    for r in report["attention"]:
+        lines.append(f"| {','.join(map(str, r['shape']))} | {r.get('flash_attn_ms', '-')} | {r['sdpa_ms']} | "
+                     f"{r.get('flash_attn_tflops', '-')} | {r['sdpa_tflops']} | {r.get('equal', 'n/a')} | "
+                     f"{r.get('max_abs_diff', {}).get('out', '-')} |")
+        if "note" in r:
+            lines.append(f"  ({r['note']})")
+    lines += ["", "training (one micro-batch per step, median step time)",
+              "| config | engine | params | micro x seq | step s | bytes/s | rate | TFLOP/s | MFU | peak mem GiB | "
+              "estimate GiB | loss first -> last |",
+              "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for r in report["training"]:
+        if "error" in r:
+            lines.append(f"| {r['config']} | {r.get('engine', '-')} | error: {r['error']} |")
+            continue
+        mem = r.get("peak_memory_gib", r.get("peak_rss_growth_gib"))
+        mfu = f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "n/a"
+        lines.append(f"| {r['config']} | {r['engine']} ({r['precision']}) | {r['params'] / 1e6:.1f}M | "
+                     f"{r['micro_batch']} x {r['seq_len']} | {r['step_s_median']} | {r['bytes_per_s']:,} | "
+                     f"{r['realised_rate']} | {r['achieved_tflops']} | {mfu} | {mem} | {r.get('estimate_gib', '-')} | "
+                     f"{r['loss_first']} -> {r['loss_last']} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--configs", nargs="+", default=["configs/100m.json", "configs/1b.json"])
+    ap.add_argument("--set", dest="overrides", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
+                    help="applied to every config")
+    ap.add_argument("--steps", type=int, default=10, help="timed steps per config")
+    ap.add_argument("--warmup", type=int, default=3, help="untimed steps first")
+    ap.add_argument("--micro", type=int, default=None, help="micro-batch (default: the config's)")
+    ap.add_argument("--engine", choices=["auto", "deepspeed", "torch"], default="auto")
+    ap.add_argument("--peak-tflops", type=float, default=None, help="dense bf16 peak of the device (default: by name)")
+    ap.add_argument("--attn-iters", type=int, default=20)
+    ap.add_argument("--json-out", default=None, help="also write the report as JSON here")
+    ap.add_argument("--cpu-smoke", action="store_true", help="tiny config on the CPU, 2 steps: tests the code paths")
+    args = ap.parse_args(argv)
+
+    os.environ.setdefault("WANDB_MODE", "disabled")
+    if _importable("deepspeed"):
+        flops.quiet_deepspeed_import()
+    if args.cpu_smoke:
+        device = torch.device("cpu")
+        configs, overrides = ["configs/tiny.json"], SMOKE_SETS + args.overrides
+        steps, warmup, micro = min(args.steps, 2), min(args.warmup, 1), args.micro or 2
+        shapes = [(1, 2, 128, 32), (1, 2, 32, 32)]
+    else:
+        if not torch.cuda.is_available():
+            print("error: no CUDA device (use --cpu-smoke to test the script on a CPU)", file=sys.stderr)
+            return 2
+        device = torch.device("cuda", 0)
+        torch.cuda.set_device(device)
+        configs, overrides, steps, warmup, micro = args.configs, args.overrides, args.steps, args.warmup, args.micro
+        shapes = [(8, 16, 4096, 64), (8, 16, 820, 128)]  # byte rate at seq_len 4096; main rate at rho = 0.2
+    engine = args.engine
+    if engine == "auto":
+        engine = "deepspeed" if _importable("deepspeed") else "torch"
+    peak = peak_tflops(device, args.peak_tflops)
+
+    report = {"environment": environment(device), "attention": attention_check(device, shapes, args.attn_iters),
+              "training": []}
+    for config in configs:
+        try:
+            report["training"].append(train_check(str(ROOT / config) if not Path(config).is_absolute() else config,
+                                                  overrides, device=device, engine=engine, steps=steps,
+                                                  warmup=warmup, micro=micro, peak=peak))
+            report["training"][-1]["config"] = config
+        except torch.cuda.OutOfMemoryError as e:  # report and go on with the next config
+            report["training"].append({"config": config, "engine": engine, "error": f"out of memory: {e}"[:300]})
+            gc.collect()
+            torch.cuda.empty_cache()
+    print(show(report), flush=True)
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps(report, indent=2) + "\n")
+    try:
+        from megatok.train import dist
+
+        dist.finish()
+    except Exception:  # noqa: BLE001 - no process group was started
+        pass
+    return 0
+
+
+def _importable(name: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(name) is not None
+
+
+if __name__ == "__main__":
+    sys.exit(main())
