@@ -49,7 +49,8 @@ def render(tmp_path, launcher, print_only=True):
     env.update(PATH=f"{fake_bin(tmp_path)}:{env['PATH']}", VIRTUAL_ENV="/fake/venv", LAUNCHER=launcher,
                SLURM_JOB_ID="4242", SLURM_JOB_NODELIST="gpu-a[01-02]", SLURM_JOB_NUM_NODES="2",
                SLURM_GPUS_ON_NODE="8", SLURM_CPUS_ON_NODE="96", JOB_DIR=str(tmp_path / "job"),
-               NCCL_SOCKET_IFNAME="ib0", NCCL_IB_HCA="mlx5", WANDB_MODE="offline")
+               NCCL_SOCKET_IFNAME="ib0", NCCL_IB_HCA="mlx5", WANDB_MODE="offline", AWS_PROFILE="shards",
+               FORWARD_ENV="AWS_PROFILE UNSET_VARIABLE")
     if print_only:
         env["MEGATOK_PRINT_ONLY"] = "1"
     r = subprocess.run(["bash", str(SBATCH), *ARGS], capture_output=True, text=True, env=env, cwd=ROOT, timeout=60)
@@ -78,6 +79,7 @@ def test_sbatch_deepspeed_launch_for_2_nodes_x_8_gpus(tmp_path, capsys):
     envfile = dict(line.split("=", 1) for line in (job / ".deepspeed_env").read_text().splitlines())
     assert envfile["NCCL_SOCKET_IFNAME"] == "ib0" and envfile["NCCL_IB_HCA"] == "mlx5"
     assert envfile["WANDB_MODE"] == "offline" and envfile["OMP_NUM_THREADS"] == "12"  # 96 cores / 8 GPUs
+    assert envfile["AWS_PROFILE"] == "shards" and "UNSET_VARIABLE" not in envfile
     assert envfile["PYTHONPATH"].split(":")[0] == str(ROOT) and "MEGATOK_PRINT_ONLY" not in envfile
     # The arguments it passes resolve to a valid job of 16 ranks.
     assert dry_run(cmd[cmd.index("--config") + 1], [ARGS[-1]], world=16) == 0
