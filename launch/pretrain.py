@@ -53,10 +53,42 @@ def main(argv=None) -> int:
     except (ConfigError, DataError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if args.resume not in ("auto", "none"):
+        ckpt = os.path.join(cfg.train.run_dir, "checkpoints", args.resume)
+        if not os.path.isfile(os.path.join(ckpt, "megatok.json")):
+            print(f"error: --resume {args.resume}: {ckpt} is not a complete checkpoint", file=sys.stderr)
+            return 2
+    return run(cfg, args.resume)
+
+
+def run(cfg, resume: str) -> int:
+    """Train; turn the ways a run can end badly into one clear line and an exit code."""
+    from megatok.train import checkpoint, dist
     from megatok.train.loop import train
 
-    train(cfg, resume=args.resume)
+    rank = os.environ.get("RANK", "0")
+    try:
+        row = train(cfg, resume=resume)
+    except (FloatingPointError, DataError) as e:
+        return _die(3, f"error: rank {rank}: {e}")
+    except Exception as e:  # noqa: BLE001 - a lost rank shows up as many different exception types
+        if not dist.is_comm_failure(e):
+            raise
+        return _die(4, f"error: rank {rank}: lost contact with another rank, which died, hung or was killed "
+                       f"(no answer within train.dist_timeout_s={cfg.train.dist_timeout_s:g} s: "
+                       f"{str(e).splitlines()[0][:200]}); last good checkpoint: "
+                       f"{checkpoint.latest_tag(cfg.train.run_dir)}")
+    if row.get("stopped") and rank == "0":
+        print(f"megatok: stopped by signal at step {row['step']}; checkpoint written; run the same command to "
+              f"resume", flush=True)
     return 0
+
+
+def _die(code: int, message: str) -> int:
+    """Report and leave at once: after a failure, process-group teardown itself can block."""
+    print(message, file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":

@@ -103,6 +103,7 @@ class TrainConfig(_Section):
     seed: int = Field(0, description="init, data order and boundary sampling")
     log_every: int = Field(10, gt=0, description="steps between metrics rows")
     save_every: int = Field(100, gt=0, description="steps between checkpoints (and one at the end)")
+    keep_checkpoints: int = Field(3, ge=1, description="newest checkpoints kept in RUN_DIR/checkpoints")
     max_skipped_steps: int = Field(10, ge=0, description="abort after this many optimizer steps in a row skipped for non-finite gradients")
     dist_timeout_s: float = Field(600.0, gt=0, description="collectives that take longer fail instead of hanging")
 

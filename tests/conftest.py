@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import sysconfig
@@ -63,7 +64,16 @@ def pretrain(args: list[str], *, nproc: int = 1, timeout: float = 300, check: bo
     else:
         deepspeed = str(Path(sys.executable).parent / "deepspeed")
         cmd = [deepspeed, "--num_gpus", str(nproc), "--master_port", str(free_port())] + script
-    r = subprocess.run(cmd + args, capture_output=True, text=True, env=base, timeout=timeout, cwd=ROOT)
+    # A new session, so a timeout kills the launcher's whole process tree, not just the launcher.
+    proc = subprocess.Popen(cmd + args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=base,
+                            cwd=ROOT, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        raise AssertionError(f"pretrain timed out after {timeout} s:\n{out[-3000:]}\n{err[-3000:]}") from None
+    r = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
     if check and r.returncode != 0:
         raise AssertionError(f"pretrain failed ({r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-5000:]}")
     return r

@@ -15,6 +15,7 @@ already produced (start_batch).
 import itertools
 import json
 import os
+import signal
 import tarfile
 import warnings
 import zlib
@@ -211,10 +212,13 @@ class PackedByteStream(IterableDataset):
     Use it through make_loader so a rank's batches come round-robin from its workers: that order
     is what start_batch (batches this rank has already consumed) refers to. Resuming is exact as
     long as urls, seed, seq_len, batch_size, world_size and the number of workers are unchanged.
+    start_epoch begins the stream at a later epoch (a resume with a different layout starts the
+    next epoch: see megatok/train/loop.py).
     """
 
     def __init__(self, urls: list[str], *, seq_len: int, batch_size: int, rank: int = 0, world_size: int = 1,
-                 seed: int = 0, start_batch: int = 0, on_bad_shard: str = "warn", num_workers_hint: int | None = None):
+                 seed: int = 0, start_batch: int = 0, start_epoch: int = 0, on_bad_shard: str = "warn",
+                 num_workers_hint: int | None = None):
         super().__init__()
         if not urls:
             raise DataError("no shards given")
@@ -228,7 +232,7 @@ class PackedByteStream(IterableDataset):
             check_readers(len(urls), world_size, num_workers_hint)
         self.urls, self.seq_len, self.batch_size = list(urls), seq_len, batch_size
         self.rank, self.world_size, self.seed = rank, world_size, seed
-        self.start_batch, self.on_bad_shard = start_batch, on_bad_shard
+        self.start_batch, self.start_epoch, self.on_bad_shard = start_batch, start_epoch, on_bad_shard
 
     def epoch_shards(self, epoch: int, reader: int, n_readers: int) -> list[str]:
         """The shards a reader reads in an epoch: the same shuffle on every rank, then every n_readers-th."""
@@ -237,7 +241,7 @@ class PackedByteStream(IterableDataset):
 
     def _documents(self, reader: int, n_readers: int, state: dict) -> Iterator[bytes]:
         """This reader's documents, epoch after epoch; updates state["epoch"] and state["bad_shards"]."""
-        for epoch in itertools.count():
+        for epoch in itertools.count(self.start_epoch):
             state["epoch"] = epoch
             shards, n_docs = self.epoch_shards(epoch, reader, n_readers), 0
             for url in shards:
@@ -264,13 +268,21 @@ class PackedByteStream(IterableDataset):
         logical = (worker + self.start_batch) % num_workers
         reader = self.rank * num_workers + logical
         done = len(range(logical, self.start_batch, num_workers))  # batches this reader had produced
-        state = {"epoch": 0, "bad_shards": 0}
+        state = {"epoch": self.start_epoch, "bad_shards": 0}
         docs = self._documents(reader, n_readers, state)
         for tokens in _pack_batches(docs, self.seq_len, self.batch_size, done * self.batch_size * self.seq_len):
             yield {"tokens": tokens, "epoch": state["epoch"], "bad_shards": state["bad_shards"]}
 
 
 def make_loader(dataset: PackedByteStream, num_workers: int) -> DataLoader:
-    """A DataLoader that yields the dataset's batches as they are, round-robin over workers in order."""
+    """A DataLoader that yields the dataset's batches as they are, round-robin over workers in order.
+
+    Workers ignore SIGTERM/SIGINT: a pre-empted rank finishes its step and checkpoints with its
+    workers still alive (launchers signal the whole process tree); they exit with their parent."""
     return DataLoader(dataset, batch_size=None, num_workers=num_workers, in_order=True,
-                      persistent_workers=num_workers > 0)
+                      persistent_workers=num_workers > 0, worker_init_fn=_ignore_stop_signals if num_workers else None)
+
+
+def _ignore_stop_signals(worker_id: int) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -1,18 +1,31 @@
-"""Checkpoints: DeepSpeed's own format under RUN_DIR/checkpoints/<tag>, plus a loader for evaluation.
+"""Checkpoints: DeepSpeed's own format under RUN_DIR/checkpoints/<tag>, published atomically.
 
-The engine saves model, optimizer (ZeRO partitions), LR schedule; megatok adds a small
-``client_state`` (step, batches consumed per rank, world size) so a new process continues the run.
+A save writes everything into ``<tag>.tmp`` (DeepSpeed's model, optimizer and LR-schedule files,
+plus megatok's ``megatok.json`` with the step and data layout, and one ``rng_rank<r>.json`` per
+rank with its Python, NumPy and torch RNG states), then rank 0 renames the directory to ``<tag>``
+and only then replaces the ``latest`` pointer. A run killed at any moment therefore leaves
+``latest`` on a complete checkpoint; stale ``*.tmp`` directories are removed at the next start.
+Nothing is written from weights that are not finite. The newest ``keep`` checkpoints are kept.
+
+Only JSON and DeepSpeed's files are read back; megatok's own files are never unpickled.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import random
+import shutil
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from megatok.config import Config, load_config, zero_stage
+from megatok.train import faults
 
 CHECKPOINTS = "checkpoints"
+META = "megatok.json"
 
 
 def checkpoint_dir(run_dir: str | Path) -> Path:
@@ -28,22 +41,140 @@ def latest_tag(run_dir: str | Path) -> str | None:
     return latest.read_text().strip() if latest.is_file() else None
 
 
-def save(engine, run_dir: str | Path, step: int, client_state: dict) -> str:
-    """Collective: every rank calls it. DeepSpeed updates ``latest`` after the files are written."""
-    tag = tag_for(step)
-    engine.save_checkpoint(str(checkpoint_dir(run_dir)), tag=tag, client_state=client_state)
+def published_tags(run_dir: str | Path) -> list[str]:
+    d = checkpoint_dir(run_dir)
+    return sorted(p.name for p in d.glob("step*") if p.is_dir() and not p.name.endswith(".tmp")) if d.is_dir() else []
+
+
+def read_meta(run_dir: str | Path, tag: str) -> dict:
+    path = checkpoint_dir(run_dir) / tag / META
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: not a complete megatok checkpoint")
+    return json.loads(path.read_text())
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def rng_state() -> dict:
+    py = random.getstate()
+    np_state = np.random.get_state()
+    return {"python": [py[0], list(py[1]), py[2]],
+            "numpy": [np_state[0], np_state[1].tolist(), *np_state[2:]],
+            "torch": torch.random.get_rng_state().tolist(),
+            "cuda": [s.tolist() for s in torch.cuda.get_rng_state_all()] if torch.cuda.is_available() else []}
+
+
+def set_rng_state(state: dict) -> None:
+    py = state["python"]
+    random.setstate((py[0], tuple(py[1]), py[2]))
+    np_state = state["numpy"]
+    np.random.set_state((np_state[0], np.array(np_state[1], dtype=np.uint32), *np_state[2:]))
+    torch.random.set_rng_state(torch.tensor(state["torch"], dtype=torch.uint8))
+    if state["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all([torch.tensor(s, dtype=torch.uint8) for s in state["cuda"]])
+
+
+def weights_finite(engine) -> bool:
+    """Collective: True when every rank's (partition of the) weights is finite."""
+    import torch.distributed as dist
+
+    ok = torch.ones((), device=engine.device)
+    for p in engine.module.parameters():
+        t = getattr(p, "ds_tensor", None)  # ZeRO-3 keeps each rank's partition here
+        t = p if t is None else t
+        if t.numel() and not torch.isfinite(t).all():
+            ok.zero_()
+            break
+    dist.all_reduce(ok, op=dist.ReduceOp.MIN)
+    return bool(ok.item())
+
+
+def remove_stale(run_dir: str | Path) -> None:
+    """Rank 0 at start: drop half-written ``*.tmp`` checkpoints left by a killed run."""
+    d = checkpoint_dir(run_dir)
+    for p in d.glob("*.tmp") if d.is_dir() else []:
+        shutil.rmtree(p, ignore_errors=True)
+
+
+def save(engine, run_dir: str | Path, step: int, meta: dict, keep: int = 3) -> str:
+    """Collective: every rank calls it. Returns the published tag."""
+    import torch.distributed as dist
+
+    if not weights_finite(engine):
+        raise FloatingPointError(f"weights are not finite at step {step}: checkpoint not written "
+                                 f"(last good: {latest_tag(run_dir)})")
+    rank = dist.get_rank()
+    ckdir, tag = checkpoint_dir(run_dir), tag_for(step)
+    tmp = ckdir / f"{tag}.tmp"
+    if rank == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+    dist.barrier()
+    engine.save_checkpoint(str(ckdir), tag=tmp.name, client_state={"megatok": meta}, save_latest=False)
+    _write_atomic(tmp / f"rng_rank{rank}.json", json.dumps(rng_state()))
+    dist.barrier()
+    faults.maybe_die_in_save(step)
+    if rank == 0:
+        _write_atomic(tmp / META, json.dumps({**meta, "tag": tag}, indent=2))
+        final = ckdir / tag
+        if final.exists():  # saved again at the same step (e.g. a pre-emption right after a save)
+            old = ckdir / f"{tag}.old-{os.getpid()}.tmp"
+            os.replace(final, old)
+            os.replace(tmp, final)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, final)
+        _write_atomic(ckdir / "latest", tag)
+        for old_tag in published_tags(run_dir)[:-keep] if keep > 0 else []:
+            if old_tag != tag:
+                shutil.rmtree(ckdir / old_tag, ignore_errors=True)
+    dist.barrier()
     return tag
 
 
-def load(engine, run_dir: str | Path, tag: str | None = None) -> dict | None:
-    """Collective. Returns the client state, or None when the run directory has no checkpoint."""
-    tag = tag or latest_tag(run_dir)
-    if tag is None:
-        return None
-    path, client_state = engine.load_checkpoint(str(checkpoint_dir(run_dir)), tag=tag)
+def load(engine, run_dir: str | Path, tag: str, *, restore_rng: bool = True) -> dict:
+    """Collective. Loads a published checkpoint; returns its megatok metadata."""
+    import torch.distributed as dist
+
+    meta = read_meta(run_dir, tag)
+    path, _ = engine.load_checkpoint(str(checkpoint_dir(run_dir)), tag=tag)
     if path is None:
         raise RuntimeError(f"{checkpoint_dir(run_dir) / tag}: DeepSpeed could not load this checkpoint")
-    return client_state
+    rng = checkpoint_dir(run_dir) / tag / f"rng_rank{dist.get_rank()}.json"
+    if restore_rng and rng.is_file():
+        set_rng_state(json.loads(rng.read_text()))
+    return meta
+
+
+def universal(run_dir: str | Path, tag: str, ds_config: dict) -> str:
+    """Collective. Re-partition a ZeRO checkpoint for a different world size through DeepSpeed's
+    universal format (rank 0 converts once into ``universal-<tag>``); switches ``ds_config`` to load
+    it. Returns the tag to load. ZeRO-0 checkpoints hold full states and need no conversion."""
+    import argparse
+
+    import torch.distributed as dist
+
+    if ds_config.get("zero_optimization", {}).get("stage", 0) == 0:
+        return tag
+    ckdir = checkpoint_dir(run_dir)
+    out = ckdir / f"universal-{tag}"
+    if dist.get_rank() == 0 and not (out / META).is_file():
+        from deepspeed.checkpoint import ds_to_universal
+
+        shutil.rmtree(out, ignore_errors=True)
+        ds_to_universal.main(argparse.Namespace(
+            input_folder=str(ckdir / tag), output_folder=str(out), num_extract_workers=1, num_merge_workers=1,
+            keep_temp_folder=False, strict=True, inject_missing_state=True))
+        shutil.copy(ckdir / tag / META, out / META)
+    dist.barrier()
+    ds_config["checkpoint"] = {**ds_config.get("checkpoint", {}), "load_universal": True}
+    return out.name
 
 
 def run_config(run_dir: str | Path) -> Config:
@@ -51,11 +182,23 @@ def run_config(run_dir: str | Path) -> Config:
     path = Path(run_dir) / "config.json"
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no config.json here; is {run_dir} a megatok run directory?")
-    import json
-
     t = json.loads(path.read_text())["train"]
     world = (t["global_batch_size"] // (t["micro_batch_size"] * t["grad_accum"])) if t.get("global_batch_size") else 1
     return load_config(path, world_size=world)
+
+
+def consolidated_state_dict(run_dir: str | Path, tag: str, cfg: Config) -> dict[str, torch.Tensor]:
+    """Full fp32 weights of a checkpoint, merging ZeRO partitions; no engine or process group needed."""
+    ckpt = checkpoint_dir(run_dir) / tag
+    if not ckpt.is_dir():
+        raise FileNotFoundError(f"{ckpt}: checkpoint not found")
+    if zero_stage(cfg) >= 1:
+        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+        state = get_fp32_state_dict_from_zero_checkpoint(str(checkpoint_dir(run_dir)), tag=tag)
+    else:
+        state = torch.load(ckpt / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=True)["module"]
+    return {k: v.float() for k, v in state.items()}
 
 
 def load_model(run_dir: str | Path, tag: str | None = None, device: str | torch.device = "cpu"):
@@ -69,15 +212,6 @@ def load_model(run_dir: str | Path, tag: str | None = None, device: str | torch.
     tag = tag or latest_tag(run_dir)
     if tag is None:
         raise FileNotFoundError(f"{checkpoint_dir(run_dir)}: no checkpoint (no 'latest' file)")
-    ckpt = checkpoint_dir(run_dir) / tag
-    if not ckpt.is_dir():
-        raise FileNotFoundError(f"{ckpt}: checkpoint not found")
-    if zero_stage(cfg) >= 1:
-        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
-
-        state = get_fp32_state_dict_from_zero_checkpoint(str(checkpoint_dir(run_dir)), tag=tag)
-    else:
-        state = torch.load(ckpt / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=True)["module"]
     model = ByteUNet(cfg.model, cfg.boundary)
-    model.load_state_dict({k: v.float() for k, v in state.items()})
+    model.load_state_dict(consolidated_state_dict(run_dir, tag, cfg))
     return model.to(device).eval(), cfg, tag

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
+import time
 from datetime import timedelta
 
 import torch
@@ -52,3 +54,51 @@ def finish() -> None:
     if dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
+
+
+_COMM_FAILURES = ("timed out", "timeout", "connection closed", "connection reset", "broken pipe",
+                  "nccl error", "gloo/transport")
+
+
+def is_comm_failure(exc: BaseException) -> bool:
+    """Whether an exception is a collective that lost its peer (died, hung, killed), not a bug."""
+    import torch.distributed as tdist
+
+    if isinstance(exc, getattr(tdist, "DistError", ())):
+        return True
+    text = f"{type(exc).__name__}: {exc}".lower()
+    return isinstance(exc, RuntimeError) and any(word in text for word in _COMM_FAILURES)
+
+
+class Watchdog:
+    """Ends this rank when the training loop stops making progress for ``timeout_s`` seconds.
+
+    A rank that dies or hangs leaves the others blocked in a collective, and not every collective
+    honours the process-group timeout (DeepSpeed's ZeRO groups are created with torch's 30-minute
+    default). The loop calls ``beat()`` at every step, evaluation and checkpoint; if no beat comes in
+    time, this prints one clear line and exits the process, so the launcher ends the job. Never an
+    endless wait."""
+
+    def __init__(self, timeout_s: float, describe):
+        import threading
+
+        self.timeout_s, self.describe = timeout_s, describe
+        self.last = time.monotonic()
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._watch, name="megatok-watchdog", daemon=True)
+        self.thread.start()
+
+    def beat(self) -> None:
+        self.last = time.monotonic()
+
+    def stop(self) -> None:
+        self.stopped.set()
+
+    def _watch(self) -> None:
+        while not self.stopped.wait(min(1.0, self.timeout_s / 4)):
+            idle = time.monotonic() - self.last
+            if idle > self.timeout_s:
+                print(f"error: rank {os.environ.get('RANK', '0')}: no training progress for {idle:.0f} s "
+                      f"(train.dist_timeout_s={self.timeout_s:g}): a rank died, hung or was killed; stopping the "
+                      f"job; {self.describe()}", file=sys.stderr, flush=True)
+                os._exit(4)

@@ -8,7 +8,11 @@ index), so a resumed run and a run with a different rank/accumulation split draw
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import shutil
+import signal
 import time
 from itertools import islice
 from pathlib import Path
@@ -22,7 +26,7 @@ from megatok.eval.bpb import boundary_rule, evaluate_batches
 from megatok.stats import ratios
 from megatok.metrics import MetricsLogger
 from megatok.model.unet import ByteUNet
-from megatok.train import checkpoint, dist
+from megatok.train import checkpoint, dist, faults
 from megatok.vocab import PAD
 
 LOSS_TERMS = ("loss", "lm_loss", "policy_loss", "rate_loss")
@@ -110,9 +114,54 @@ class Totals:
         return dict(zip(keys, t.tolist()))
 
 
+class StopRequest:
+    """SIGTERM/SIGINT (a scheduler's pre-emption, Ctrl-C) asks for a checkpoint and a clean exit at the
+    end of the current step. Ranks may be signalled at different times; the loop agrees on stopping
+    through a collective, so every rank stops at the same step and the checkpoint is complete."""
+
+    def __init__(self):
+        self.requested = False
+        self.previous = {sig: signal.signal(sig, self._handle) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+    def _handle(self, signum, frame):
+        self.requested = True
+
+    def restore(self):
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+
+
+def truncate_metrics(run_dir: Path, step: int) -> None:
+    """Resuming from step N replays the steps after N: drop their old rows so each step appears once."""
+    path = run_dir / "metrics.jsonl"
+    if path.is_file():
+        keep = [line for line in path.read_text().splitlines(keepends=True)
+                if line.strip() and json.loads(line).get("step", 0) <= step]
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text("".join(keep))
+        os.replace(tmp, path)
+
+
+def data_position(meta: dict | None, cfg: Config, world: int) -> tuple[int, int]:
+    """(start_batch, start_epoch) for this rank's stream after resuming from ``meta``.
+
+    Same layout: continue exactly where each reader stopped. A different layout (world size,
+    workers, batch split) cannot continue the same readers, so the documented rule is: start the
+    next epoch. Documents of the interrupted epoch not yet read are skipped for that epoch; none is
+    read twice within an epoch."""
+    if meta is None:
+        return 0, 0
+    if meta["layout"] == layout(cfg, world):
+        return meta["step"] * cfg.train.grad_accum, 0
+    print(f"megatok: resuming with layout {layout(cfg, world)} instead of {meta['layout']}: the data stream "
+          f"starts epoch {meta['epoch'] + 1}", flush=True)
+    return 0, meta["epoch"] + 1
+
+
 def train(cfg: Config, *, resume: str = "auto") -> dict:
     """Run training as configured. ``resume``: "auto" (latest checkpoint of the run directory, if any),
-    "none", or a checkpoint tag. Returns the last logged training row (rank 0; {} elsewhere)."""
+    "none", or a checkpoint tag. Returns the last logged training row (rank 0; {} elsewhere), with
+    "stopped": True when a signal ended the run early."""
     import deepspeed
     from torch.optim.lr_scheduler import LambdaLR
 
@@ -122,22 +171,40 @@ def train(cfg: Config, *, resume: str = "auto") -> dict:
     if rank == 0:
         run_dir.mkdir(parents=True, exist_ok=True)
         cfg.dump(run_dir / "config.json")
+        checkpoint.remove_stale(run_dir)
+    tdist.barrier()
+    tag = None if resume == "none" else checkpoint.latest_tag(run_dir) if resume == "auto" else resume
+    meta = checkpoint.read_meta(run_dir, tag) if tag else None
+    same_layout = meta is None or meta["layout"] == layout(cfg, world)
+    ds_config = deepspeed_config(cfg, world)
+    if not same_layout and meta["layout"]["world_size"] != world:
+        tag = checkpoint.universal(run_dir, tag, ds_config)  # re-partition ZeRO states for the new world size
 
     torch.manual_seed(cfg.train.seed)  # identical initial weights on every rank
     model = ByteUNet(cfg.model, cfg.boundary)
-    engine, _, _, _ = deepspeed.initialize(model=model, config=deepspeed_config(cfg, world),
+    engine, _, _, _ = deepspeed.initialize(model=model, config=ds_config,
                                            model_parameters=param_groups(model, cfg.train.weight_decay),
                                            lr_scheduler=lambda opt: LambdaLR(opt, lr_lambda(cfg)))
-    state = None if resume == "none" else checkpoint.load(engine, run_dir, None if resume == "auto" else resume)
-    step = state["step"] if state else 0
-    if state and state.get("layout") != layout(cfg, world):
-        raise RuntimeError(f"{run_dir}: checkpoint at step {step} was written with {state.get('layout')}, this run "
-                           f"has {layout(cfg, world)}; the data position would not match (start a new run_dir)")
+    if tag:
+        checkpoint.load(engine, run_dir, tag, restore_rng=same_layout)
+        # The config's learning rate wins over the one saved in the scheduler state, from the next update on.
+        sched = engine.lr_scheduler
+        sched.base_lrs = [cfg.train.lr] * len(sched.base_lrs)
+        factor = lr_lambda(cfg)(max(0, sched.last_epoch))
+        for group in engine.optimizer.param_groups:
+            group["lr"] = cfg.train.lr * factor
+        if rank == 0:
+            if tag.startswith("universal-"):
+                shutil.rmtree(checkpoint.checkpoint_dir(run_dir) / tag, ignore_errors=True)  # a derived copy
+            truncate_metrics(run_dir, meta["step"])
+    step = meta["step"] if meta else 0
+    start_batch, start_epoch = data_position(meta, cfg, world)
     accum = cfg.train.grad_accum
 
     stream = PackedByteStream(resolve_shards(cfg.data.shards, "train"), seq_len=cfg.data.seq_len,
                               batch_size=cfg.train.micro_batch_size, rank=rank, world_size=world,
-                              seed=cfg.train.seed, start_batch=step * accum, on_bad_shard=cfg.data.on_bad_shard)
+                              seed=cfg.train.seed, start_batch=start_batch, start_epoch=start_epoch,
+                              on_bad_shard=cfg.data.on_bad_shard)
     batches = iter(make_loader(stream, cfg.data.num_workers))
     val = validation_batches(cfg, rank, world)
 
@@ -148,12 +215,17 @@ def train(cfg: Config, *, resume: str = "auto") -> dict:
     if rank == 0:
         print(f"megatok: {model.num_params():,} parameters, {world} rank(s), device {device.type}, "
               f"ZeRO stage {engine.zero_optimization_stage()}, {'bf16' if engine.bfloat16_enabled() else 'fp32'}, "
-              f"start step {step}, run dir {run_dir}", flush=True)
+              f"start step {step}{f' from {tag}' if tag else ''}, run dir {run_dir}", flush=True)
 
+    stop = StopRequest()
+    watchdog = dist.Watchdog(cfg.train.dist_timeout_s,
+                             lambda: f"last good checkpoint: {checkpoint.latest_tag(run_dir)}")
     totals = Totals(device)
-    skipped_in_row, t_last, paused, last_row = 0, time.time(), 0.0, {}
+    skipped_in_row, t_last, paused, last_row, epoch = 0, time.time(), 0.0, {}, start_epoch
     engine.train()
     while step < cfg.train.max_steps:
+        watchdog.beat()
+        faults.maybe_hang(step + 1)
         lr, skipped_before = engine.get_lr()[0], engine.skipped_steps
         finite = torch.ones((), dtype=torch.bool, device=device)
         for micro in range(accum):
@@ -161,27 +233,32 @@ def train(cfg: Config, *, resume: str = "auto") -> dict:
             tokens = batch["tokens"].to(device)
             torch.manual_seed(step_seed(cfg.train.seed, step, micro * world + rank))
             out = engine(tokens[:, :-1], tokens[:, 1:])
+            if faults.nan_loss(step + 1):
+                out.loss = out.loss * float("nan")
             engine.backward(out.loss)
             engine.step()  # DeepSpeed updates only at the accumulation boundary
             finite &= totals.add_output(out)
         step += 1
+        epoch = batch["epoch"]
+
+        # One small collective per step: did any rank see a non-finite loss, or get a stop signal?
+        flags = torch.stack([(~finite).float(), torch.tensor(float(stop.requested), device=device)])
+        tdist.all_reduce(flags, op=tdist.ReduceOp.MAX)
+        nonfinite, stopping = flags.tolist()
         # DeepSpeed (ZeRO 1-3) skips an update whose global gradient norm is not finite: count it, and give up
         # after too many in a row. ZeRO-0 cannot skip, so there a non-finite loss stops the run before any save.
         skipped = engine.skipped_steps - skipped_before
         skipped_in_row = skipped_in_row + 1 if skipped else 0
-        if engine.zero_optimization_stage() == 0:
-            bad = (~finite).float()
-            tdist.all_reduce(bad)
-            if bad.item():
-                raise FloatingPointError(f"non-finite loss at step {step} under ZeRO stage 0, which cannot skip an "
-                                         f"update; last good checkpoint: {checkpoint.latest_tag(run_dir)}")
+        if nonfinite and engine.zero_optimization_stage() == 0:
+            raise FloatingPointError(f"non-finite loss at step {step} under ZeRO stage 0, which cannot skip an "
+                                     f"update; last good checkpoint: {checkpoint.latest_tag(run_dir)}")
         if skipped_in_row > cfg.train.max_skipped_steps:
             raise FloatingPointError(f"{skipped_in_row} optimizer steps in a row skipped for non-finite gradients "
                                      f"(train.max_skipped_steps={cfg.train.max_skipped_steps}) at step {step}; "
                                      f"last good checkpoint: {checkpoint.latest_tag(run_dir)}")
         totals.add("skipped_steps", torch.tensor(float(skipped)))
 
-        if step % cfg.train.log_every == 0 or step == cfg.train.max_steps:
+        if step % cfg.train.log_every == 0 or step == cfg.train.max_steps or stopping:
             totals.add("bad_shards", torch.tensor(float(batch["bad_shards"])))  # this rank's running count
             s = totals.all_sum()
             now = time.time()
@@ -190,7 +267,7 @@ def train(cfg: Config, *, resume: str = "auto") -> dict:
                         "lr": lr, "grad_norm": engine.get_global_grad_norm(),
                         "bytes_per_s": s["targets"] / (now - t_last - paused),
                         "bytes_seen": step * accum * world * cfg.train.micro_batch_size * cfg.data.seq_len,
-                        "epoch": batch["epoch"], "bad_shards": int(s["bad_shards"]),
+                        "epoch": epoch, "bad_shards": int(s["bad_shards"]),
                         "nonfinite_losses": int(s["nonfinite_losses"]), "skipped_steps": int(s["skipped_steps"] / world)}
             logger.log(last_row)
             logger.progress(step, loss=last_row["loss"], bpb=last_row["bpb"], rate=last_row["boundary_rate"],
@@ -198,13 +275,26 @@ def train(cfg: Config, *, resume: str = "auto") -> dict:
             t_last, paused = now, 0.0
 
         t_pause = time.time()
-        if (cfg.eval.every and step % cfg.eval.every == 0) or step == cfg.train.max_steps:
+        watchdog.beat()
+        last = step == cfg.train.max_steps
+        if ((cfg.eval.every and step % cfg.eval.every == 0) or last) and not stopping:
             validate(engine, cfg, val, device, step, logger)
             engine.train()
-        if step % cfg.train.save_every == 0 or step == cfg.train.max_steps:
-            checkpoint.save(engine, run_dir, step, {"step": step, "layout": layout(cfg, world)})
+            watchdog.beat()
+        if step % cfg.train.save_every == 0 or last or stopping:
+            top_epoch = torch.tensor(float(epoch), device=device)
+            tdist.all_reduce(top_epoch, op=tdist.ReduceOp.MAX)
+            checkpoint.save(engine, run_dir, step, {"step": step, "epoch": int(top_epoch.item()),
+                                                   "layout": layout(cfg, world)}, keep=cfg.train.keep_checkpoints)
         paused += time.time() - t_pause
+        if stopping:
+            logger.log({"step": step, "split": "event", "event": "stopped by signal",
+                        "checkpoint": checkpoint.tag_for(step)})
+            last_row = {**last_row, "stopped": True}
+            break
 
+    watchdog.stop()
+    stop.restore()
     logger.close()
     dist.finish()
     return last_row

@@ -1,0 +1,61 @@
+"""Export a trained model out of DeepSpeed's checkpoint format, and load it back.
+
+An export directory holds ``model.safetensors`` (full weights, fp32 or bf16, merged from any ZeRO
+stage), ``config.json`` (the run's resolved config) and ``export.json`` (where it came from).
+Loading reads only safetensors and JSON: nothing is unpickled.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from megatok.config import Config, load_config
+from megatok.train import checkpoint
+
+WEIGHTS, CONFIG, INFO = "model.safetensors", "config.json", "export.json"
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def export(run_dir: str | Path, out_dir: str | Path, *, dtype: str = "fp32", tag: str | None = None) -> Path:
+    """Write the export of ``run_dir``'s checkpoint ``tag`` (default: latest); returns out_dir."""
+    run_dir, out_dir = Path(run_dir), Path(out_dir)
+    cfg = checkpoint.run_config(run_dir)
+    tag = tag or checkpoint.latest_tag(run_dir)
+    if tag is None:
+        raise FileNotFoundError(f"{checkpoint.checkpoint_dir(run_dir)}: no checkpoint (no 'latest' file)")
+    state = checkpoint.consolidated_state_dict(run_dir, tag, cfg)
+    tmp = out_dir.with_name(out_dir.name + f".tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    save_file({k: v.to(DTYPES[dtype]).contiguous() for k, v in state.items()}, str(tmp / WEIGHTS),
+              metadata={"format": "pt", "megatok_tag": tag})
+    cfg.dump(tmp / CONFIG)
+    meta = checkpoint.read_meta(run_dir, tag)
+    (tmp / INFO).write_text(json.dumps({"run_dir": str(run_dir), "tag": tag, "step": meta["step"], "dtype": dtype,
+                                        "parameters": sum(v.numel() for v in state.values())}, indent=2) + "\n")
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    os.replace(tmp, out_dir)
+    return out_dir
+
+
+def load_exported(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None):
+    """(model, config) from an export directory, ready for evaluation (eval mode)."""
+    from megatok.model.unet import ByteUNet
+
+    path = Path(path)
+    if not (path / WEIGHTS).is_file():
+        raise FileNotFoundError(f"{path / WEIGHTS}: not a megatok export")
+    t = json.loads((path / CONFIG).read_text())["train"]
+    world = (t["global_batch_size"] // (t["micro_batch_size"] * t["grad_accum"])) if t.get("global_batch_size") else 1
+    cfg: Config = load_config(path / CONFIG, world_size=world)
+    model = ByteUNet(cfg.model, cfg.boundary)
+    state = load_file(str(path / WEIGHTS), device="cpu")
+    model.load_state_dict({k: v.to(dtype or torch.float32) for k, v in state.items()})
+    return model.to(device=device, dtype=dtype or torch.float32).eval(), cfg
