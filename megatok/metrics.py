@@ -6,6 +6,7 @@ and training goes on with the JSONL file.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import time
@@ -43,7 +44,7 @@ class MetricsLogger:
 
                 self.wandb = wandb.init(project=wandb_project, entity=wandb_entity, name=wandb_name,
                                         dir=str(run_dir), mode=wandb_mode, config=config, resume="allow",
-                                        id=wandb_name or Path(run_dir).resolve().name)
+                                        id=wandb_run_id(run_dir, wandb_name))
             except Exception as e:  # wandb is a convenience, never a reason to stop training
                 warnings.warn(f"wandb disabled: {type(e).__name__}: {e}")
 
@@ -75,6 +76,12 @@ class MetricsLogger:
         if self.wandb is not None:
             self.wandb.finish()
         self.file.close()
+
+
+def wandb_run_id(run_dir, name: str | None) -> str:
+    """Stable across resumes of one run directory, distinct for two directories with the same name."""
+    path = str(Path(run_dir).resolve())
+    return f"{name or Path(path).name}-{hashlib.sha1(path.encode()).hexdigest()[:8]}"
 
 
 def read_metrics(run_dir: str | Path) -> list[dict]:

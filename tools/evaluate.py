@@ -19,13 +19,11 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-# stdout carries the JSON result only: DeepSpeed's loggers print to whatever stdout is when it loads.
-RESULT_OUT, sys.stdout = sys.stdout, sys.stderr
 
 import torch  # noqa: E402
 from tqdm.auto import tqdm  # noqa: E402
 
-from megatok.data.documents import DataError, iter_documents  # noqa: E402
+from megatok.data.documents import DataError, iter_documents, list_input_files  # noqa: E402
 from megatok.eval.bpb import boundary_rule, evaluate_documents  # noqa: E402
 
 
@@ -50,12 +48,23 @@ def main(argv=None) -> int:
     ap.add_argument("--seq-len", type=int, default=None, help="window length (default: the run's data.seq_len)")
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--max-bytes", type=float, default=None, help="stop after this many bytes of text")
+    ap.add_argument("--max-bytes", type=float, default=None,
+                    help="stop after the document that brings the total to this many bytes")
     args = ap.parse_args(argv)
+    # stdout carries the JSON result only: DeepSpeed's loggers print to whatever stdout is when it loads.
+    result_out, sys.stdout = sys.stdout, sys.stderr
+    try:
+        return _evaluate(args, result_out)
+    finally:
+        sys.stdout = result_out
+
+
+def _evaluate(args, result_out) -> int:
 
     from megatok.train.checkpoint import load_model
 
     try:
+        list_input_files([p for p in args.data if not Path(p, "manifest.json").is_file()])  # fail before loading
         model, cfg, tag = load_model(args.run, args.checkpoint, args.device)
         docs = documents(args.data)
         if args.max_bytes:
@@ -73,7 +82,7 @@ def main(argv=None) -> int:
         return 2
     out = {"run": str(args.run), "checkpoint": tag, "strategy": cfg.boundary.strategy,
            "boundary_rule": boundary_rule(args.boundary, args.seed), **result}
-    print(json.dumps(out, indent=2), file=RESULT_OUT)
+    print(json.dumps(out, indent=2), file=result_out)
     return 0
 
 

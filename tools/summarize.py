@@ -46,11 +46,17 @@ def main(argv=None) -> int:
     ap.add_argument("--eval", default=None, help="tools/evaluate.py output (default: RUN/eval.json if present)")
     args = ap.parse_args(argv)
     run = Path(args.run)
+    if not (run / "config.json").is_file() or not (run / "metrics.jsonl").is_file():
+        print(f"error: {run}: not a run directory (needs config.json and metrics.jsonl)", file=sys.stderr)
+        return 2
     cfg = json.loads((run / "config.json").read_text())
     data = args.data or cfg["data"]["shards"]
     rows = read_metrics(run)
     train = [r for r in rows if r.get("split") == "train"]
     val = [r for r in rows if r.get("split") == "val"]
+    if not train:
+        print(f"error: {run / 'metrics.jsonl'}: no training rows yet", file=sys.stderr)
+        return 2
     eval_path = Path(args.eval) if args.eval else run / "eval.json"
     ev = json.loads(eval_path.read_text()) if eval_path.is_file() else None
 
@@ -85,15 +91,17 @@ def main(argv=None) -> int:
     line("byte-unigram entropy of the training text", fmt(entropy), "a model must beat this")
     for k, v in comp.items():
         line(f"{k} on the validation text", fmt(v), "bits per byte")
-    rate = ev["boundary_rate"] if ev else summary["val_boundary_rate"]
+    rate = ev["boundary_rate"] if ev else summary["val_boundary_rate"] or last["boundary_rate"]
     ok = "within 0.05 of target" if abs(rate - target) <= 0.05 else "NOT within 0.05 of target"
     line("boundary rate", fmt(rate), f"target {target}: {ok}")
-    line("bytes per chunk", f"{(ev or {}).get('bytes_per_chunk', summary['val_bytes_per_chunk']):.2f}", "")
+    per_chunk = (ev or {}).get("bytes_per_chunk", summary["val_bytes_per_chunk"] or last["bytes_per_chunk"])
+    line("bytes per chunk", f"{per_chunk:.2f}", "")
     if ev:
         line("whitespace positions with a boundary", fmt(ev["whitespace_boundary_fraction"]), "")
         for lang, r in sorted(ev.get("by_domain", {}).items()):
             line(f"  bpb, domain {lang}", fmt(r["bpb"]), f"{r['bytes']:,} bytes, {r['bytes_per_chunk']:.2f} bytes/chunk")
-    verdict = "learned" if (ev or {}).get("bpb", summary["final_val_bpb"] or 99) < entropy else "NOT below unigram entropy"
+    best = (ev or {}).get("bpb", summary["final_val_bpb"] or last["bpb"])
+    verdict = "learned" if best < entropy else "NOT below unigram entropy"
     print(f"\nverdict: {verdict}; figures in {run / 'summary.json'}")
     return 0
 

@@ -46,6 +46,8 @@ def resolve_shards(spec: str | list[str], split: str = "train") -> list[str]:
         if not urls:
             raise DataError(f"{spec}: manifest lists no {split} shards")
     else:
+        if isinstance(spec, str) and "{" not in spec and ":" not in spec.split("/")[0] and not os.path.exists(spec):
+            raise DataError(f"{spec}: no such shard directory or file (build one with tools/build_shards.py)")
         urls = [u for s in ([spec] if isinstance(spec, str) else spec) for u in shardlists.expand_urls(s)]
         if not urls:
             raise DataError(f"no shards in {spec!r}")
