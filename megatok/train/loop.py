@@ -14,7 +14,6 @@ import os
 import shutil
 import signal
 import time
-from itertools import islice
 from pathlib import Path
 
 import torch
@@ -23,9 +22,9 @@ import torch.distributed as tdist
 from megatok.config import Config, deepspeed_config, lr_lambda
 from megatok.data.stream import PackedByteStream, iter_shard_documents, make_loader, pack_documents, resolve_shards
 from megatok.eval.bpb import boundary_rule, evaluate_batches
-from megatok.stats import ratios
 from megatok.metrics import MetricsLogger
 from megatok.model.unet import ByteUNet
+from megatok.stats import ratios
 from megatok.train import checkpoint, dist, faults
 from megatok.vocab import PAD
 
@@ -66,10 +65,7 @@ def validation_batches(cfg: Config, rank: int, world: int) -> list[torch.Tensor]
 
 def validate(engine, cfg: Config, batches, device, step: int, logger: MetricsLogger) -> dict:
     sums = evaluate_batches(engine, batches, mode=cfg.eval.boundary_mode, seed=cfg.eval.seed, device=device)
-    keys = sorted(sums)
-    t = torch.tensor([sums[k] for k in keys], dtype=torch.float64, device=device)
-    tdist.all_reduce(t)
-    sums = dict(zip(keys, t.tolist()))
+    sums = sum_over_ranks({k: torch.tensor(v, dtype=torch.float64) for k, v in sums.items()}, device)
     row = {"step": step, "split": "val", **{f"val_{k}": v for k, v in ratios(sums).items()},
            "val_bytes": sums["targets"],
            "boundary_rule": boundary_rule(cfg.eval.boundary_mode, cfg.eval.seed)}
@@ -107,11 +103,16 @@ class Totals:
         return finite
 
     def all_sum(self) -> dict[str, float]:
-        keys = sorted(self.sums)
-        t = torch.stack([self.sums[k] for k in keys])
-        tdist.all_reduce(t)
-        self.sums = {}
-        return dict(zip(keys, t.tolist()))
+        sums, self.sums = sum_over_ranks(self.sums, self.device), {}
+        return sums
+
+
+def sum_over_ranks(values: dict[str, torch.Tensor], device) -> dict[str, float]:
+    """One all-reduce for a dict of scalars (every rank must pass the same keys)."""
+    keys = sorted(values)
+    t = torch.stack([values[k].to(device, torch.float64) for k in keys])
+    tdist.all_reduce(t)
+    return dict(zip(keys, t.tolist()))
 
 
 class StopRequest:
