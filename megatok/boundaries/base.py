@@ -43,12 +43,18 @@ class Boundaries(Record):
     ``probs``: float [B, T], the boundary probability p_t, where the strategy has one.
     ``gate``: float [B, T] or None, a straight-through multiplier applied to the upsampled chunk
         output at every byte (forward value 1); lets relaxed strategies pass gradients.
+    ``smooth``: float [B, T] or None, a per-byte smoothing coefficient P_t in [0, 1]. When set, the
+        model smooths the main network's chunk outputs with an EMA over chunks before upsampling:
+        z_j = P_j zhat_j + (1 - P_j) z_{j-1}, P_j = ``smooth`` at chunk j's start (H-Net's
+        dechunking). Per byte, not per chunk, so it stays valid when ``starts`` is overridden.
     ``extra``: anything the strategy wants back in ``loss`` (e.g. its logits).
     """
 
     def __init__(self, starts: torch.Tensor, log_probs: torch.Tensor | None = None,
-                 probs: torch.Tensor | None = None, gate: torch.Tensor | None = None, extra: dict | None = None):
-        super().__init__(starts=starts, log_probs=log_probs, probs=probs, gate=gate, extra=extra or {})
+                 probs: torch.Tensor | None = None, gate: torch.Tensor | None = None,
+                 extra: dict | None = None, smooth: torch.Tensor | None = None):
+        super().__init__(starts=starts, log_probs=log_probs, probs=probs, gate=gate, smooth=smooth,
+                         extra=extra or {})
 
 
 class BoundaryStrategy(nn.Module):
@@ -69,6 +75,11 @@ class BoundaryStrategy(nn.Module):
              mask: torch.Tensor) -> dict[str, torch.Tensor]:
         """Training terms, each a scalar added to the total loss. ``ce_*`` are per-byte [B, T]."""
         return {}
+
+
+def straight_through(c: torch.Tensor) -> torch.Tensor:
+    """Forward value exactly 1, gradient of ``c``: 1 + c - stopgrad(c)."""
+    return 1 + (c - c.detach())
 
 
 def finalize_starts(starts: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

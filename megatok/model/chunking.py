@@ -34,3 +34,24 @@ def upsample(z: torch.Tensor, starts: torch.Tensor) -> torch.Tensor:
     """[B, K, D] chunk outputs -> [B, T, D]: byte t gets its chunk's output."""
     idx = chunk_index(starts)
     return z.gather(1, idx[..., None].expand(-1, -1, z.shape[-1]))
+
+
+def ema_over_chunks(z: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """Smooth chunk outputs along the chunk axis: out_j = p_j z_j + (1 - p_j) out_{j-1}, out_{-1} = 0.
+
+    ``z`` [B, K, D], ``p`` [B, K] in [0, 1]. A linear recurrence out_j = a_j out_{j-1} + u_j
+    (a = 1 - p, u = p z) computed by a parallel prefix scan (Hillis-Steele): log2(K) vectorised
+    steps, each combining every element with the one ``shift`` before it; no loop over chunks,
+    no logarithms (a may be exactly 0). out_j depends on chunks <= j only, so it is causal and the
+    pad chunks at the end never reach a real one.
+    """
+    B, K, D = z.shape
+    a = (1 - p).to(z.dtype)
+    u = p.to(z.dtype)[..., None] * z
+    shift = 1
+    while shift < K:
+        # (a, u)_j <- (a_j a_{j-shift}, u_j + a_j u_{j-shift}); positions < shift are already final.
+        u = torch.cat([u[:, :shift], u[:, shift:] + a[:, shift:, None] * u[:, :-shift]], 1)
+        a = torch.cat([a[:, :shift], a[:, shift:] * a[:, :-shift]], 1)
+        shift *= 2
+    return u

@@ -5,6 +5,7 @@
       boundary strategy                                       starts [B, T], chunk 0 at t = 0
       downsample: h at chunk starts                           [B, K, d_main]
       main network (chunk rate, causal; rotary on the byte position of each chunk start)
+      [optional, when the strategy sets ``smooth``: EMA over chunks, z_j = P_j zhat_j + (1-P_j) z_{j-1}]
       upsample: byte t gets the latest chunk starting <= t, added to h_t
       decoder (byte rate, causal) -> next-byte logits
     early-exit head on h: predicts the next byte without the main network (reward + small loss)
@@ -24,7 +25,7 @@ from megatok.boundaries import build_strategy
 from megatok.boundaries.base import Record, finalize_starts
 from megatok.config import BoundaryConfig, ModelConfig
 from megatok.model.blocks import Stack, ffn_hidden
-from megatok.model.chunking import downsample, upsample
+from megatok.model.chunking import downsample, ema_over_chunks, upsample
 from megatok.rl import masked_mean
 from megatok.stats import row_stats
 from megatok.vocab import PAD, VOCAB_SIZE
@@ -92,6 +93,8 @@ class ByteUNet(nn.Module):
 
         chunks, chunk_pos, _ = downsample(h, b.starts)
         z = self.main_norm(self.main(self.down_proj(chunks), chunk_pos))
+        if b.get("smooth") is not None:  # generic hook: the strategy's P at each chunk's start
+            z = ema_over_chunks(z, b.smooth.gather(1, chunk_pos))
         up = self.up_proj(upsample(z, b.starts))
         if b.gate is not None:
             up = up * b.gate[..., None].to(up.dtype)
