@@ -10,7 +10,38 @@ import math
 
 import torch
 
-from megatok.vocab import PAD
+from megatok.vocab import PAD, VOCAB_SIZE
+
+#: Bytes that separate words: ASCII whitespace (tab, LF, VT, FF, CR, space) and ASCII punctuation
+#: (Python's string.punctuation: !"#$%&'()*+,-./:;<=>?@[\]^_`{|}~).
+SEPARATOR_BYTES = frozenset(b"\t\n\x0b\x0c\r !\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~")
+
+
+def word_byte_table() -> torch.Tensor:
+    """bool [VOCAB_SIZE]: True for ids that belong to a word: every byte except the separators
+    above, so letters, digits and every byte >= 0x80 (multi-byte UTF-8 characters are word
+    characters); False for the separators and the specials (SEP, PAD)."""
+    table = torch.zeros(VOCAB_SIZE, dtype=torch.bool)
+    table[:256] = True
+    table[list(SEPARATOR_BYTES)] = False
+    return table
+
+
+_WORD_BYTES: dict = {}
+
+
+def word_starts(x: torch.Tensor) -> torch.Tensor:
+    """bool [B, T]: position t >= 1 starts a word when x_t is a word byte and x_{t-1} is not
+    (a separator, SEP or PAD). Position 0 is never counted: a packed window can begin mid-word and
+    the boundary there is forced, not decided. A continuation byte (0x80-0xBF) follows its lead byte
+    in valid UTF-8, so a word never starts inside a character."""
+    key = x.device
+    if key not in _WORD_BYTES:
+        _WORD_BYTES[key] = word_byte_table().to(x.device)
+    word = _WORD_BYTES[key][x]
+    out = torch.zeros_like(word)
+    out[:, 1:] = word[:, 1:] & ~word[:, :-1]
+    return out
 
 
 @torch.no_grad()
@@ -19,9 +50,16 @@ def row_stats(x: torch.Tensor, y: torch.Tensor, starts: torch.Tensor, ce_full: t
     """float64 [B] per key: nll / nll_early (nats over byte targets: the SEP ids between packed
     documents are trained on but not counted, so bpb is over UTF-8 bytes only), targets, chunks
     (starts at real positions), positions (real inputs), ws_positions / ws_boundaries (whitespace
-    bytes, and those that start a chunk)."""
+    bytes, and those that start a chunk), decisions (chunk starts at t >= 1: the forced one at t = 0
+    is no decision), word_starts (see :func:`word_starts`) and word_start_boundaries (word starts that
+    start a chunk): precision = word_start_boundaries / decisions, recall = word_start_boundaries /
+    word_starts."""
     real, tmask = x != PAD, y < 256
     ws = real & ((x == 9) | (x == 10) | (x == 13) | (x == 32))
+    starts = starts & real
+    words = word_starts(x) & real
+    free = starts.clone()
+    free[:, 0] = False
     cols = {
         "nll": (ce_full * tmask).sum(1),
         "nll_early": (ce_early * tmask).sum(1),
@@ -30,6 +68,9 @@ def row_stats(x: torch.Tensor, y: torch.Tensor, starts: torch.Tensor, ce_full: t
         "positions": real.sum(1),
         "ws_positions": ws.sum(1),
         "ws_boundaries": (ws & starts).sum(1),
+        "decisions": free.sum(1),
+        "word_starts": words.sum(1),
+        "word_start_boundaries": (words & starts).sum(1),
     }
     return {k: v.double() for k, v in cols.items()}
 
@@ -45,6 +86,9 @@ def ratios(s: dict[str, float]) -> dict[str, float]:
         "boundary_rate": div(s["chunks"], s["positions"]),
         "whitespace_boundary_fraction": div(s["ws_boundaries"], s["ws_positions"]),
     }
+    if "word_starts" in s:
+        out["word_start_precision"] = div(s["word_start_boundaries"], s["decisions"])
+        out["word_start_recall"] = div(s["word_start_boundaries"], s["word_starts"])
     if "nll_early" in s:
         out["bpb_early"] = div(s["nll_early"], s["targets"]) / math.log(2)
     return out
