@@ -1,0 +1,57 @@
+"""Whitespace/punctuation heuristic: a chunk starts at the byte that follows a separator.
+
+Separators are ASCII whitespace and ASCII punctuation (megatok.stats.SEPARATOR_BYTES) and the SEP id
+between packed documents. b_t = 1 when x_{t-1} is a separator, except
+
+- inside a multi-byte UTF-8 character: a continuation byte (0x80-0xBF) never starts a chunk;
+- inside a run of the same space or tab byte (``merge_space_runs``, on by default): indentation
+  "        x" is the chunks "    ...    " and "x", not one chunk per space. Without it Python
+  source gets a chunk every 2.3 bytes (rate 0.43 on the default corpus's code, 0.26 overall); with
+  it 0.24 on code, 0.20 overall.
+
+The decision at t reads x_{t-1} and x_t only, so it is causal. Nothing is learned and the rate is
+the text's own (it is not held at ``target_rate``; this is the word-aligned reference point).
+"""
+
+from __future__ import annotations
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from megatok.boundaries.base import Boundaries, BoundaryStrategy, finalize_starts
+from megatok.stats import SEPARATOR_BYTES
+from megatok.vocab import SEP, VOCAB_SIZE
+
+
+class Options(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    merge_space_runs: bool = Field(True, description="whitespace: a run of identical space or tab bytes is one separator (no chunk per indentation space)")
+
+
+_TABLES: dict = {}
+
+
+def separator_table(device) -> torch.Tensor:
+    if device not in _TABLES:
+        t = torch.zeros(VOCAB_SIZE, dtype=torch.bool)
+        t[list(SEPARATOR_BYTES)] = True
+        t[SEP] = True
+        _TABLES[device] = t.to(device)
+    return _TABLES[device]
+
+
+def whitespace_starts(x: torch.Tensor, mask: torch.Tensor, merge_space_runs: bool = True) -> torch.Tensor:
+    """bool [B, T] chunk starts for byte ids ``x`` (t = 0 forced, none on padding)."""
+    sep = separator_table(x.device)[x]
+    starts = torch.zeros_like(sep)
+    prev, cur = x[:, :-1], x[:, 1:]
+    s = sep[:, :-1] & ~((cur >= 0x80) & (cur < 0xC0))
+    if merge_space_runs:
+        s &= ~((cur == prev) & ((cur == 0x20) | (cur == 0x09)))
+    starts[:, 1:] = s
+    return finalize_starts(starts, mask)
+
+
+class Strategy(BoundaryStrategy):
+    def forward(self, h, x, mask) -> Boundaries:
+        return Boundaries(starts=whitespace_starts(x, mask, self.options.merge_space_runs))
