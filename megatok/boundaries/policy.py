@@ -6,6 +6,13 @@ t is how much the full model beats the early-exit head on the prediction made at
 (CE_early - CE_full, detached); a batch-relative baseline and discounted returns
 G_t = sum_k gamma^(k-t) A_k turn it into the credit for the decision at t. See
 shared/design/method.md.
+
+``window`` w conditions each decision on the previous w - 1 decisions (w = 1: independent
+Bernoulli per byte, the default): l_t = c tanh((f_0(h_t) + sum_{k=1}^{w-1} f_k(h_t) b_{t-k}) / c), with
+f_k linear heads on h_t (f_1.. start at zero, so every w starts as w = 1). Sampling is then
+sequential, a loop over positions of tiny vectorised steps under no_grad; the log-probabilities of
+the decisions taken are recomputed in one vectorised pass afterwards. The policy stays causal: b_t
+reads h_t and b_{<t}.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ class Options(BaseModel):
     lambda_rate: float = Field(0.01, ge=0, description="weight of the rate loss holding p at target_rate")
     batch_baseline: bool = Field(True, description="subtract the micro-batch mean reward at each position")
     early_exit_reward: bool = Field(True, description="reward CE_early - CE_full; off: reward -CE_full")
+    window: int = Field(1, ge=1, le=64, description="condition each decision on the previous window-1 decisions (1: independent per byte)")
 
 
 class Strategy(BoundaryStrategy):
@@ -40,20 +48,60 @@ class Strategy(BoundaryStrategy):
         c = options.logit_cap
         target_logit = math.log(target_rate / (1 - target_rate))
         nn.init.constant_(self.head.bias, c * math.atanh(max(-0.999, min(0.999, target_logit / c))))
+        # Only with window > 1, so checkpoints of the independent policy keep their parameter names.
+        self.window_head = nn.Linear(d_model, options.window - 1) if options.window > 1 else None
+        if self.window_head is not None:
+            nn.init.zeros_(self.window_head.weight)
+            nn.init.zeros_(self.window_head.bias)
 
-    def logits(self, h: torch.Tensor) -> torch.Tensor:
+    def logits(self, h: torch.Tensor, previous: torch.Tensor | None = None) -> torch.Tensor:
+        """Capped logits. ``previous`` [B, T, w-1]: b_{t-1}, ..., b_{t-w+1} (window > 1 only)."""
         c = self.options.logit_cap
-        return c * torch.tanh(self.head(h).squeeze(-1).float() / c)
+        raw = self.head(h).squeeze(-1).float()
+        if self.window_head is not None:
+            raw = raw + (self.window_head(h).float() * previous).sum(-1)
+        return c * torch.tanh(raw / c)
+
+    @staticmethod
+    def previous_decisions(starts: torch.Tensor, w: int) -> torch.Tensor:
+        """[B, T] -> [B, T, w-1] with [..., k-1] = b_{t-k} (0 before the sequence)."""
+        b = starts.float()
+        return torch.stack([F.pad(b, (k, 0))[:, :b.shape[1]] for k in range(1, w)], -1)
+
+    def _draw(self, h: torch.Tensor, mask: torch.Tensor, mode: str) -> torch.Tensor:
+        """Decisions for window > 1, one position at a time (each reads the ones before it)."""
+        c, w = self.options.logit_cap, self.options.window
+        with torch.no_grad():
+            base = self.head(h).squeeze(-1).float()
+            weights = self.window_head(h).float()
+            noise = torch.rand_like(base)  # drawn at once: the same random stream as w = 1
+            B, T = base.shape
+            starts = torch.zeros(B, T, dtype=torch.bool, device=h.device)
+            prev = torch.zeros(B, w - 1, device=h.device)  # b_{t-1}, ..., b_{t-w+1}
+            for t in range(T):
+                p = torch.sigmoid(c * torch.tanh((base[:, t] + (weights[:, t] * prev).sum(-1)) / c))
+                b = (noise[:, t] < p) if mode == "sample" else (p > 0.5)
+                if t == 0:
+                    b = torch.ones_like(b)
+                b = b & mask[:, t]
+                starts[:, t] = b
+                prev = torch.cat([b.float()[:, None], prev[:, :-1]], 1)
+        return starts
 
     def forward(self, h, x, mask) -> Boundaries:
-        logits = self.logits(h)
-        probs = torch.sigmoid(logits)
         mode = "sample" if self.training else self.eval_mode
-        if mode == "sample":
-            starts = torch.rand_like(probs) < probs
-        else:  # "threshold". (A "top rho fraction per sequence" rule would look at later bytes: not causal.)
-            starts = probs > 0.5
-        starts = finalize_starts(starts.detach(), mask)
+        if self.window_head is None:
+            logits = self.logits(h)
+            probs = torch.sigmoid(logits)
+            if mode == "sample":
+                starts = torch.rand_like(probs) < probs
+            else:  # "threshold". (A "top rho fraction per sequence" rule would look at later bytes: not causal.)
+                starts = probs > 0.5
+            starts = finalize_starts(starts.detach(), mask)
+        else:
+            starts = finalize_starts(self._draw(h, mask, mode), mask)
+            logits = self.logits(h, self.previous_decisions(starts, self.options.window))
+            probs = torch.sigmoid(logits)
         log_probs = torch.where(starts, F.logsigmoid(logits), F.logsigmoid(-logits))
         return Boundaries(starts=starts, log_probs=log_probs, probs=probs, extra={"logits": logits})
 
