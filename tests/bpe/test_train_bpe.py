@@ -1,0 +1,70 @@
+"""tools/train_bpe.py end to end: from a shard directory (train split, val as held-out) and from files."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from megatok import bpe
+from megatok.data.stream import iter_shard_documents, resolve_shards
+from tests.bpe.conftest import MULTILINGUAL
+from tests.conftest import ROOT
+
+ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+
+
+def train_bpe(*args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "tools/train_bpe.py"), *map(str, args)], capture_output=True,
+                          text=True, env=ENV, timeout=180, cwd=ROOT)
+
+
+def test_from_shards_with_heldout_file(shards, tmp_path):
+    heldout = tmp_path / "heldout.jsonl"
+    with heldout.open("w") as f:
+        for lang, text in [("en", "All human beings are born free and equal."),
+                           ("ru", "Все люди рождаются свободными и равными."), ("zh", "人人生而自由，一律平等。")]:
+            f.write(json.dumps({"text": text, "lang": lang, "domain": "legal"}) + "\n")
+    out = tmp_path / "bpe"
+    r = train_bpe("--data", shards, "--vocab-size", 600, "--out", out, "--max-mb", 0.3, "--heldout", heldout)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "train_bpe" in r.stderr  # the progress bar over the documents fed
+    report = json.loads((out / "report.json").read_text())
+    assert report["vocab_size"] == 600 and (out / "tokenizer.model").is_file()
+    train = report["train"]
+    assert 300_000 <= train["bytes"] < 300_000 + 40_000  # up to the document that reaches --max-mb
+    assert train["bytes_per_token"] > 2 and set(train["by_domain"]) == {"code", "prose"}
+    val_bytes = sum(len(d.text) for d in iter_shard_documents(resolve_shards(str(shards), "val")))
+    assert report["heldout"]["val"]["bytes"] == val_bytes  # the shard directory's val split
+    h = report["heldout"][str(heldout)]
+    assert set(h["by_lang"]) == {"en", "ru", "zh"}
+    per = {k: v["bytes_per_token"] for k, v in h["by_lang"].items()}
+    assert h["lang_disparity"] == max(per.values()) / min(per.values())
+    # the figures are what the library measures with the saved model
+    sp = bpe.load_tokenizer(out)
+    assert h["by_lang"]["ru"]["tokens"] == len(bpe.encode_bytes(sp, "Все люди рождаются свободными и равными.".encode()))
+    assert "disparity" in r.stdout
+
+
+def test_from_files_small_vocab_warns(tmp_path):
+    data = tmp_path / "a.txt"
+    data.write_text(MULTILINGUAL * 3)
+    r = train_bpe("--data", data, "--vocab-size", 5000, "--out", tmp_path / "o")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "warning: the text supports only" in r.stderr
+    report = json.loads((tmp_path / "o" / "report.json").read_text())
+    assert report["vocab_size"] < 5000 and report["heldout"] == {}
+
+
+def test_bad_input_is_one_error_line(tmp_path):
+    for args in (["--data", tmp_path / "missing.jsonl"], ["--data", ROOT / "README.md"]):
+        r = train_bpe(*args, "--vocab-size", 300, "--out", tmp_path / "o")
+        assert r.returncode == 2, r.stderr
+        errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
+        assert len(errors) == 1 and str(args[1]) in errors[0] and "Traceback" not in r.stderr
+        assert not (tmp_path / "o").exists()
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "ok"}\nnot json\n')
+    r = train_bpe("--data", bad, "--vocab-size", 300, "--out", tmp_path / "o")
+    assert r.returncode == 2 and "bad.jsonl:2" in r.stderr and "Traceback" not in r.stderr

@@ -1,0 +1,113 @@
+"""Train the sentencepiece BPE tokenizer megatok is compared against, and report its bytes per token.
+
+    python tools/train_bpe.py --data data/corpus.jsonl.gz --vocab-size 4096 --out runs/bpe4k \\
+        [--heldout data/heldout_udhr.jsonl] [--max-mb 64]
+    python tools/train_bpe.py --data data/shards --vocab-size 4096 --out runs/bpe4k
+
+--data takes what build_shards reads (.txt, .txt.gz, .jsonl, .jsonl.gz, directories of them) or a
+build_shards output directory, whose train split is used. The model is byte-level BPE with byte
+fallback and identity normalisation, so ANY bytes (invalid UTF-8 included) round-trip exactly through
+megatok.bpe.encode_bytes / decode_ids (the contract is in megatok/bpe.py).
+
+Writes OUT/tokenizer.model and OUT/report.json: vocabulary size, the sentencepiece options, and bytes
+per token (overall and per "lang" and "domain") on the training text (the documents fed, up to
+--max-mb) and on held-out text: the validation split of every shard directory in --data, and each
+--heldout file (e.g. the parallel UDHR set from tools/make_corpus.py --heldout-out), with the
+disparity across languages (max / min bytes per token). Exit status 2 on bad input, one error line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from tqdm.auto import tqdm  # noqa: E402
+
+from megatok import bpe  # noqa: E402
+from megatok.data.documents import DataError, iter_documents, list_input_files  # noqa: E402
+
+MB = 1_000_000
+
+
+def _limit(docs, max_bytes: int | None):
+    """Documents until (and including) the one that brings the total to max_bytes: what train_bpe fed."""
+    seen = 0
+    for d in docs:
+        if max_bytes is not None and seen >= max_bytes:
+            return
+        seen += len(d.text)
+        yield d
+
+
+def measure(sp, docs, desc: str, total: int | None = None) -> dict:
+    bar = tqdm(total=total, unit="B", unit_scale=True, desc=desc, file=sys.stderr, disable=None)
+    try:
+        r = bpe.bytes_per_token(sp, docs, progress=bar)
+    finally:
+        bar.close()
+    if "by_lang" in r:
+        r["lang_disparity"] = bpe.disparity({k: v["bytes_per_token"] for k, v in r["by_lang"].items()})
+    return r
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data", required=True, nargs="+", help="files, directories, or a shard directory (train split)")
+    ap.add_argument("--vocab-size", type=int, required=True, help="number of pieces (256 byte pieces and 3 specials included)")
+    ap.add_argument("--out", required=True, help="output directory (tokenizer.model, report.json)")
+    ap.add_argument("--max-mb", type=float, default=None, help="train on at most this many MB of text (decimal)")
+    ap.add_argument("--heldout", nargs="+", default=[], help="held-out files to report bytes per token on")
+    ap.add_argument("--character-coverage", type=float, default=bpe.SP_OPTIONS["character_coverage"],
+                    help="fraction of characters the vocabulary must cover; the rest fall back to bytes")
+    args = ap.parse_args(argv)
+    out = Path(args.out)
+    max_bytes = int(args.max_mb * MB) if args.max_mb else None
+    t0 = time.perf_counter()
+    try:
+        # fail on a missing or unreadable input before training anything
+        list_input_files([p for p in args.data if not bpe.is_shard_dir(p)] + list(args.heldout))
+        if out.exists() and not out.is_dir():
+            raise DataError(f"{out}: exists and is not a directory")
+        trained = bpe.train_bpe(bpe.input_documents(args.data), out, args.vocab_size, max_bytes=max_bytes,
+                                progress=True, character_coverage=args.character_coverage)
+        t_train = time.perf_counter() - t0
+        sp = bpe.load_tokenizer(trained["model"])
+        report = {"model": "tokenizer.model", "vocab_size": trained["vocab_size"],
+                  "requested_vocab_size": args.vocab_size, "inputs": args.data, "max_mb": args.max_mb,
+                  "options": trained["options"], "train_seconds": round(t_train, 1)}
+        report["train"] = measure(sp, _limit(bpe.input_documents(args.data), max_bytes), "measure train",
+                                  trained["bytes"])
+        heldout = {}
+        val_dirs = [p for p in args.data if bpe.is_shard_dir(p)]
+        if val_dirs:
+            heldout["val"] = measure(sp, bpe.input_documents(val_dirs, "val"), "measure val")
+        for f in args.heldout:
+            heldout[f] = measure(sp, iter_documents([f]), f"measure {Path(f).name}")
+        report["heldout"] = heldout
+    except (DataError, ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    (out / "report.json").write_text(json.dumps(report, indent=1) + "\n")
+    if trained["vocab_size"] < args.vocab_size:
+        print(f"warning: the text supports only {trained['vocab_size']} pieces, not {args.vocab_size}",
+              file=sys.stderr)
+    print(f"wrote {trained['model']} ({trained['vocab_size']} pieces, trained on {trained['documents']:,} documents, "
+          f"{trained['bytes']:,} bytes in {t_train:.1f}s) and {out / 'report.json'}")
+    for name, r in itertools.chain([("train", report["train"])], heldout.items()):
+        print(f"{name}: {r['bytes_per_token']:.3f} bytes/token over {r['bytes']:,} bytes")
+        for lang, v in r.get("by_lang", {}).items():
+            print(f"  {lang:<8} {v['bytes_per_token']:.3f}")
+        if "lang_disparity" in r:
+            print(f"  disparity (max/min bytes per token) {r['lang_disparity']:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
