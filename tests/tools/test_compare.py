@@ -1,0 +1,176 @@
+"""tools/compare.py: the table and plots from fake run directories, and a real tiny run evaluated per
+language on a small parallel held-out file, next to a BPE tokenizer's bytes per token."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from megatok import bpe
+from tests.conftest import ROOT, TINY, pretrain, stdlib_texts
+
+# Loaded from its path: tools/ is not a package (and tests/tools deliberately has no __init__.py).
+_spec = importlib.util.spec_from_file_location("compare", ROOT / "tools" / "compare.py")
+compare = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(compare)
+
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu", "WANDB_MODE": "disabled",
+       "PYTHONPATH": str(ROOT)}
+PNG = b"\x89PNG\r\n\x1a\n"
+
+# A tiny parallel set: the same two sentences in three languages and scripts.
+PARALLEL = {
+    "en": ["All human beings are born free and equal in dignity and rights.",
+           "Everyone has the right to life, liberty and security of person."],
+    "ru": ["Все люди рождаются свободными и равными в своем достоинстве и правах.",
+           "Каждый человек имеет право на жизнь, на свободу и на личную неприкосновенность."],
+    "zh": ["人人生而自由，在尊严和权利上一律平等。", "人人有权享有生命、自由和人身安全。"],
+}
+
+
+def run_compare(*args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "tools/compare.py"), *map(str, args)], capture_output=True,
+                          text=True, env=ENV, timeout=240, cwd=ROOT)
+
+
+def fake_run(path: Path, config: dict, rows: list[dict]) -> Path:
+    path.mkdir(parents=True)
+    (path / "config.json").write_text(json.dumps(config))
+    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def fake_runs(tmp_path: Path) -> tuple[Path, Path]:
+    """A megatok policy run (FLOPs from megatok.flops) and a token-model run of an unknown kind ("bpe")
+    that logs cumulative FLOPs and bytes per token."""
+    policy = fake_run(tmp_path / "policy", {
+        "model": {"kind": "unet", "d_model": 32, "n_heads": 2, "n_encoder_layers": 1, "n_main_layers": 1,
+                  "n_decoder_layers": 1},
+        "boundary": {"strategy": "policy", "target_rate": 0.25},
+        "data": {"seq_len": 64}, "train": {"micro_batch_size": 2, "global_batch_size": 4, "grad_accum": 2,
+                                           "max_steps": 20}},
+        [{"step": s, "split": "train", "bpb": 8 - s / 10, "boundary_rate": 0.24, "bytes_seen": s * 256}
+         for s in range(1, 21)]
+        + [{"step": s, "split": "val", "val_bpb": 7 - s / 10, "val_bytes_per_chunk": 4.1, "val_boundary_rate": 0.244,
+            "boundary_rule": "sample(seed=1234)"} for s in (10, 20)])
+    token = fake_run(tmp_path / "bpe", {"model": {"kind": "bpe", "vocab_size": 4096}, "data": {"seq_len": 64}},
+                     [{"step": s, "split": "train", "bytes_seen": s * 300, "flops": s * 300 * 1e6} for s in (5, 10, 15)]
+                     + [{"step": s, "split": "val", "val_bpb": 6 - s / 10, "val_bytes_per_token": 3.5} for s in (5, 15)])
+    return policy, token
+
+
+def test_fake_runs_table_and_plots(tmp_path):
+    policy, token = fake_runs(tmp_path)
+    out = tmp_path / "cmp"
+    assert compare.main([str(policy), str(token), "--out", str(out)]) == 0
+    md = (out / "compare.md").read_text()
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
+            for line in md.splitlines() if line.startswith("| policy") or line.startswith("| bpe")}
+    assert rows["policy"][:3] == ["unet/policy", "20", "5,120"]
+    assert rows["policy"][4:] == ["5.0000", "4.10 (chunk)", "0.244"]
+    assert rows["bpe"][:3] == ["bpe", "15", "4,500"]
+    assert rows["bpe"][3] == "4.5e+09"  # logged cumulative FLOPs
+    assert rows["bpe"][4:] == ["4.5000", "3.50 (token)", "-"]
+    for name in ("val_bpb_vs_bytes.png", "val_bpb_vs_flops.png"):
+        assert (out / name).read_bytes().startswith(PNG)
+    result = json.loads((out / "compare.json").read_text())
+    pol, tok = result["runs"]
+    # policy: FLOPs from megatok.flops at the realised rate (mean of the training rows) x bytes
+    from megatok import flops
+    from megatok.train.checkpoint import run_config
+    fpb = flops.flops_per_byte(run_config(policy), rate=0.24)["training"]
+    assert pol["flops_source"] == "megatok.flops" and pol["flops"] == pytest.approx(fpb * 20 * 256)
+    assert [p["bytes"] for p in pol["curve"]] == [2560, 5120]
+    assert tok["flops_source"] == "logged" and [p["flops"] for p in tok["curve"]] == [1.5e9, 4.5e9]
+
+
+def test_runs_without_flops_or_val_rows(tmp_path):
+    odd = fake_run(tmp_path / "odd", {"model": {"kind": "mystery"}},
+                   [{"step": 2, "split": "train", "bytes_seen": 100}])
+    policy, _ = fake_runs(tmp_path)
+    out = tmp_path / "cmp"
+    assert compare.main([str(odd), str(policy), "--out", str(out)]) == 0
+    md = (out / "compare.md").read_text()
+    assert "odd: no validation rows yet" in md and "odd: training FLOPs unknown" in md
+    assert (out / "val_bpb_vs_bytes.png").is_file() and (out / "val_bpb_vs_flops.png").is_file()
+    # only runs without FLOPs: no FLOPs plot
+    out2 = tmp_path / "cmp2"
+    assert compare.main([str(odd), "--out", str(out2)]) == 0
+    assert not (out2 / "val_bpb_vs_flops.png").exists() and not (out2 / "val_bpb_vs_bytes.png").exists()
+
+
+def test_bad_input_is_one_error_line(tmp_path):
+    r = run_compare(tmp_path / "nope", "--out", tmp_path / "o")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert [line for line in r.stderr.splitlines() if line.startswith("error:")] == [
+        f"error: {tmp_path / 'nope'}: not a run directory (no config.json)"]
+    policy, _ = fake_runs(tmp_path)
+    r = run_compare(policy, "--out", tmp_path / "o", "--heldout", tmp_path / "missing.jsonl")
+    assert r.returncode == 2 and "missing.jsonl" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.fixture(scope="module")
+def real_run(shards, tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("compare") / "tiny"
+    pretrain(["--config", "configs/tiny.json", "--set", *TINY, f"data.shards={shards}", f"train.run_dir={run_dir}",
+              "train.max_steps=3", "train.micro_batch_size=2", "train.global_batch_size=2"])
+    return run_dir
+
+
+def test_real_run_per_language(real_run, tmp_path):
+    heldout = tmp_path / "parallel.jsonl"
+    with heldout.open("w") as f:
+        for lang, texts in PARALLEL.items():
+            for i, t in enumerate(texts):
+                f.write(json.dumps({"text": t, "lang": lang, "domain": "legal", "source": f"{lang}#{i}"},
+                                   ensure_ascii=False) + "\n")
+    tok = tmp_path / "tokenizer"
+    bpe.train_bpe([t.encode() for t in stdlib_texts(n_files=5)] + [" ".join(PARALLEL["en"]).encode()], tok, 400)
+    _, token = fake_runs(tmp_path / "fake")
+    (token / "checkpoints").mkdir()
+    (token / "checkpoints" / "latest").write_text("step00000015")  # a checkpoint of a kind compare can't load
+    out = tmp_path / "cmp"
+    r = run_compare(real_run, token, "--out", out, "--heldout", heldout, "--tokenizer", tok / "tokenizer.model")
+    assert r.returncode == 0, r.stderr[-3000:]
+    md = (out / "compare.md").read_text()
+    assert "| tiny | unet/policy | 3 |" in md
+    assert "3 languages, 2 documents per language (the same number in every language)" in md
+    assert "bpe: no per-language evaluator for model kind 'bpe' yet, skipped" in md
+    lang_rows = [line for line in md.splitlines() if line.startswith(("| en ", "| ru ", "| zh ", "| **max/min**"))]
+    assert len(lang_rows) == 8  # two tables: 3 languages + the disparity row each
+    result = json.loads((out / "compare.json").read_text())
+    h = result["heldout"]
+    assert h["languages"] == ["en", "ru", "zh"]
+    assert h["bytes"] == {lang: sum(len(t.encode()) for t in texts) for lang, texts in PARALLEL.items()}
+    megatok_sys, bpe_sys = h["systems"]
+    assert megatok_sys["name"] == "tiny" and megatok_sys["unit"] == "chunk"
+    assert bpe_sys["name"] == "BPE" and bpe_sys["unit"] == "token"
+    # the per-language figures are tools/evaluate.py's on the same file (same seed and rule)
+    ev = subprocess.run([sys.executable, str(ROOT / "tools/evaluate.py"), "--run", str(real_run), "--data",
+                         str(heldout)], capture_output=True, text=True, env=ENV, timeout=180, cwd=ROOT)
+    assert ev.returncode == 0, ev.stderr[-2000:]
+    ev = json.loads(ev.stdout)
+    for lang in PARALLEL:
+        m = megatok_sys["by_lang"][lang]
+        assert m["bpb"] == pytest.approx(ev["by_lang"][lang]["bpb"], rel=1e-6)
+        assert m["bytes_per_unit"] == pytest.approx(ev["by_lang"][lang]["bytes_per_chunk"], rel=1e-6)
+        assert m["units"] == pytest.approx(m["bytes"] / m["bytes_per_unit"])
+    d = megatok_sys["disparity"]
+    per = [megatok_sys["by_lang"][lang]["bytes_per_unit"] for lang in PARALLEL]
+    assert d["bytes_per_unit"] == pytest.approx(max(per) / min(per))
+    # the tokenizer's bytes per token per language, counted here with the library
+    sp = bpe.load_tokenizer(tok)
+    for lang, texts in PARALLEL.items():
+        n_tokens = sum(len(bpe.encode_bytes(sp, t.encode())) for t in texts)
+        assert bpe_sys["by_lang"][lang]["units"] == pytest.approx(n_tokens)
+    # English was in the tokenizer's training text, Chinese was not: fewer bytes per token in zh
+    assert bpe_sys["by_lang"]["en"]["bytes_per_unit"] > bpe_sys["by_lang"]["zh"]["bytes_per_unit"]
+    assert bpe_sys["disparity"]["bytes_per_unit"] > 1
+    for name in ("val_bpb_vs_bytes.png", "val_bpb_vs_flops.png"):
+        assert (out / name).read_bytes().startswith(PNG)

@@ -1,0 +1,363 @@
+"""Compare runs side by side: a markdown table, validation curves, and a per-language table on parallel text.
+
+    python tools/compare.py runs/policy runs/fixed runs/bpe --out docs/compare \\
+        [--heldout data/heldout_udhr.jsonl] [--tokenizer runs/bpe4k/tokenizer.model]
+
+Reads every RUN_DIR's config.json and metrics.jsonl (any boundary strategy, and model kinds this code
+does not know, e.g. a BPE token model: the same metric keys are read) and writes into --out:
+
+- ``compare.md``: one row per run: model kind / boundary strategy, steps, bytes seen, training FLOPs
+  (when known), final validation bpb, bytes per unit (``val_bytes_per_chunk``, or ``val_bytes_per_token``
+  for a token model) and boundary rate (``val_boundary_rate``, else the mean of the training rows').
+- ``val_bpb_vs_bytes.png``: validation bpb against training bytes seen, one line per run.
+- ``val_bpb_vs_flops.png`` when some run's FLOPs are known: from ``flops`` (cumulative training FLOPs)
+  in its training rows, else from megatok.flops (FLOPs per byte at the realised boundary rate x bytes).
+- ``compare.json``: every number above.
+
+With ``--heldout FILE`` (documents with "lang", e.g. the parallel UDHR set of ``tools/make_corpus.py
+--heldout-out``), every run with a checkpoint whose model kind has an evaluator (megatok's U-Net: through
+megatok.eval.bpb.evaluate_documents, as tools/evaluate.py) is evaluated per language, and with
+``--tokenizer`` the BPE tokenizer's bytes per token are measured on the same text. ``compare.md`` then
+has a per-language table (bytes per unit and bpb; units and bits for the same content) and the
+disparity across languages: max / min over languages. On parallel text the "units" disparity is how
+many more chunks or tokens one language needs than another for the same content. A run whose kind has no
+evaluator is listed as skipped, with the reason. Exit status 2 on bad input, one error line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from megatok.bpe import disparity  # noqa: E402
+from megatok.data.documents import DataError, iter_documents, list_input_files  # noqa: E402
+from megatok.metrics import read_metrics  # noqa: E402
+
+NAN = float("nan")
+
+
+def _num(v) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
+
+
+def _fmt(v, spec: str) -> str:
+    return format(v, spec) if _num(v) is not None else "-"
+
+
+# ----------------------------------------------------------------------------- reading runs
+
+def _flops_per_byte(run_dir: Path, rate: float | None) -> float | None:
+    """Training FLOPs per byte from megatok.flops at the realised rate, if this run's config allows it."""
+    try:
+        from megatok import flops
+        from megatok.train.checkpoint import run_config
+
+        fn = getattr(flops, "flops_per_byte", None)
+        if fn is None:
+            return None
+        return float(fn(run_config(run_dir), rate=rate)["training"])
+    except Exception:  # an unknown model kind or an old config: plot against bytes only
+        return None
+
+
+def load_run(run_dir: str | Path) -> dict:
+    """Summary of one run directory: identity, final figures and the validation curve."""
+    run_dir = Path(run_dir)
+    for name in ("config.json", "metrics.jsonl"):
+        if not (run_dir / name).is_file():
+            raise DataError(f"{run_dir}: not a run directory (no {name})")
+    try:
+        cfg = json.loads((run_dir / "config.json").read_text())
+        rows = read_metrics(run_dir)
+    except ValueError as e:
+        raise DataError(f"{run_dir}: unreadable config.json or metrics.jsonl: {e}") from None
+    model = cfg.get("model") or {}
+    kind = model.get("kind") or "unet"
+    strategy = (cfg.get("boundary") or {}).get("strategy") if kind == "unet" else None
+    train = [r for r in rows if r.get("split") == "train" and _num(r.get("step")) is not None]
+    val = [r for r in rows if r.get("split") == "val" and _num(r.get("val_bpb")) is not None]
+
+    # bytes per step: from the training rows, else from the config
+    per_step = None
+    seen = [r for r in train if _num(r.get("bytes_seen")) and r["step"]]
+    if seen:
+        per_step = seen[-1]["bytes_seen"] / seen[-1]["step"]
+    else:
+        t, d = cfg.get("train") or {}, cfg.get("data") or {}
+        if _num(t.get("global_batch_size")) and _num(d.get("seq_len")):
+            per_step = t["global_batch_size"] * d["seq_len"]
+    bytes_at = {r["step"]: r["bytes_seen"] for r in seen}
+
+    def bytes_for(step):
+        return bytes_at.get(step, step * per_step if per_step else None)
+
+    rates = [r["boundary_rate"] for r in train if _num(r.get("boundary_rate")) is not None]
+    mean_rate = sum(rates) / len(rates) if rates else None
+    # FLOPs: logged cumulative FLOPs if any, else megatok.flops at the realised rate
+    logged = [(r["step"], r["flops"], bytes_for(r["step"])) for r in train if _num(r.get("flops")) is not None]
+    flops_source, fpb = None, None
+    if logged:
+        flops_source = "logged"
+    else:
+        fpb = _flops_per_byte(run_dir, mean_rate)
+        flops_source = "megatok.flops" if fpb else None
+
+    def flops_for(step):
+        if logged:
+            before = [x for x in logged if x[0] <= step] or logged[:1]
+            s, f, b = before[-1]
+            if s == step:
+                return f
+            b_step = bytes_for(step)
+            return f / b * b_step if b and b_step else None
+        b = bytes_for(step)
+        return fpb * b if fpb and b is not None else None
+
+    curve = [{"step": r["step"], "bytes": bytes_for(r["step"]), "flops": flops_for(r["step"]),
+              "val_bpb": r["val_bpb"]} for r in val]
+    last_val = val[-1] if val else {}
+    unit = "token" if "val_bytes_per_token" in last_val or kind == "bpe" else "chunk"
+    last_step = train[-1]["step"] if train else (val[-1]["step"] if val else 0)
+    out = {
+        "run": str(run_dir), "name": run_dir.name, "kind": kind, "strategy": strategy,
+        "label": f"{kind}/{strategy}" if strategy else kind,
+        "steps": last_step, "bytes_seen": bytes_for(last_step) if last_step else 0,
+        "flops": flops_for(last_step) if last_step else None, "flops_source": flops_source,
+        "val_bpb": last_val.get("val_bpb"), "val_step": last_val.get("step"),
+        "unit": unit, "bytes_per_unit": last_val.get(f"val_bytes_per_{unit}"),
+        "boundary_rate": last_val.get("val_boundary_rate", mean_rate),
+        "boundary_rule": last_val.get("boundary_rule"), "curve": curve,
+        "has_checkpoint": (run_dir / "checkpoints" / "latest").is_file(),
+    }
+    return out
+
+
+def runs_table(runs: list[dict]) -> str:
+    lines = ["| run | kind / strategy | steps | bytes seen | training FLOPs | final val bpb | bytes per unit | "
+             "boundary rate |",
+             "|---|---|---:|---:|---:|---:|---:|---:|"]
+    for r in runs:
+        lines.append(f"| {r['name']} | {r['label']} | {r['steps']} | {_fmt(r['bytes_seen'], ',.0f')} | "
+                     f"{_fmt(r['flops'], '.3g')} | {_fmt(r['val_bpb'], '.4f')} | "
+                     f"{_fmt(r['bytes_per_unit'], '.2f')}" + (f" ({r['unit']})" if _num(r['bytes_per_unit']) else "")
+                     + f" | {_fmt(r['boundary_rate'], '.3f')} |")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- plots
+
+def plot(runs: list[dict], x: str, path: Path, xlabel: str) -> bool:
+    """val_bpb against x ("bytes" or "flops"), one line per run; False (nothing written) if no run has x."""
+    series = [(r, [(p[x], p["val_bpb"]) for p in r["curve"] if _num(p[x])]) for r in runs]
+    series = [(r, pts) for r, pts in series if pts]
+    if not series:
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for r, pts in series:
+        ax.plot(*zip(*pts), "o-", markersize=3, label=f"{r['name']} ({r['label']})")
+    if any(pts[-1][0] > 10 * pts[0][0] for _, pts in series if len(pts) > 1):
+        ax.set_xscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("validation bits per byte")
+    ax.set_title(f"validation bpb against {xlabel}")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
+# ----------------------------------------------------------------------------- per language
+
+def evaluate_unet(run: dict, docs: list, args) -> dict:
+    """megatok's U-Net on documents, as tools/evaluate.py: by_lang -> bytes, bpb, bytes_per_unit."""
+    import torch
+
+    from megatok.eval.bpb import boundary_rule, evaluate_documents
+    from megatok.train.checkpoint import load_model
+
+    torch.set_num_threads(max(1, min(torch.get_num_threads(), os.cpu_count() or 1)))
+    model, cfg, tag = load_model(run["run"], None, args.device)
+    res = evaluate_documents(model, iter(docs), seq_len=cfg.data.seq_len, batch_size=args.batch_size,
+                             mode=args.boundary, seed=args.seed, device=args.device)
+    by_lang = {lang: {"documents": v["documents"], "bytes": v["bytes"], "bpb": v["bpb"],
+                      "bytes_per_unit": v["bytes_per_chunk"]} for lang, v in res.get("by_lang", {}).items()}
+    return {"checkpoint": tag, "boundary_rule": boundary_rule(args.boundary, args.seed), "unit": "chunk",
+            "bpb": res["bpb"], "bytes_per_unit": res["bytes_per_chunk"], "by_lang": by_lang}
+
+
+#: model kind -> evaluator(run summary, documents, args) returning {"unit", "by_lang": {lang: {"bytes",
+#: "bpb", "bytes_per_unit"}}, ...}. A token model kind registers its own (bpb = summed token NLL over the
+#: text's UTF-8 bytes, see megatok.bpe.bpb_from_token_nll).
+EVALUATORS = {"unet": evaluate_unet}
+
+
+def evaluate_tokenizer(path: str, docs: list) -> dict:
+    from megatok.bpe import bytes_per_token, load_tokenizer
+
+    sp = load_tokenizer(path)
+    res = bytes_per_token(sp, docs)
+    by_lang = {lang: {"documents": v["documents"], "bytes": v["bytes"], "bpb": None,
+                      "bytes_per_unit": v["bytes_per_token"]} for lang, v in res.get("by_lang", {}).items()}
+    return {"tokenizer": str(path), "vocab_size": sp.get_piece_size(), "unit": "token",
+            "bytes_per_unit": res["bytes_per_token"], "by_lang": by_lang}
+
+
+def _add_derived(system: dict) -> None:
+    """units (chunks or tokens) and bits per language, and the disparities across languages."""
+    for v in system["by_lang"].values():
+        v["units"] = v["bytes"] / v["bytes_per_unit"] if _num(v["bytes_per_unit"]) else None
+        v["bits"] = v["bpb"] * v["bytes"] if _num(v.get("bpb")) is not None else None
+    system["disparity"] = {k: disparity({lang: v[k] for lang, v in system["by_lang"].items() if _num(v[k])})
+                           for k in ("bytes_per_unit", "units", "bpb", "bits")}
+
+
+def language_tables(systems: list[dict], langs: list[str], lang_bytes: dict[str, int]) -> str:
+    """Two markdown tables over languages, each with a max/min (disparity) row: bytes per unit and bpb;
+    units and kbits for each language's version of the same content."""
+    def col(s, key, scale=1.0):
+        vals = [s["by_lang"].get(lang, {}).get(key) for lang in langs]
+        return [v / scale if _num(v) is not None else None for v in vals]
+
+    t1 = [("bytes", [lang_bytes[lang] for lang in langs], disparity(lang_bytes), ",.0f")]
+    t2 = []
+    for s in systems:
+        t1.append((f"{s['name']} bytes/{s['unit']}", col(s, "bytes_per_unit"), s["disparity"]["bytes_per_unit"], ".2f"))
+        t2.append((f"{s['name']} {s['unit']}s", col(s, "units"), s["disparity"]["units"], ",.0f"))
+        if any(_num(v.get("bpb")) is not None for v in s["by_lang"].values()):
+            t1.append((f"{s['name']} bpb", col(s, "bpb"), s["disparity"]["bpb"], ".3f"))
+            t2.append((f"{s['name']} kbits", col(s, "bits", 1000.0), s["disparity"]["bits"], ".2f"))
+
+    def render(table):
+        lines = ["| lang | " + " | ".join(c[0] for c in table) + " |", "|---|" + "---:|" * len(table)]
+        for i, lang in enumerate(langs):
+            lines.append(f"| {lang} | " + " | ".join(_fmt(c[1][i], c[3]) for c in table) + " |")
+        lines.append("| **max/min** | " + " | ".join(_fmt(c[2], ".2f") for c in table) + " |")
+        return "\n".join(lines)
+
+    return render(t1) + "\n\n" + render(t2)
+
+
+# ----------------------------------------------------------------------------- main
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run directories (config.json, metrics.jsonl)")
+    ap.add_argument("--out", required=True, help="output directory")
+    ap.add_argument("--heldout", default=None, help="held-out documents with \"lang\" (e.g. data/heldout_udhr.jsonl)")
+    ap.add_argument("--tokenizer", default=None, help="a BPE tokenizer.model (tools/train_bpe.py) to measure on --heldout")
+    ap.add_argument("--boundary", choices=["sample", "threshold"], default="sample",
+                    help="boundary rule for the per-language evaluation (as tools/evaluate.py)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--batch-size", type=int, default=8)
+    ap.add_argument("--device", default=None, help="default: cuda if available, else cpu")
+    args = ap.parse_args(argv)
+    if args.tokenizer and not args.heldout:
+        ap.error("--tokenizer needs --heldout (the text to measure it on)")
+    out = Path(args.out)
+    try:
+        if args.heldout:
+            list_input_files([args.heldout])
+        if args.tokenizer and not Path(args.tokenizer).exists():
+            raise DataError(f"{args.tokenizer}: no such tokenizer model")
+        runs = [load_run(r) for r in args.runs]
+        out.mkdir(parents=True, exist_ok=True)
+        result = {"runs": runs}
+        md = ["# Run comparison", "", runs_table(runs), ""]
+        plots = []
+        if plot(runs, "bytes", out / "val_bpb_vs_bytes.png", "training bytes seen"):
+            plots.append("val_bpb_vs_bytes.png")
+        if plot(runs, "flops", out / "val_bpb_vs_flops.png", "training FLOPs"):
+            plots.append("val_bpb_vs_flops.png")
+        md += [f"![{p[:-4]}]({p})" for p in plots] + [""]
+        for r in runs:
+            if not r["curve"]:
+                md.append(f"- {r['name']}: no validation rows yet")
+            if r["flops_source"] is None:
+                md.append(f"- {r['name']}: training FLOPs unknown (none logged; megatok.flops cannot size kind "
+                          f"'{r['kind']}'), left out of the FLOPs plot")
+        if args.heldout:
+            md += _heldout_section(args, runs, result)
+    except (DataError, FileNotFoundError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    result["plots"] = plots
+    (out / "compare.md").write_text("\n".join(md).rstrip() + "\n")
+    (out / "compare.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
+    print("\n".join(md))
+    print(f"\nwrote {out / 'compare.md'}, {out / 'compare.json'}" + "".join(f", {out / p}" for p in plots))
+    return 0
+
+
+def _heldout_section(args, runs: list[dict], result: dict) -> list[str]:
+    if args.device is None:
+        import torch
+
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    docs = list(iter_documents([args.heldout]))
+    if not docs:
+        raise DataError(f"{args.heldout}: no documents")
+    langs, lang_bytes, lang_docs = [], {}, {}
+    for d in docs:
+        lang = d.lang or "unknown"
+        if lang not in lang_bytes:
+            langs.append(lang)
+            lang_bytes[lang], lang_docs[lang] = 0, 0
+        lang_bytes[lang] += len(d.text)
+        lang_docs[lang] += 1
+    systems, notes = [], []
+    for r in runs:
+        evaluator = EVALUATORS.get(r["kind"])
+        if not r["has_checkpoint"]:
+            notes.append(f"- {r['name']}: no checkpoint, not evaluated per language")
+        elif evaluator is None:
+            notes.append(f"- {r['name']}: no per-language evaluator for model kind '{r['kind']}' yet, skipped")
+        else:
+            s = {"name": r["name"], **evaluator(r, docs, args)}
+            systems.append(s)
+    if args.tokenizer:
+        systems.append({"name": "BPE", **evaluate_tokenizer(args.tokenizer, docs)})
+    for s in systems:
+        _add_derived(s)
+    result["heldout"] = {"file": args.heldout, "languages": langs, "bytes": lang_bytes, "documents": lang_docs,
+                         "systems": systems}
+    counts = sorted(set(lang_docs.values()))
+    md = ["", f"## Per language on {args.heldout}", "",
+          f"{len(langs)} languages, {'/'.join(map(str, counts))} documents per language"
+          + (" (the same number in every language)" if len(counts) == 1 else " (NOT the same in every language)")
+          + ". bytes/unit: UTF-8 bytes per chunk (megatok) or per token (BPE); bpb: bits per byte. "
+          "Units and kbits: chunks or tokens, and total bits, for each language's version of the same text. "
+          "max/min: largest over smallest value across languages (the disparity).", ""]
+    for s in systems:
+        if "boundary_rule" in s:
+            md.append(f"- {s['name']}: checkpoint {s['checkpoint']}, boundaries {s['boundary_rule']}")
+        elif "tokenizer" in s:
+            md.append(f"- BPE: {s['tokenizer']} ({s['vocab_size']} pieces)")
+    md += notes + [""]
+    if systems:
+        md.append(language_tables(systems, langs, lang_bytes))
+        md += ["", "| system | bytes/unit max/min | units max/min | bpb max/min | bits max/min |",
+               "|---|---:|---:|---:|---:|"]
+        for s in systems:
+            d = s["disparity"]
+            md.append(f"| {s['name']} ({s['unit']}) | {_fmt(d['bytes_per_unit'], '.2f')} | {_fmt(d['units'], '.2f')} | "
+                      f"{_fmt(d['bpb'], '.2f')} | {_fmt(d['bits'], '.2f')} |")
+    else:
+        md.append("No run could be evaluated per language (no checkpoints or evaluators) and no --tokenizer given.")
+    return md
+
+
+if __name__ == "__main__":
+    sys.exit(main())
