@@ -60,7 +60,9 @@ SP_OPTIONS = dict(
     add_dummy_prefix=False,               # no invented leading space: token bytes add up to the input
     allow_whitespace_only_pieces=True,    # "    " can be one piece
     split_digits=False,
-    character_coverage=0.9995,            # rarer characters (many CJK ones) fall back to bytes
+    character_coverage=0.99995,           # characters that must be pieces; rarer ones fall back to bytes.
+                                          # 0.9995 (sentencepiece's default) leaves most CJK characters as
+                                          # 3 byte tokens when the text is mostly English (zh: 1.2 bytes/token)
     hard_vocab_limit=False,               # a small corpus yields a smaller vocabulary instead of an error
     max_sentence_length=1 << 16,
     num_threads=2,
