@@ -39,8 +39,6 @@ from megatok.bpe import disparity  # noqa: E402
 from megatok.data.documents import DataError, iter_documents, list_input_files  # noqa: E402
 from megatok.metrics import read_metrics  # noqa: E402
 
-NAN = float("nan")
-
 
 def _num(v) -> float | None:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
@@ -183,12 +181,9 @@ def plot(runs: list[dict], x: str, path: Path, xlabel: str) -> bool:
 
 def evaluate_unet(run: dict, docs: list, args) -> dict:
     """megatok's U-Net on documents, as tools/evaluate.py: by_lang -> bytes, bpb, bytes_per_unit."""
-    import torch
-
     from megatok.eval.bpb import boundary_rule, evaluate_documents
     from megatok.train.checkpoint import load_model
 
-    torch.set_num_threads(max(1, min(torch.get_num_threads(), os.cpu_count() or 1)))
     model, cfg, tag = load_model(run["run"], None, args.device)
     res = evaluate_documents(model, iter(docs), seq_len=cfg.data.seq_len, batch_size=args.batch_size,
                              mode=args.boundary, seed=args.seed, device=args.device)
