@@ -9,7 +9,7 @@ bash tools/setup.sh
 PY=.venv/bin/python
 export WANDB_MODE=${WANDB_MODE:-offline}
 
-$PY tools/make_corpus.py --out data/corpus.jsonl.gz
+$PY tools/make_corpus.py --out data/corpus.jsonl.gz --heldout-out data/heldout_udhr.jsonl
 if [ ! -f data/shards/manifest.json ] || [ data/corpus.jsonl.gz -nt data/shards/manifest.json ]; then
   $PY tools/build_shards.py data/corpus.jsonl.gz --out data/shards --val-fraction 0.02 --overwrite
 fi
