@@ -44,6 +44,27 @@ def word_starts(x: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def word_start_alignment(x: torch.Tensor, starts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(word starts [B, T], word starts hit [B, T], aligned boundaries [B, T]).
+
+    Chunking conventions differ on where a word's chunk begins: at its first byte ("the| cat" ->
+    "cat") or at the whitespace byte right before it (sentencepiece/GPT-2 style "the| cat" ->
+    " cat"). Both count: a word start w is *hit* when a chunk starts at w, or at w - 1 >= 1 when
+    x_{w-1} is ASCII whitespace (space, tab, LF, VT, FF, CR). A boundary at t >= 1 is *aligned* when
+    t is a word start or such a whitespace byte right before one. Precision = aligned boundaries /
+    all boundaries at t >= 1; recall = word starts hit / word starts.
+    """
+    words = word_starts(x)
+    ws = (x == 32) | ((x >= 9) & (x <= 13))
+    lead = torch.zeros_like(words)  # whitespace byte right before a word start, at t >= 1
+    lead[:, 1:-1] = ws[:, 1:-1] & words[:, 2:]
+    hit = words.clone()
+    hit[:, 1:] &= starts[:, 1:] | (lead[:, :-1] & starts[:, :-1])
+    aligned = starts & (words | lead)
+    aligned[:, 0] = False
+    return words, hit, aligned
+
+
 @torch.no_grad()
 def row_stats(x: torch.Tensor, y: torch.Tensor, starts: torch.Tensor, ce_full: torch.Tensor,
               ce_early: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -51,13 +72,13 @@ def row_stats(x: torch.Tensor, y: torch.Tensor, starts: torch.Tensor, ce_full: t
     documents are trained on but not counted, so bpb is over UTF-8 bytes only), targets, chunks
     (starts at real positions), positions (real inputs), ws_positions / ws_boundaries (whitespace
     bytes, and those that start a chunk), decisions (chunk starts at t >= 1: the forced one at t = 0
-    is no decision), word_starts (see :func:`word_starts`) and word_start_boundaries (word starts that
-    start a chunk): precision = word_start_boundaries / decisions, recall = word_start_boundaries /
-    word_starts."""
+    is no decision), word_starts, word_starts_hit and aligned_boundaries (see
+    :func:`word_start_alignment`): precision = aligned_boundaries / decisions, recall =
+    word_starts_hit / word_starts."""
     real, tmask = x != PAD, y < 256
     ws = real & ((x == 9) | (x == 10) | (x == 13) | (x == 32))
     starts = starts & real
-    words = word_starts(x) & real
+    words, hit, aligned = word_start_alignment(x, starts)
     free = starts.clone()
     free[:, 0] = False
     cols = {
@@ -69,8 +90,9 @@ def row_stats(x: torch.Tensor, y: torch.Tensor, starts: torch.Tensor, ce_full: t
         "ws_positions": ws.sum(1),
         "ws_boundaries": (ws & starts).sum(1),
         "decisions": free.sum(1),
-        "word_starts": words.sum(1),
-        "word_start_boundaries": (words & starts).sum(1),
+        "word_starts": (words & real).sum(1),
+        "word_starts_hit": (hit & real).sum(1),
+        "aligned_boundaries": (aligned & real).sum(1),
     }
     return {k: v.double() for k, v in cols.items()}
 
@@ -87,8 +109,8 @@ def ratios(s: dict[str, float]) -> dict[str, float]:
         "whitespace_boundary_fraction": div(s["ws_boundaries"], s["ws_positions"]),
     }
     if "word_starts" in s:
-        out["word_start_precision"] = div(s["word_start_boundaries"], s["decisions"])
-        out["word_start_recall"] = div(s["word_start_boundaries"], s["word_starts"])
+        out["word_start_precision"] = div(s["aligned_boundaries"], s["decisions"])
+        out["word_start_recall"] = div(s["word_starts_hit"], s["word_starts"])
     if "nll_early" in s:
         out["bpb_early"] = div(s["nll_early"], s["targets"]) / math.log(2)
     return out

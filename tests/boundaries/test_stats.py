@@ -26,20 +26,41 @@ def test_word_starts_hand_checked():
     assert word_starts(x)[0].tolist() == [False, False, True, False]
 
 
-def test_precision_recall_sums_and_ratios():
-    text = "one two three"  # word starts at 4 and 8 (t = 0 excluded)
-    x = torch.tensor([ids(text) + [PAD, PAD]])
+def stats_for(text: str, positions, pad: int = 0) -> dict:
+    x = torch.tensor([ids(text) + [PAD] * pad])
     y = torch.cat([x[:, 1:], torch.tensor([[PAD]])], 1)
     starts = torch.zeros_like(x, dtype=torch.bool)
-    starts[0, [0, 3, 4, 10, 14]] = True  # 14 is padding: ignored
+    starts[0, positions] = True
     ce = torch.zeros(x.shape)
-    s = {k: float(v.sum()) for k, v in row_stats(x, y, starts, ce, ce).items()}
-    assert s["decisions"] == 3 and s["word_starts"] == 2 and s["word_start_boundaries"] == 1
+    return {k: float(v.sum()) for k, v in row_stats(x, y, starts, ce, ce).items()}
+
+
+def test_precision_recall_hand_checked_in_both_conventions():
+    text = "one two  three(x)"  # word starts (t >= 1): 4 (two), 9 (three), 15 (x)
+    # first-byte convention: "one |two  |three(|x)": all aligned, all hit
+    s = stats_for(text, [0, 4, 9, 15])
+    assert (s["decisions"], s["word_starts"], s["word_starts_hit"], s["aligned_boundaries"]) == (3, 3, 3, 3)
+    # whitespace-before convention: "one| two |three(|x)": the space at 3 precedes "two", the
+    # second space at 8 precedes "three"; "(" at 14 is punctuation, not whitespace: not aligned
+    s = stats_for(text, [0, 3, 8, 14])
+    assert (s["word_starts_hit"], s["aligned_boundaries"]) == (2, 2)
+    # the first space of "  " (7) is not right before a word; 1 is inside "one"
+    s = stats_for(text, [0, 1, 7, 9])
+    assert (s["decisions"], s["word_starts_hit"], s["aligned_boundaries"]) == (3, 1, 1)
+    # both conventions at once hit the word once and are both aligned
+    s = stats_for(text, [0, 3, 4])
+    assert (s["word_starts_hit"], s["aligned_boundaries"]) == (1, 2)
+
+
+def test_precision_recall_sums_and_ratios():
+    text = "one two three"  # word starts at 4 and 8 (t = 0 excluded)
+    s = stats_for(text, [0, 1, 4, 10, 14], pad=2)  # 14 is padding: ignored
+    assert s["decisions"] == 3 and s["word_starts"] == 2 and s["word_starts_hit"] == 1
     r = ratios(s)
     assert r["word_start_precision"] == 1 / 3 and r["word_start_recall"] == 1 / 2
     assert r["boundary_rate"] == 4 / 13 and r["bytes_per_chunk"] == 13 / 4
-    assert r["whitespace_boundary_fraction"] == 1 / 2  # the space at 3 has a boundary, the one at 7 not
+    assert r["whitespace_boundary_fraction"] == 0.0  # no boundary on the spaces at 3 and 7
     # sums without the new keys (older totals) still give the older figures
-    old = {k: v for k, v in s.items() if k not in ("decisions", "word_starts", "word_start_boundaries")}
+    old = {k: v for k, v in s.items() if k not in ("decisions", "word_starts", "word_starts_hit", "aligned_boundaries")}
     assert "word_start_precision" not in ratios(old)
     assert math.isnan(ratios({**s, "decisions": 0.0})["word_start_precision"])
