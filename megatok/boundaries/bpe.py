@@ -18,7 +18,7 @@ SEP (between packed documents) and PAD are their own chunks; the byte after SEP 
 Invalid UTF-8 bytes start their own chunk under ``exact`` (sentencepiece reads text, not bytes).
 Nothing is learned; the rate is the tokenizer's (choose its vocabulary size for the target rate).
 
-Train a tokenizer:  python -m megatok.boundaries.bpe --data data/corpus.jsonl.gz --out data/bpe.model
+Train a tokenizer:  python -m megatok.boundaries.bpe --data data/shards --out data/bpe.model --vocab-size 32768
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ class Options(BaseModel):
     def _exists(cls, v: str) -> str:
         if not v:
             raise ValueError("the bpe strategy needs a sentencepiece model: set boundary.model_path "
-                             "(python -m megatok.boundaries.bpe --data FILE --out data/bpe.model trains one)")
+                             "(python -m megatok.boundaries.bpe --data data/shards --out data/bpe.model trains one)")
         if not Path(v).is_file():
             raise ValueError(f"{v}: no such file")
         return v
@@ -196,14 +196,23 @@ def train_tokenizer(lines: Iterable[str], out: str | Path, vocab_size: int, **kw
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description="Train a sentencepiece BPE model for boundary.strategy=bpe")
-    ap.add_argument("--data", nargs="+", required=True, help="text inputs build_shards reads (.txt, .jsonl(.gz), dirs)")
+    ap.add_argument("--data", nargs="+", required=True,
+                    help="text inputs build_shards reads (.txt, .jsonl(.gz), dirs), or a shard directory (its train split)")
     ap.add_argument("--out", required=True, help="output .model file")
     ap.add_argument("--vocab-size", type=int, default=4096)
     args = ap.parse_args(argv)
     from megatok.data.documents import iter_documents
+    from megatok.data.stream import iter_shard_documents, resolve_shards
+
+    def documents():
+        for p in args.data:
+            if Path(p, "manifest.json").is_file():
+                yield from iter_shard_documents(resolve_shards(p, "train"))
+            else:
+                yield from iter_documents([p])
 
     def lines():
-        for d in iter_documents(args.data):
+        for d in documents():
             yield from d.text.decode("utf-8", errors="replace").splitlines()
 
     path = train_tokenizer(lines(), args.out, args.vocab_size)
