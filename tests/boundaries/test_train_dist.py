@@ -1,23 +1,18 @@
 """Every strategy trains under the real DeepSpeed engine with 2 CPU ranks (ZeRO-2), a few steps each,
 and logs its boundary figures."""
 
-import json
 import math
 
 import pytest
 
 from megatok.metrics import read_metrics
+from tests.boundaries.conftest import POLICY_SECTION, STEPS, train_two_ranks
 from tests.boundaries.tokenizer import tiny_bpe_model
-from tests.conftest import TINY, pretrain
 
 pytestmark = pytest.mark.dist
 
-STEPS = 3
-# the "boundary" section replaced whole: configs/base.json carries the policy's options, which other
-# strategies would reject as unknown keys
 SECTIONS = {
-    "policy-estimator-options": {"strategy": "policy", "window": 2, "gamma": 1.0, "batch_baseline": False,
-                                 "early_exit_reward": False},
+    "policy-estimator-options": POLICY_SECTION,  # the shared policy_run fixture
     "fixed": {"strategy": "fixed"},
     "hnet": {"strategy": "hnet"},
     "gumbel": {"strategy": "gumbel", "temperature": 1.0},
@@ -28,15 +23,15 @@ SECTIONS = {
 
 
 @pytest.mark.parametrize("name", list(SECTIONS))
-def test_strategy_trains_on_two_ranks(name, shards, tmp_path):
-    section = dict(SECTIONS[name], target_rate=0.2)
-    if name == "bpe":
-        section["model_path"] = tiny_bpe_model()
-    run = tmp_path / "run"
-    pretrain(["--config", "configs/tiny.json", "--set", *TINY, f"data.shards={shards}", f"train.run_dir={run}",
-              f"train.max_steps={STEPS}", "train.micro_batch_size=2", "train.global_batch_size=4",
-              "data.num_workers=0", "eval.max_sequences=4", "deepspeed.zero_optimization.stage=2",
-              f"boundary={json.dumps(section)}"], nproc=2)
+def test_strategy_trains_on_two_ranks(name, shards, tmp_path, request):
+    if name == "policy-estimator-options":
+        run = request.getfixturevalue("policy_run")
+    else:
+        section = dict(SECTIONS[name])
+        if name == "bpe":
+            section["model_path"] = tiny_bpe_model()
+        run = tmp_path / "run"
+        train_two_ranks(shards, run, section)
     rows = read_metrics(run)
     train = [r for r in rows if r.get("split") == "train"]
     val = [r for r in rows if r.get("split") == "val"]

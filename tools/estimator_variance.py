@@ -1,0 +1,211 @@
+"""The score-function estimator's variance, per discount gamma: is the policy gradient usable?
+
+    python tools/estimator_variance.py --run runs/strat-policy [--gammas 0.9,0.95,0.99,1.0] [--samples 32]
+
+For a policy checkpoint (boundary.strategy = "policy") and one fixed batch of held-out sequences,
+draws ``--samples`` boundary samples (sampling seeds seed, seed+1, ...). For every sample it runs the
+model once (rewards CE_early - CE_full come from that forward pass, as in training) and, for every
+gamma, takes the gradient of the policy loss L_policy = -lambda_policy mean_t G_t log pi(b_t) (the
+run's own lambda_policy, batch baseline and reward settings; only gamma changes) with respect to
+the parameters it reaches: the policy head (``boundary``), the byte encoder (``encoder``) and the
+byte embedding (``embed``). The samples are shared by all gammas, so the comparison is paired.
+
+Per gamma and parameter group (and ``all``), over the S samples g_1..g_S of the flattened gradient:
+
+- ``mean_norm``: ||mean_s g_s||;
+- ``variance``: tr Cov(g), the summed per-parameter variance (unbiased, S - 1), and
+  ``variance_per_param`` = tr Cov(g) / parameters;
+- ``snr``: signal-to-noise ratio of one sample, sqrt(max(0, ||mean g||^2 - tr Cov / S)) / sqrt(tr Cov)
+  (the squared mean norm corrected for its own sampling noise; 0 when no signal is measurable,
+  about 1 means one sample's noise is as large as the gradient itself).
+
+Writes RUN/estimator_variance.json and .png (or ``--out PREFIX``) and prints the JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch  # noqa: E402
+
+
+def load_model_quietly(*args, **kwargs):
+    """megatok.train.checkpoint.load_model, with DeepSpeed's messages sent to stderr, not stdout."""
+    from megatok.train.checkpoint import load_model
+
+    out, sys.stdout = sys.stdout, sys.stderr
+    try:
+        return load_model(*args, **kwargs)
+    finally:
+        sys.stdout = out
+
+GROUPS = ("boundary", "encoder", "embed")
+
+
+def fixed_batch(cfg, data: str | None, batch_size: int, seq_len: int) -> torch.Tensor:
+    """The first ``batch_size`` packed sequences of the validation split (or of --data files)."""
+    from megatok.data.documents import iter_documents
+    from megatok.data.stream import iter_shard_documents, pack_documents, resolve_shards
+
+    spec = data or cfg.data.val_shards or cfg.data.shards
+    if isinstance(spec, str) and (Path(spec, "manifest.json").is_file() or not Path(spec).exists()):
+        docs = iter_shard_documents(resolve_shards(spec, "val"))
+    else:
+        docs = iter_documents([spec] if isinstance(spec, str) else spec)
+    texts, have, need = [], 0, batch_size * (seq_len + 1)
+    for d in docs:
+        texts.append(d.text)
+        have += len(d.text) + 1
+        if have >= need:
+            break
+    tokens = pack_documents(texts, seq_len)[:batch_size]
+    if len(tokens) < batch_size:
+        raise SystemExit(f"error: {spec}: only {len(tokens)} sequences of {seq_len} bytes, need {batch_size}")
+    return tokens
+
+
+class Moments:
+    """Running sums of g and g^2 (float64) over samples, per flattened parameter group."""
+
+    def __init__(self):
+        self.n, self.s1, self.s2 = 0, {}, {}
+
+    def add(self, grads: dict[str, torch.Tensor]) -> None:
+        self.n += 1
+        for k, g in grads.items():
+            g = g.double()
+            self.s1[k] = self.s1.get(k, 0) + g
+            self.s2[k] = self.s2.get(k, 0) + g * g
+
+    def report(self, k: str) -> dict:
+        n = self.n
+        mean = self.s1[k] / n
+        var = (self.s2[k] - n * mean * mean).clamp(min=0) / max(1, n - 1)
+        trace, mean_sq = float(var.sum()), float((mean * mean).sum())
+        signal = math.sqrt(max(0.0, mean_sq - trace / n))
+        return {"parameters": mean.numel(), "mean_norm": math.sqrt(mean_sq), "variance": trace,
+                "variance_per_param": trace / mean.numel(),
+                "snr": signal / math.sqrt(trace) if trace > 0 else float("nan")}
+
+
+def estimate(model, tokens: torch.Tensor, gammas: list[float], samples: int, seed: int) -> dict:
+    from megatok.vocab import PAD
+
+    strat = model.boundary
+    base_options = strat.options
+    groups = {g: [(n, p) for n, p in model.named_parameters() if n.split(".")[0] == g] for g in GROUPS}
+    params = [p for g in GROUPS for _, p in groups[g]]
+    moments = {gamma: Moments() for gamma in gammas}
+    x, y = tokens[:, :-1], tokens[:, 1:]
+    tmask = y != PAD
+    model.train()  # sample boundaries as in training
+    try:
+        for s in range(samples):
+            torch.manual_seed(seed + s)
+            out = model(x, y)
+            for gamma in gammas:
+                strat.options = base_options.model_copy(update={"gamma": gamma})
+                loss = strat.loss(out.boundaries, out.ce_full, out.ce_early, tmask)["policy_loss"]
+                grads = torch.autograd.grad(loss, params, retain_graph=True, allow_unused=True)
+                flat, i = {}, 0
+                for g in GROUPS:
+                    parts = []
+                    for _, p in groups[g]:
+                        gr = grads[i]
+                        parts.append((gr if gr is not None else torch.zeros_like(p)).reshape(-1))
+                        i += 1
+                    flat[g] = torch.cat(parts)
+                flat["all"] = torch.cat([flat[g] for g in GROUPS])
+                moments[gamma].add(flat)
+            print(f"sample {s + 1}/{samples}", file=sys.stderr, flush=True)
+    finally:
+        strat.options = base_options
+        model.eval()
+    return {f"{gamma:g}": {k: moments[gamma].report(k) for k in (*GROUPS, "all")} for gamma in gammas}
+
+
+def plot(result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    gammas = list(result["gammas"])
+    groups = [*GROUPS, "all"]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    width = 0.8 / len(gammas)
+    for j, gamma in enumerate(gammas):
+        xs = [i + (j - (len(gammas) - 1) / 2) * width for i in range(len(groups))]
+        var = [result["gammas"][gamma][g]["variance_per_param"] for g in groups]
+        snr = [result["gammas"][gamma][g]["snr"] for g in groups]
+        axes[0].bar(xs, var, width, label=f"gamma = {gamma}")
+        axes[1].bar(xs, snr, width, label=f"gamma = {gamma}")
+    for ax, title in zip(axes, ("gradient variance per parameter (log)", "signal-to-noise ratio of one sample")):
+        ax.set_xticks(range(len(groups)), groups)
+        ax.set_title(title)
+        ax.grid(axis="y", alpha=0.3)
+    axes[0].set_yscale("log")
+    axes[1].legend()
+    fig.suptitle(f"policy-gradient estimator: {result['run']} ({result['checkpoint']}), "
+                 f"{result['samples']} samples on one batch of {result['batch'][0]}x{result['batch'][1]} bytes")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--run", required=True, help="run directory of a policy run")
+    ap.add_argument("--checkpoint", default=None, help="checkpoint tag (default: latest)")
+    ap.add_argument("--gammas", default="0.9,0.95,0.99,1.0")
+    ap.add_argument("--samples", type=int, default=32)
+    ap.add_argument("--batch-size", type=int, default=8)
+    ap.add_argument("--seq-len", type=int, default=None, help="default: the run's data.seq_len")
+    ap.add_argument("--data", default=None, help="shard directory (val split) or text files; default: the run's data")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default=None, help="output prefix (default RUN/estimator_variance)")
+    args = ap.parse_args(argv)
+    if args.samples < 2:
+        ap.error("--samples must be at least 2")
+    try:
+        gammas = [float(g) for g in args.gammas.split(",") if g]
+    except ValueError:
+        ap.error(f"--gammas {args.gammas}: expected numbers like 0.99,1.0")
+    if not gammas or not all(0 <= g <= 1 for g in gammas):
+        ap.error("--gammas: values in [0, 1]")
+
+    try:
+        model, cfg, tag = load_model_quietly(args.run, args.checkpoint)
+    except FileNotFoundError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if cfg.boundary.strategy != "policy":
+        print(f"error: {args.run}: strategy {cfg.boundary.strategy!r} has no score-function estimator "
+              f"(needs boundary.strategy = \"policy\")", file=sys.stderr)
+        return 2
+    seq_len = args.seq_len or cfg.data.seq_len
+    tokens = fixed_batch(cfg, args.data, args.batch_size, seq_len)
+    result = {"run": str(args.run), "checkpoint": tag, "samples": args.samples, "batch": list(tokens[:, 1:].shape),
+              "lambda_policy": cfg.boundary.options["lambda_policy"],
+              "batch_baseline": cfg.boundary.options["batch_baseline"],
+              "early_exit_reward": cfg.boundary.options["early_exit_reward"],
+              "trained_gamma": cfg.boundary.options["gamma"],
+              "gammas": estimate(model, tokens, gammas, args.samples, args.seed)}
+    out = Path(args.out) if args.out else Path(args.run) / "estimator_variance"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
+    plot(result, out.with_suffix(".png"))
+    print(json.dumps(result, indent=2))
+    print(f"wrote {out.with_suffix('.json')} and {out.with_suffix('.png')}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
