@@ -23,7 +23,8 @@ an interrupted one resumes from its checkpoint.
 boundary rule) and the realised boundary rate (mean of the training rows), and writes
 ``OUT/results.md`` (a markdown table) and ``OUT/loss_vs_flops.png``: validation bits per byte against
 training FLOPs, one line per strategy through its sizes' final points, and each run's validation
-curve. Training FLOPs = FLOPs per byte at the realised rate (megatok/flops.py) x bytes seen.
+curve. Training FLOPs = FLOPs per byte at the realised rate (megatok/flops.py) x bytes seen. The runs
+that have started also go through the compare tool (tools/compare.py) into ``OUT/compare/``.
 """
 
 from __future__ import annotations
@@ -201,7 +202,23 @@ def collect(out: Path) -> list[dict]:
         rows.append(row)
     write_table(rows, out / "results.md")
     plot(rows, out / "loss_vs_flops.png")
+    compare_runs([r["run_dir"] for r in rows], out / "compare")
     return rows
+
+
+def compare_runs(run_dirs: list[str], out: Path) -> None:
+    """The compare tool's table and curves (tools/compare.py) for the runs that have started."""
+    started = [d for d in run_dirs if (Path(d) / "config.json").is_file() and (Path(d) / "metrics.jsonl").is_file()]
+    tool = ROOT / "tools" / "compare.py"
+    if not started or not tool.is_file():
+        return
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("megatok_compare", tool)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    if mod.main([*started, "--out", str(out)]) == 0:
+        print(f"sweep: compare tool's table in {out / 'compare.md'}")
 
 
 def _fmt(v, spec):

@@ -76,6 +76,8 @@ def test_run_local_then_collect_a_tiny_sweep(shards, tmp_path, capsys):
     assert sweep.main(["--out", str(out), "--collect"]) == 0
     row = (out / "results.md").read_text().splitlines()[2]
     assert row.startswith("| tiny-fixed |") and "finished" in row
+    if (ROOT / "tools/compare.py").is_file():
+        assert "tiny-fixed" in (out / "compare" / "compare.md").read_text()
     # Run again: finished runs are skipped.
     assert sweep.main(["--sizes", "tiny", "--strategies", "fixed", "--bytes", str(2 * 4 * 64), "--out", str(out),
                        "--run-local", "--nproc", "1", "--set", *sets]) == 0
