@@ -95,7 +95,7 @@ class ByteUNet(nn.Module):
         z = self.main_norm(self.main(self.down_proj(chunks), chunk_pos))
         if b.get("smooth") is not None:  # generic hook: the strategy's P at each chunk's start
             z = ema_over_chunks(z, b.smooth.gather(1, chunk_pos))
-        up = self.up_proj(upsample(z, b.starts))
+        up = upsample(self.up_proj(z), b.starts)  # project per chunk, before copying to every byte
         if b.gate is not None:
             up = up * b.gate[..., None].to(up.dtype)
         y = self.decoder(h + up, positions)

@@ -183,6 +183,7 @@ def train(cfg: Config, *, resume: str = "auto") -> dict:
 
     torch.manual_seed(cfg.train.seed)  # identical initial weights on every rank
     model = ByteUNet(cfg.model, cfg.boundary)
+    n_params = model.num_params()  # before ZeRO-3 partitions the parameters
     engine, _, _, _ = deepspeed.initialize(model=model, config=ds_config,
                                            model_parameters=param_groups(model, cfg.train.weight_decay),
                                            lr_scheduler=lambda opt: LambdaLR(opt, lr_lambda(cfg)))
@@ -214,7 +215,7 @@ def train(cfg: Config, *, resume: str = "auto") -> dict:
                            wandb_entity=cfg.logging.wandb_entity, wandb_name=cfg.logging.wandb_name,
                            config=cfg.to_dict(), progress=cfg.logging.progress)
     if rank == 0:
-        print(f"megatok: {model.num_params():,} parameters, {world} rank(s), device {device.type}, "
+        print(f"megatok: {n_params:,} parameters, {world} rank(s), device {device.type}, "
               f"ZeRO stage {engine.zero_optimization_stage()}, {'bf16' if engine.bfloat16_enabled() else 'fp32'}, "
               f"start step {step}{f' from {tag}' if tag else ''}, run dir {run_dir}", flush=True)
 
