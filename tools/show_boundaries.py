@@ -233,7 +233,7 @@ def write_png(rows: list[Row], chars, width: int, path: Path, title: str) -> Non
     lines = wrap(chars, width)
     labels = [r.label.split(" (")[0] for r in rows]
     label_cols = max(len(s) for s in labels) + 2
-    cols = label_cols + width
+    cols = label_cols + width + 2
     n_rows = len(lines) * (len(rows) + 1)
     char_in = 0.11  # inches per column
     fig = plt.figure(figsize=(cols * char_in, (n_rows + 3) * char_in * 2.1))
