@@ -202,3 +202,47 @@ def test_two_ranks_to_one_rank_and_export_matches_the_live_engine(shards, refere
         logits = model(ref_logits["x"]).logits
     torch.testing.assert_close(logits, ref_logits["logits"], rtol=0, atol=1e-5)
     assert json.loads((out / "export.json").read_text())["step"] == 7
+
+
+def test_a_killed_rank_ends_the_job_within_the_timeout(shards, tmp_path):
+    import psutil
+
+    run = tmp_path / "run"
+    argv = args(shards, run, "train.max_steps=100000", "train.global_batch_size=8", "train.dist_timeout_s=20")
+    proc = launch_background(argv, 2, {})
+    try:
+        wait_for(lambda: (run / "metrics.jsonl").is_file() and len(train_rows(run)) >= 2)
+        ranks = [p for p in psutil.Process(proc.pid).children(recursive=True)
+                 if "--local_rank=1" in " ".join(p.cmdline()) and "pretrain.py" in " ".join(p.cmdline())]
+        victim = min(ranks, key=lambda p: p.create_time())  # the rank, not its dataloader worker
+        t = time.time()
+        victim.kill()
+        proc.wait(timeout=60)
+        assert time.time() - t < 30  # the timeout (20 s) plus teardown, never an endless wait
+        assert proc.returncode != 0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    leftovers = [p for p in psutil.process_iter(["cmdline"]) if str(run) in " ".join(p.info["cmdline"] or [])]
+    assert not leftovers
+
+
+def test_export_from_zero3_matches_the_live_engine(shards, tmp_path):
+    run = tmp_path / "run"
+    pretrain(args(shards, run, "train.max_steps=3", "deepspeed.zero_optimization.stage=3"))
+    live = tmp_path / "live.safetensors"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    subprocess.run([sys.executable, str(ROOT / "tests/train/live_logits.py"), str(run), str(live)],
+                   check=True, capture_output=True, cwd=ROOT, env=env, timeout=180)
+    ref = load_file(str(live))
+    for dtype, tol in (("fp32", 1e-5), ("bf16", 0.1)):
+        out = tmp_path / f"export-{dtype}"
+        subprocess.run([sys.executable, str(ROOT / "tools/export.py"), "--run", str(run), "--out", str(out),
+                        "--dtype", dtype], check=True, capture_output=True, cwd=ROOT)
+        stored = load_file(str(out / "model.safetensors"))["head.weight"].dtype
+        assert stored == (torch.float32 if dtype == "fp32" else torch.bfloat16)
+        model, _ = load_exported(out)  # computes in fp32 either way
+        model.boundary.eval_mode = "threshold"
+        with torch.no_grad():
+            logits = model(ref["x"]).logits
+        torch.testing.assert_close(logits, ref["logits"], rtol=0, atol=tol, msg=dtype)
