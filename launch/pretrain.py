@@ -12,8 +12,11 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import warnings
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# DeepSpeed 0.19's ZeRO calls a torch collective that torch 2.13 marks deprecated, once per step.
+warnings.filterwarnings("ignore", message=r".*all_gather_into_tensor.*", category=FutureWarning)
 
 from megatok.config import ConfigError, load_config  # noqa: E402
 from megatok.data.documents import DataError  # noqa: E402
