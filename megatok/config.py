@@ -170,10 +170,13 @@ def _check_deepspeed(ds: dict[str, Any], where: str) -> None:
     zero = ds.get("zero_optimization", {})
     if not isinstance(zero, dict):
         raise ConfigError(f"{where}: deepspeed.zero_optimization must be an object")
-    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig  # DeepSpeed's own schema
-
     try:
-        DeepSpeedZeroConfig(**zero)
+        from deepspeed.runtime.zero.config import DeepSpeedZeroConfig  # DeepSpeed's own schema
+    except ImportError:  # a machine without DeepSpeed (e.g. tools/gpu_check.py's plain-torch path)
+        DeepSpeedZeroConfig = None
+    try:
+        if DeepSpeedZeroConfig is not None:
+            DeepSpeedZeroConfig(**zero)
     except ValidationError as e:
         err = e.errors()[0]
         loc = ".".join(str(p) for p in err["loc"])

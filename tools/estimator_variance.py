@@ -36,15 +36,6 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 
 
-def load_model_quietly(*args, **kwargs):
-    """megatok.train.checkpoint.load_model, with DeepSpeed's messages sent to stderr, not stdout."""
-    from megatok.train.checkpoint import load_model
-
-    out, sys.stdout = sys.stdout, sys.stderr
-    try:
-        return load_model(*args, **kwargs)
-    finally:
-        sys.stdout = out
 
 GROUPS = ("boundary", "encoder", "embed")
 
@@ -182,7 +173,9 @@ def main(argv=None) -> int:
         ap.error("--gammas: values in [0, 1]")
 
     try:
-        model, cfg, tag = load_model_quietly(args.run, args.checkpoint)
+        from megatok.train.checkpoint import load_model
+
+        model, cfg, tag = load_model(args.run, args.checkpoint)
     except FileNotFoundError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -31,17 +31,6 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
-
-def load_model_quietly(*args, **kwargs):
-    """megatok.train.checkpoint.load_model, with DeepSpeed's messages sent to stderr, not stdout."""
-    from megatok.train.checkpoint import load_model
-
-    out, sys.stdout = sys.stdout, sys.stderr
-    try:
-        return load_model(*args, **kwargs)
-    finally:
-        sys.stdout = out
-
 from megatok.stats import ratios, row_stats  # noqa: E402
 from megatok.vocab import SEP  # noqa: E402
 
@@ -62,7 +51,9 @@ def _seeded(seed: int):
 
 
 def boundaries_for_run(run: str, data: bytes, mode: str, seed: int, seq_len: int | None) -> Row:
-    model, cfg, tag = load_model_quietly(run)
+    from megatok.train.checkpoint import load_model
+
+    model, cfg, tag = load_model(run)
     model.boundary.eval_mode = mode
     return _segment(lambda x: model(x).boundaries.starts, data, seq_len or cfg.data.seq_len, seed,
                     f"{Path(run).name} ({cfg.boundary.strategy}, {tag})")

@@ -13,7 +13,6 @@ import argparse
 import bz2
 import gzip
 import json
-import math
 import os
 import sys
 from pathlib import Path

@@ -12,10 +12,12 @@ Only JSON and DeepSpeed's files are read back; megatok's own files are never unp
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
 import shutil
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -195,7 +197,8 @@ def consolidated_state_dict(run_dir: str | Path, tag: str, cfg: Config) -> dict[
     if zero_stage(cfg) >= 1:
         from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
-        state = get_fp32_state_dict_from_zero_checkpoint(str(checkpoint_dir(run_dir)), tag=tag)
+        with contextlib.redirect_stdout(sys.stderr):  # DeepSpeed prints progress; stdout stays the tools' own
+            state = get_fp32_state_dict_from_zero_checkpoint(str(checkpoint_dir(run_dir)), tag=tag)
     else:
         state = torch.load(ckpt / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=True)["module"]
     return {k: v.float() for k, v in state.items()}
