@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from tests.conftest import TINY, pretrain
 
@@ -28,3 +29,14 @@ def policy_run(shards, tmp_path_factory):
     run = tmp_path_factory.mktemp("policy2") / "run"
     train_two_ranks(shards, run, POLICY_SECTION)
     return run
+
+
+def small_model(strategy: str):
+    """A 32-wide ByteUNet with the given strategy, in training mode, seeded."""
+    from megatok.config import load_config
+    from megatok.model.unet import ByteUNet
+
+    cfg = load_config(None, [f"boundary.strategy={strategy}", "model.d_model=32", "model.n_heads=2",
+                             "train.micro_batch_size=2"], world_size=1)
+    torch.manual_seed(0)
+    return ByteUNet(cfg.model, cfg.boundary).train()

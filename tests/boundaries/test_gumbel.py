@@ -8,6 +8,7 @@ import torch
 
 from megatok.boundaries import build_strategy
 from megatok.boundaries.gumbel import binomial_prior_loss, harden, relaxed_bernoulli
+from tests.boundaries.conftest import small_model
 
 
 def test_hardening_is_zero_one_forward_and_the_relaxed_gradient_backward():
@@ -90,13 +91,7 @@ def test_strategy_starts_at_the_target_rate_forces_b1_and_gates_with_value_one()
 
 
 def test_the_lm_loss_reaches_the_boundary_head():
-    from megatok.config import load_config
-    from megatok.model.unet import ByteUNet
-
-    cfg = load_config(None, ["boundary.strategy=gumbel", "model.d_model=32", "model.n_heads=2",
-                             "train.micro_batch_size=2"], world_size=1)
-    torch.manual_seed(0)
-    model = ByteUNet(cfg.model, cfg.boundary).train()
+    model = small_model("gumbel")
     x = torch.randint(0, 256, (2, 40))
     out = model(x[:, :-1], x[:, 1:])
     out.terms["lm_loss"].backward()

@@ -9,6 +9,7 @@ import torch
 from megatok.boundaries import build_strategy
 from megatok.boundaries.hnet import ratio_loss
 from megatok.model.chunking import ema_over_chunks
+from tests.boundaries.conftest import small_model
 
 
 def test_router_is_the_cosine_rule_with_identity_projections_and_p1_forced():
@@ -109,13 +110,7 @@ def test_ema_over_chunks_equals_the_recurrence():
 
 def test_the_router_learns_through_the_language_model_loss():
     """The LM loss alone reaches Wq and Wk (gate + smoothing), with no score-function term."""
-    from megatok.config import load_config
-    from megatok.model.unet import ByteUNet
-
-    cfg = load_config(None, ["boundary.strategy=hnet", "model.d_model=32", "model.n_heads=2",
-                             "train.micro_batch_size=2"], world_size=1)
-    torch.manual_seed(0)
-    model = ByteUNet(cfg.model, cfg.boundary).train()
+    model = small_model("hnet")
     x = torch.randint(0, 256, (2, 40))
     out = model(x[:, :-1], x[:, 1:])
     out.terms["lm_loss"].backward()

@@ -4,6 +4,7 @@ Every test runs the real trainer (deepspeed launcher for 2 ranks, plain python f
 Faults are injected through megatok/train/faults.py's environment variables.
 """
 
+import contextlib
 import json
 import os
 import shutil
@@ -42,15 +43,45 @@ def wait_for(predicate, timeout=120):
     raise TimeoutError("condition not reached")
 
 
-def launch_background(argv, nproc, env):
+@contextlib.contextmanager
+def background_run(argv, nproc, env):
+    """The trainer in its own process group; whatever is still running at the end is SIGKILLed."""
     from megatok.train.dist import free_port
 
     deepspeed = os.path.join(os.path.dirname(sys.executable), "deepspeed")
     cmd = ([deepspeed, "--num_gpus", str(nproc), "--master_port", str(free_port())] if nproc > 1 else
            [sys.executable]) + [str(ROOT / "launch/pretrain.py")] + argv
     full_env = {**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), **env}
-    return subprocess.Popen(cmd, cwd=ROOT, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def export(run, out, dtype="fp32"):
+    subprocess.run([sys.executable, str(ROOT / "tools/export.py"), "--run", str(run), "--out", str(out),
+                    "--dtype", dtype], check=True, capture_output=True, cwd=ROOT)
+    return out
+
+
+def live_engine_logits(run, tmp_path):
+    """{"x", "logits"} from a live DeepSpeed engine that loaded the run's latest checkpoint."""
+    live = tmp_path / "live.safetensors"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    subprocess.run([sys.executable, str(ROOT / "tests/train/live_logits.py"), str(run), str(live)],
+                   check=True, capture_output=True, cwd=ROOT, env=env, timeout=180)
+    return load_file(str(live))
+
+
+def exported_logits(out, x):
+    model, _ = load_exported(out)  # computes in fp32 whatever the stored dtype
+    model.boundary.eval_mode = "threshold"
+    with torch.no_grad():
+        return model(x).logits
 
 
 @pytest.fixture(scope="module")
@@ -65,12 +96,9 @@ def test_sigkill_mid_run_then_resume_is_bit_exact(shards, reference, tmp_path):
     run = tmp_path / "run"
     argv = args(shards, run, "train.max_steps=8", "train.save_every=2", "train.global_batch_size=8")
     # rank 0 stops responding at step 6: by then step 5 is logged and step 4 is checkpointed
-    proc = launch_background(argv, 2, {"MEGATOK_FAULT_HANG": "0:6"})
-    try:
+    with background_run(argv, 2, {"MEGATOK_FAULT_HANG": "0:6"}):
         wait_for(lambda: (run / "metrics.jsonl").is_file() and 5 in train_rows(run))
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)  # the launcher and both ranks, no chance to clean up
-        proc.wait()
+    # leaving the block SIGKILLs the launcher and both ranks: no chance to clean up
     assert checkpoint.latest_tag(run) == "step00000004"
     pretrain(argv, nproc=2)
     got, want = train_rows(run), train_rows(reference)
@@ -152,16 +180,12 @@ def test_a_hung_rank_makes_the_job_exit_within_the_timeout(shards, tmp_path):
 def test_sigterm_checkpoints_and_exits_cleanly(shards, tmp_path):
     run = tmp_path / "run"
     argv = args(shards, run, "train.max_steps=100000", "train.global_batch_size=8", "train.save_every=100000")
-    proc = launch_background(argv, 2, {})
-    try:
+    with background_run(argv, 2, {}) as proc:
         wait_for(lambda: (run / "metrics.jsonl").is_file() and len(train_rows(run)) >= 3)
         # As Slurm or Kubernetes do: every process of the job gets SIGTERM (the single-node deepspeed
         # runner does not forward signals itself)
         os.killpg(proc.pid, signal.SIGTERM)
         out, _ = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
     events = [r for r in read_metrics(run) if r.get("split") == "event"]
     assert events and events[-1]["event"] == "stopped by signal", out[-3000:]
     tag = checkpoint.latest_tag(run)
@@ -188,19 +212,9 @@ def test_two_ranks_to_one_rank_and_export_matches_the_live_engine(shards, refere
         torch.testing.assert_close(after[name], value, rtol=0, atol=1e-7, msg=name)
 
     # export the 1-rank checkpoint and compare with a live engine that loaded it
-    out = tmp_path / "export"
-    subprocess.run([sys.executable, str(ROOT / "tools/export.py"), "--run", str(run), "--out", str(out)],
-                   check=True, capture_output=True, cwd=ROOT)
-    live = tmp_path / "live.safetensors"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    subprocess.run([sys.executable, str(ROOT / "tests/train/live_logits.py"), str(run), str(live)],
-                   check=True, capture_output=True, cwd=ROOT, env=env, timeout=180)
-    ref_logits = load_file(str(live))
-    model, _ = load_exported(out)
-    model.boundary.eval_mode = "threshold"
-    with torch.no_grad():
-        logits = model(ref_logits["x"]).logits
-    torch.testing.assert_close(logits, ref_logits["logits"], rtol=0, atol=1e-5)
+    out = export(run, tmp_path / "export")
+    ref = live_engine_logits(run, tmp_path)
+    torch.testing.assert_close(exported_logits(out, ref["x"]), ref["logits"], rtol=0, atol=1e-5)
     assert json.loads((out / "export.json").read_text())["step"] == 7
 
 
@@ -209,8 +223,7 @@ def test_a_killed_rank_ends_the_job_within_the_timeout(shards, tmp_path):
 
     run = tmp_path / "run"
     argv = args(shards, run, "train.max_steps=100000", "train.global_batch_size=8", "train.dist_timeout_s=20")
-    proc = launch_background(argv, 2, {})
-    try:
+    with background_run(argv, 2, {}) as proc:
         wait_for(lambda: (run / "metrics.jsonl").is_file() and len(train_rows(run)) >= 2)
         ranks = [p for p in psutil.Process(proc.pid).children(recursive=True)
                  if "--local_rank=1" in " ".join(p.cmdline()) and "pretrain.py" in " ".join(p.cmdline())]
@@ -220,9 +233,6 @@ def test_a_killed_rank_ends_the_job_within_the_timeout(shards, tmp_path):
         proc.wait(timeout=60)
         assert time.time() - t < 30  # the timeout (20 s) plus teardown, never an endless wait
         assert proc.returncode != 0
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
     leftovers = [p for p in psutil.process_iter(["cmdline"]) if str(run) in " ".join(p.info["cmdline"] or [])]
     assert not leftovers
 
@@ -230,19 +240,9 @@ def test_a_killed_rank_ends_the_job_within_the_timeout(shards, tmp_path):
 def test_export_from_zero3_matches_the_live_engine(shards, tmp_path):
     run = tmp_path / "run"
     pretrain(args(shards, run, "train.max_steps=3", "deepspeed.zero_optimization.stage=3"))
-    live = tmp_path / "live.safetensors"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    subprocess.run([sys.executable, str(ROOT / "tests/train/live_logits.py"), str(run), str(live)],
-                   check=True, capture_output=True, cwd=ROOT, env=env, timeout=180)
-    ref = load_file(str(live))
+    ref = live_engine_logits(run, tmp_path)
     for dtype, tol in (("fp32", 1e-5), ("bf16", 0.1)):
-        out = tmp_path / f"export-{dtype}"
-        subprocess.run([sys.executable, str(ROOT / "tools/export.py"), "--run", str(run), "--out", str(out),
-                        "--dtype", dtype], check=True, capture_output=True, cwd=ROOT)
+        out = export(run, tmp_path / f"export-{dtype}", dtype)
         stored = load_file(str(out / "model.safetensors"))["head.weight"].dtype
         assert stored == (torch.float32 if dtype == "fp32" else torch.bfloat16)
-        model, _ = load_exported(out)  # computes in fp32 either way
-        model.boundary.eval_mode = "threshold"
-        with torch.no_grad():
-            logits = model(ref["x"]).logits
-        torch.testing.assert_close(logits, ref["logits"], rtol=0, atol=tol, msg=dtype)
+        torch.testing.assert_close(exported_logits(out, ref["x"]), ref["logits"], rtol=0, atol=tol, msg=dtype)
