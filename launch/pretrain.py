@@ -37,11 +37,29 @@ def parse_args(argv=None):
 
 
 def check_data(cfg) -> None:
+    """Everything a run reads besides the config, checked before any process group starts."""
+    from megatok.data.documents import list_input_files
+    from megatok.data.encoding import encoding_for
     from megatok.data.stream import check_readers, resolve_shards
 
     train = resolve_shards(cfg.data.shards, "train")
     resolve_shards(cfg.data.val_shards or cfg.data.shards, "val")
     check_readers(len(train), int(os.environ.get("WORLD_SIZE", "1")), max(1, cfg.data.num_workers))
+    encoding_for(cfg)  # the tokenizer of a bpe model exists, keeps the contract and fits model.vocab_size
+    e = cfg.eval
+    if e.heldout is not None:
+        for p in [e.heldout] if isinstance(e.heldout, str) else e.heldout:
+            if not os.path.isdir(p) or not os.path.isfile(os.path.join(p, "manifest.json")):
+                list_input_files([p])
+    if e.baseline_run is not None and not os.path.isfile(os.path.join(e.baseline_run, "config.json")):
+        raise ConfigError(f"eval.baseline_run: {e.baseline_run} is not a run directory (no config.json)")
+    if e.bpe_tokenizer is not None:
+        from megatok.bpe import TokenizerError, load_tokenizer
+
+        try:
+            load_tokenizer(e.bpe_tokenizer)
+        except (FileNotFoundError, TokenizerError) as err:
+            raise ConfigError(f"eval.bpe_tokenizer: {err}") from None
 
 
 def main(argv=None) -> int:

@@ -32,7 +32,7 @@ class _Section(BaseModel):
 
 
 class ModelConfig(_Section):
-    kind: Literal["unet"] = Field("unet", description="model family (the BPE token model comes in a later release)")
+    kind: Literal["unet", "bpe"] = Field("unet", description="unet: megatok's byte model; bpe: the baseline token model (n_main_layers blocks of the main width over sentencepiece ids)")
     d_model: int = Field(256, gt=0, description="width of the byte-rate encoder and decoder")
     n_heads: int = Field(4, gt=0, description="attention heads at byte rate")
     n_encoder_layers: int = Field(1, ge=0, description="byte-rate layers before the boundaries")
@@ -47,14 +47,31 @@ class ModelConfig(_Section):
     init_std: float = Field(0.02, gt=0, description="std of weight init (output projections scaled by 1/sqrt(2 x layers))")
     early_exit_weight: float = Field(0.1, ge=0, lt=1, description="LM loss = (1-w) CE_full + w CE_early")
     activation_checkpointing: bool = Field(False, description="recompute each block in backward (torch.utils.checkpoint)")
+    tokenizer: str | None = Field(None, description="bpe: tokenizer.model (or its directory) from tools/train_bpe.py")
+    vocab_size: int | None = Field(None, gt=0, description="bpe: embedding rows, at least the tokenizer's pieces (round up to a multiple of 64)")
+    bytes_per_token: float | None = Field(None, gt=0, description="bpe: expected bytes per token of the training data (tools/train_bpe.py reports it), for FLOPs per byte before training")
 
     @model_validator(mode="after")
-    def _heads_divide(self) -> "ModelConfig":
+    def _check(self) -> "ModelConfig":
+        bpe_keys = ("tokenizer", "vocab_size", "bytes_per_token")
+        if self.kind == "bpe":
+            missing = [k for k in bpe_keys if getattr(self, k) is None]
+            if missing:
+                raise ValueError(f"model.kind 'bpe' needs model.{', model.'.join(missing)} (tools/match_bpe.py writes "
+                                 "a complete config)")
+            for k in ("n_encoder_layers", "n_decoder_layers"):
+                if getattr(self, k):
+                    raise ValueError(f"model.{k} must be 0 for model.kind 'bpe' (the token model is n_main_layers "
+                                     "blocks of the main width)")
+        else:
+            given = [k for k in bpe_keys if getattr(self, k) is not None]
+            if given:
+                raise ValueError(f"model.{given[0]} is only for model.kind 'bpe'")
         if self.d_model % self.n_heads:
             raise ValueError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
         if self.main_width % self.main_heads:
             raise ValueError(f"main width {self.main_width} is not divisible by {self.main_heads} heads")
-        if (self.d_model // self.n_heads) % 2:
+        if (self.d_model // self.n_heads) % 2 or (self.main_width // self.main_heads) % 2:
             raise ValueError("head dimension must be even for rotary embeddings")
         return self
 
@@ -82,7 +99,7 @@ class BoundaryConfig(_Section):
 class DataConfig(_Section):
     shards: str | list[str] = Field("data/shards", description="build_shards directory or WebDataset URLs")
     val_shards: str | list[str] | None = Field(None, description="default: the val split of data.shards")
-    seq_len: int = Field(512, gt=1, description="bytes per training sequence")
+    seq_len: int = Field(512, gt=1, description="bytes per training sequence (tokens for model.kind bpe)")
     num_workers: int = Field(1, ge=0, description="dataloader worker processes per rank (0: read in the training process)")
     on_bad_shard: Literal["warn", "error"] = Field("warn", description="a corrupt/empty shard: skip it with a warning, or stop")
 
@@ -114,6 +131,15 @@ class EvalConfig(_Section):
     batch_size: int | None = Field(None, gt=0, description="default: train.micro_batch_size")
     boundary_mode: Literal["sample", "threshold"] = Field("sample", description="validation boundaries: seeded samples, or p > 0.5")
     seed: int = Field(1234, description="sampling seed for validation boundaries")
+    heldout: str | list[str] | None = Field(None, description="head-to-head documents with lang/domain (a .jsonl, files, or a shard directory's val split); default: the validation split")
+    heldout_max_bytes: int = Field(262144, gt=0, description="head-to-head: bytes of heldout read (whole documents)")
+    baseline_run: str | None = Field(None, description="head-to-head: a run directory (usually the BPE token model) whose latest checkpoint is scored on the same bytes at every eval")
+    bpe_tokenizer: str | None = Field(None, description="head-to-head: tokenizer whose bytes/token is reported (default: baseline_run's, if it is a bpe run)")
+
+    @property
+    def head_to_head(self) -> bool:
+        """Per-language head-to-head evaluation runs at every eval when any of its inputs is set."""
+        return any(v is not None for v in (self.heldout, self.baseline_run, self.bpe_tokenizer))
 
 
 class LoggingConfig(_Section):

@@ -47,7 +47,7 @@ def export(run_dir: str | Path, out_dir: str | Path, *, dtype: str = "fp32", tag
 
 def load_exported(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None):
     """(model, config) from an export directory, ready for evaluation (eval mode)."""
-    from megatok.model.unet import ByteUNet
+    from megatok.model import build_model
 
     path = Path(path)
     if not (path / WEIGHTS).is_file():
@@ -55,7 +55,7 @@ def load_exported(path: str | Path, device: str | torch.device = "cpu", dtype: t
     t = json.loads((path / CONFIG).read_text())["train"]
     world = (t["global_batch_size"] // (t["micro_batch_size"] * t["grad_accum"])) if t.get("global_batch_size") else 1
     cfg: Config = load_config(path / CONFIG, world_size=world)
-    model = ByteUNet(cfg.model, cfg.boundary)
+    model = build_model(cfg)
     state = load_file(str(path / WEIGHTS), device="cpu")
     model.load_state_dict({k: v.to(dtype or torch.float32) for k, v in state.items()})
     return model.to(device=device, dtype=dtype or torch.float32).eval(), cfg

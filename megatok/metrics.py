@@ -18,11 +18,27 @@ from tqdm.auto import tqdm
 
 
 def _clean(v: Any) -> Any:
+    if isinstance(v, dict):
+        return {k: _clean(x) for k, x in v.items()}
     if hasattr(v, "item"):
         v = v.item()
     if isinstance(v, float) and not math.isfinite(v):
         return str(v)  # JSON has no NaN/inf; keep them visible as strings
     return v
+
+
+SHOWN = ("_bpb", "_bytes_per_chunk", "_bytes_per_token", "_bpb_gap", "cost_fraction")
+
+
+def flatten(row: dict, prefix: str = "") -> dict:
+    """Nested dicts (the head-to-head's by_lang / by_domain) as "by_lang/en/h2h_bpb" keys."""
+    out = {}
+    for k, v in row.items():
+        if isinstance(v, dict):
+            out.update(flatten(v, f"{prefix}{k}/"))
+        else:
+            out[prefix + k] = v
+    return out
 
 
 class MetricsLogger:
@@ -56,12 +72,12 @@ class MetricsLogger:
         self.file.write(json.dumps(row) + "\n")
         self.file.flush()
         if self.wandb is not None:
-            prefix = "val/" if row.get("split") == "val" else "train/"
-            self.wandb.log({prefix + k: v for k, v in row.items() if isinstance(v, (int, float)) and k != "step"},
-                           step=row["step"])
-        if self.bar is not None and row.get("split") == "val":
-            self.bar.write(f"step {row['step']}: val_bpb {row['val_bpb']:.4f}  val_bytes_per_chunk "
-                           f"{row['val_bytes_per_chunk']:.2f}")
+            prefix = {"val": "val/", "h2h": "h2h/"}.get(row.get("split"), "train/")
+            self.wandb.log({prefix + k: v for k, v in flatten(row).items()
+                            if isinstance(v, (int, float)) and k != "step"}, step=row["step"])
+        if self.bar is not None and row.get("split") in ("val", "h2h"):
+            self.bar.write(f"step {row['step']}: " + "  ".join(
+                f"{k} {v:.4g}" for k, v in row.items() if k.endswith(SHOWN) and isinstance(v, (int, float))))
 
     def progress(self, step: int, **shown: float) -> None:
         if self.bar is not None:

@@ -98,16 +98,18 @@ def row_stats(x: torch.Tensor, y: torch.Tensor, starts: torch.Tensor, ce_full: t
 
 
 def ratios(s: dict[str, float]) -> dict[str, float]:
-    """Reported figures from summed statistics (NaN where a denominator is zero)."""
+    """Reported figures from summed statistics (NaN where a denominator is zero). Boundary figures
+    need boundary sums; ``bytes_per_token`` needs ``tokens`` (the BPE token model's statistics)."""
     def div(a, b):
         return float(a) / float(b) if float(b) else float("nan")
 
-    out = {
-        "bpb": div(s["nll"], s["targets"]) / math.log(2),
-        "bytes_per_chunk": div(s["positions"], s["chunks"]),
-        "boundary_rate": div(s["chunks"], s["positions"]),
-        "whitespace_boundary_fraction": div(s["ws_boundaries"], s["ws_positions"]),
-    }
+    out = {"bpb": div(s["nll"], s["targets"]) / math.log(2)}
+    if "chunks" in s:
+        out["bytes_per_chunk"] = div(s["positions"], s["chunks"])
+        out["boundary_rate"] = div(s["chunks"], s["positions"])
+        out["whitespace_boundary_fraction"] = div(s["ws_boundaries"], s["ws_positions"])
+    if "tokens" in s:
+        out["bytes_per_token"] = div(s["targets"], s["tokens"])
     if "word_starts" in s:
         out["word_start_precision"] = div(s["aligned_boundaries"], s["decisions"])
         out["word_start_recall"] = div(s["word_starts_hit"], s["word_starts"])

@@ -179,24 +179,27 @@ def plot(runs: list[dict], x: str, path: Path, xlabel: str) -> bool:
 
 # ----------------------------------------------------------------------------- per language
 
-def evaluate_unet(run: dict, docs: list, args) -> dict:
-    """megatok's U-Net on documents, as tools/evaluate.py: by_lang -> bytes, bpb, bytes_per_unit."""
+def evaluate_run(run: dict, docs: list, args) -> dict:
+    """A run's latest checkpoint on documents, as tools/evaluate.py: by_lang -> bytes, bpb, bytes_per_unit.
+    For the BPE token model bpb is the summed token NLL over the same UTF-8 bytes (megatok.model.token_lm)."""
+    from megatok.data.encoding import encoding_for
     from megatok.eval.bpb import boundary_rule, evaluate_documents
     from megatok.train.checkpoint import load_model
 
     model, cfg, tag = load_model(run["run"], None, args.device)
     res = evaluate_documents(model, iter(docs), seq_len=cfg.data.seq_len, batch_size=args.batch_size,
-                             mode=args.boundary, seed=args.seed, device=args.device)
+                             mode=args.boundary, seed=args.seed, device=args.device, encoding=encoding_for(cfg))
+    unit = "token" if cfg.model.kind == "bpe" else "chunk"
     by_lang = {lang: {"documents": v["documents"], "bytes": v["bytes"], "bpb": v["bpb"],
-                      "bytes_per_unit": v["bytes_per_chunk"]} for lang, v in res.get("by_lang", {}).items()}
-    return {"checkpoint": tag, "boundary_rule": boundary_rule(args.boundary, args.seed), "unit": "chunk",
-            "bpb": res["bpb"], "bytes_per_unit": res["bytes_per_chunk"], "by_lang": by_lang}
+                      "bytes_per_unit": v[f"bytes_per_{unit}"]} for lang, v in res.get("by_lang", {}).items()}
+    rule = boundary_rule(args.boundary, args.seed) if unit == "chunk" else "BPE tokens"
+    return {"checkpoint": tag, "boundary_rule": rule, "unit": unit,
+            "bpb": res["bpb"], "bytes_per_unit": res[f"bytes_per_{unit}"], "by_lang": by_lang}
 
 
 #: model kind -> evaluator(run summary, documents, args) returning {"unit", "by_lang": {lang: {"bytes",
-#: "bpb", "bytes_per_unit"}}, ...}. A token model kind registers its own (bpb = summed token NLL over the
-#: text's UTF-8 bytes, see megatok.bpe.bpb_from_token_nll).
-EVALUATORS = {"unet": evaluate_unet}
+#: "bpb", "bytes_per_unit"}}, ...}.
+EVALUATORS = {"unet": evaluate_run, "bpe": evaluate_run}
 
 
 def evaluate_tokenizer(path: str, docs: list) -> dict:

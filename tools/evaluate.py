@@ -23,19 +23,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 from tqdm.auto import tqdm  # noqa: E402
 
-from megatok.data.documents import DataError, iter_documents, list_input_files  # noqa: E402
+from megatok.data.documents import DataError, list_input_files  # noqa: E402
 from megatok.eval.bpb import boundary_rule, evaluate_documents  # noqa: E402
-
-
-def documents(paths: list[str]):
-    """Input files, or a shard directory's validation split."""
-    for p in paths:
-        if Path(p, "manifest.json").is_file():
-            from megatok.data.stream import iter_shard_documents, resolve_shards
-
-            yield from iter_shard_documents(resolve_shards(p, "val"))
-        else:
-            yield from iter_documents([p])
+from megatok.eval.head_to_head import read_documents  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -61,18 +51,19 @@ def main(argv=None) -> int:
 
 def _evaluate(args, result_out) -> int:
 
+    from megatok.data.encoding import encoding_for
     from megatok.train.checkpoint import load_model
 
     try:
         list_input_files([p for p in args.data if not Path(p, "manifest.json").is_file()])  # fail before loading
         model, cfg, tag = load_model(args.run, args.checkpoint, args.device)
-        docs = documents(args.data)
+        docs = read_documents(args.data)
         if args.max_bytes:
             docs = _limit(docs, int(args.max_bytes))
         bar = tqdm(unit="B", unit_scale=True, desc="evaluate", file=sys.stderr, disable=None)
         result = evaluate_documents(model, docs, seq_len=args.seq_len or cfg.data.seq_len,
                                     batch_size=args.batch_size, mode=args.boundary, seed=args.seed,
-                                    device=args.device, progress=bar)
+                                    device=args.device, progress=bar, encoding=encoding_for(cfg))
         bar.close()
     except (DataError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -80,7 +71,8 @@ def _evaluate(args, result_out) -> int:
     if not result["documents"]:
         print(f"error: no documents in {' '.join(args.data)}", file=sys.stderr)
         return 2
-    out = {"run": str(args.run), "checkpoint": tag, "strategy": cfg.boundary.strategy,
+    out = {"run": str(args.run), "checkpoint": tag, "kind": cfg.model.kind,
+           "strategy": cfg.boundary.strategy if cfg.model.kind == "unet" else None,
            "boundary_rule": boundary_rule(args.boundary, args.seed), **result}
     print(json.dumps(out, indent=2), file=result_out)
     return 0

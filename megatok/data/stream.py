@@ -2,8 +2,8 @@
 
 Each (rank, dataloader worker) pair is one reader. Every epoch the shard list is shuffled the
 same way on all ranks and reader r of R reads shards[r::R], so each document is read exactly
-once per epoch across the job. A reader turns its documents into one continuous token stream,
-SEP before every document, and cuts it into sequences of seq_len + 1 tokens that overlap by one
+once per epoch across the job. A reader turns its documents into one continuous token stream
+(bytes, or BPE ids: see megatok.data.encoding), a separator before every document, and cuts it into sequences of seq_len + 1 tokens that overlap by one
 token, so every token is a prediction target exactly once. The stream never ends: ranks that
 own more data simply reach the next epoch later, and no rank ever waits for another.
 
@@ -28,8 +28,8 @@ from webdataset import shardlists, tariterators
 from webdataset.gopen import gopen  # (webdataset.gopen is also the name of the function)
 
 from megatok.data.documents import DataError, Document
+from megatok.data.encoding import BYTES
 from megatok.data.shards import read_manifest
-from megatok.vocab import PAD, SEP
 
 
 class BadShardWarning(UserWarning):
@@ -159,36 +159,29 @@ def iter_shard_documents(urls: list[str]) -> Iterator[Document]:
             raise DataError(f"{url}: bad shard: {problems[0]}")
 
 
-def _doc_tokens(doc: bytes) -> np.ndarray:
-    """SEP followed by the document's bytes, as int16 tokens."""
-    tokens = np.empty(len(doc) + 1, dtype=np.int16)
-    tokens[0] = SEP
-    tokens[1:] = np.frombuffer(doc, dtype=np.uint8)
-    return tokens
-
-
 def _windows(stream: np.ndarray, seq_len: int) -> torch.Tensor:
     """Rows stream[i*seq_len : i*seq_len + seq_len + 1] for every full row: consecutive rows share one token."""
     rows = np.lib.stride_tricks.sliding_window_view(stream, seq_len + 1)[::seq_len]
     return torch.from_numpy(rows.astype(np.int64))
 
 
-def pack_documents(docs: Iterable[bytes], seq_len: int) -> torch.Tensor:
-    """Pack documents with the stream's rule into [N, seq_len + 1]; the last row is padded with PAD.
+def pack_documents(docs: Iterable[bytes], seq_len: int, encoding=BYTES) -> torch.Tensor:
+    """Pack documents with the stream's rule into [N, seq_len + 1]; the last row is padded (encoding.pad).
 
-    For evaluation: every token after the first is a target exactly once, PAD targets carry no data.
+    For evaluation: every token after the first is a target exactly once, padding targets carry no data.
     """
-    chunks = [_doc_tokens(d) for d in docs]
-    stream = np.concatenate(chunks) if chunks else np.empty(0, dtype=np.int16)
+    chunks = [encoding.doc_ids(d) for d in docs]
+    stream = np.concatenate(chunks) if chunks else np.empty(0, dtype=encoding.dtype)
     if len(stream) <= 1:
         return torch.empty(0, seq_len + 1, dtype=torch.long)
     n_rows = -(-(len(stream) - 1) // seq_len)
-    padded = np.full(n_rows * seq_len + 1, PAD, dtype=np.int16)
+    padded = np.full(n_rows * seq_len + 1, encoding.pad, dtype=encoding.dtype)
     padded[:len(stream)] = stream
     return _windows(padded, seq_len)
 
 
-def _pack_batches(docs: Iterable[bytes], seq_len: int, batch_size: int, skip_tokens: int = 0) -> Iterator[torch.Tensor]:
+def _pack_batches(docs: Iterable[bytes], seq_len: int, batch_size: int, skip_tokens: int = 0,
+                  encoding=BYTES) -> Iterator[torch.Tensor]:
     """Cut the continuous token stream of docs into [batch_size, seq_len + 1] batches, dropping its first skip_tokens.
 
     A batch consumes batch_size * seq_len tokens; its last token is also the first of the next batch.
@@ -196,7 +189,7 @@ def _pack_batches(docs: Iterable[bytes], seq_len: int, batch_size: int, skip_tok
     step = batch_size * seq_len
     chunks, n = [], 0
     for doc in docs:
-        tokens = _doc_tokens(doc)
+        tokens = encoding.doc_ids(doc)
         if skip_tokens:
             cut = min(skip_tokens, len(tokens))
             tokens, skip_tokens = tokens[cut:], skip_tokens - cut
@@ -220,7 +213,7 @@ class PackedByteStream(IterableDataset):
 
     def __init__(self, urls: list[str], *, seq_len: int, batch_size: int, rank: int = 0, world_size: int = 1,
                  seed: int = 0, start_batch: int = 0, start_epoch: int = 0, on_bad_shard: str = "warn",
-                 num_workers_hint: int | None = None):
+                 num_workers_hint: int | None = None, encoding=BYTES):
         super().__init__()
         if not urls:
             raise DataError("no shards given")
@@ -235,6 +228,7 @@ class PackedByteStream(IterableDataset):
         self.urls, self.seq_len, self.batch_size = list(urls), seq_len, batch_size
         self.rank, self.world_size, self.seed = rank, world_size, seed
         self.start_batch, self.start_epoch, self.on_bad_shard = start_batch, start_epoch, on_bad_shard
+        self.encoding = encoding
 
     def epoch_shards(self, epoch: int, reader: int, n_readers: int) -> list[str]:
         """The shards a reader reads in an epoch: the same shuffle on every rank, then every n_readers-th."""
@@ -272,7 +266,8 @@ class PackedByteStream(IterableDataset):
         done = len(range(logical, self.start_batch, num_workers))  # batches this reader had produced
         state = {"epoch": self.start_epoch, "bad_shards": 0}
         docs = self._documents(reader, n_readers, state)
-        for tokens in _pack_batches(docs, self.seq_len, self.batch_size, done * self.batch_size * self.seq_len):
+        for tokens in _pack_batches(docs, self.seq_len, self.batch_size, done * self.batch_size * self.seq_len,
+                                    self.encoding):
             yield {"tokens": tokens, "epoch": state["epoch"], "bad_shards": state["bad_shards"]}
 
 

@@ -14,18 +14,22 @@ from collections.abc import Iterable, Iterator
 
 import torch
 
-from megatok.stats import ratios, row_stats
-from megatok.vocab import PAD, SEP
+from megatok.data.encoding import BYTES
+from megatok.stats import ratios
 
 def boundary_rule(mode: str, seed: int) -> str:
     return f"sample(seed={seed})" if mode == "sample" else mode
 
 
 def row_sums(model, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Forward one [B, T+1] batch; statistics per row (see megatok.stats.row_stats)."""
-    x, y = tokens[:, :-1], tokens[:, 1:]
-    out = model(x, y)
-    return row_stats(x, y, out.boundaries.starts, out.ce_full, out.ce_early)
+    """Forward one [B, T+1] batch; statistics per row (megatok.stats.row_stats, or
+    megatok.model.token_lm.token_row_stats for the BPE token model)."""
+    return model(tokens[:, :-1], tokens[:, 1:]).rows
+
+
+def _set_eval_mode(module, mode: str) -> None:
+    if hasattr(module, "boundary"):  # the BPE token model has no boundaries
+        module.boundary.eval_mode = mode
 
 
 class _Seeded:
@@ -51,7 +55,7 @@ def evaluate_batches(model, batches: Iterable[torch.Tensor], *, mode: str, seed:
     module = getattr(model, "module", model)
     was_training = module.training
     module.eval()
-    module.boundary.eval_mode = mode
+    _set_eval_mode(module, mode)
     totals = defaultdict(float)
     try:
         for i, tokens in enumerate(batches):
@@ -64,20 +68,24 @@ def evaluate_batches(model, batches: Iterable[torch.Tensor], *, mode: str, seed:
     return dict(totals)
 
 
-def document_windows(text: bytes, seq_len: int) -> list[torch.Tensor]:
-    """One document as [SEP] + bytes, cut into windows of seq_len + 1 with an overlap of one token,
-    so every byte of the document is predicted exactly once (the SEP is context only)."""
-    ids = torch.tensor([SEP] + list(text), dtype=torch.long)
+def document_windows(text: bytes, seq_len: int, encoding=BYTES) -> list[torch.Tensor]:
+    """One document as [separator] + ids, cut into windows of seq_len + 1 with an overlap of one
+    token, so every byte (or token) of the document is predicted exactly once (the separator is
+    context only)."""
+    ids = torch.from_numpy(encoding.doc_ids(text).astype("int64"))
     return [ids[i:i + seq_len + 1] for i in range(0, len(ids) - 1, seq_len)]
 
 
 @torch.no_grad()
 def evaluate_documents(model, docs: Iterator, *, seq_len: int, batch_size: int, mode: str, seed: int,
-                       device, progress=None) -> dict:
-    """Per-document evaluation with breakdowns by the documents' ``lang`` and ``domain``."""
+                       device, progress=None, encoding=BYTES) -> dict:
+    """Per-document evaluation with breakdowns by the documents' ``lang`` and ``domain``. ``encoding``
+    turns documents into the model's ids (megatok.data.encoding.encoding_for(cfg)); for every model,
+    "bytes" and bpb are over the documents' UTF-8 bytes."""
     module = getattr(model, "module", model)
+    was_training = module.training
     module.eval()
-    module.boundary.eval_mode = mode
+    _set_eval_mode(module, mode)
     groups: dict[tuple[str, str], dict[str, float]] = defaultdict(lambda: defaultdict(float))
     doc_bpb: dict[tuple[str, str], list[float]] = defaultdict(list)
     pending: list[tuple[int, torch.Tensor]] = []  # (document number, window)
@@ -90,7 +98,7 @@ def evaluate_documents(model, docs: Iterator, *, seq_len: int, batch_size: int, 
         if not pending:
             return
         width = max(len(w) for _, w in pending)
-        tokens = torch.full((len(pending), width), PAD, dtype=torch.long)
+        tokens = torch.full((len(pending), width), encoding.pad, dtype=torch.long)
         for row, (_, w) in enumerate(pending):
             tokens[row, :len(w)] = w
         with _Seeded(seed * 1_000_003 + batch_no):
@@ -107,13 +115,14 @@ def evaluate_documents(model, docs: Iterator, *, seq_len: int, batch_size: int, 
 
     for doc_no, d in enumerate(docs):
         meta[doc_no] = (d.lang or "unknown", d.domain or "unknown")
-        for w in document_windows(d.text, seq_len):
+        for w in document_windows(d.text, seq_len, encoding):
             pending.append((doc_no, w))
             if len(pending) == batch_size:
                 flush()
         if progress is not None:
             progress.update(len(d.text))
     flush()
+    module.train(was_training)
 
     for doc_no, (nll, n) in per_doc.items():
         for key in _keys(meta[doc_no]):

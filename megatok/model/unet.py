@@ -34,13 +34,14 @@ from megatok.vocab import PAD, VOCAB_SIZE
 class Output(Record):
     """``logits`` [B, T, V] next-byte logits; ``early_logits`` [B, T, V] the early-exit head;
     ``boundaries``; and, when targets are given: ``loss`` (what backward takes), ``terms`` (lm_loss,
-    policy_loss, ...), ``stats`` (detached sums, see megatok.stats), ``ce_full`` [B, T] per-byte
-    loss in nats (0 at padding), ``ce_early`` the same for the early-exit head."""
+    policy_loss, ...), ``rows`` (detached per-row sums [B], see megatok.stats.row_stats), ``stats``
+    (their totals), ``ce_full`` [B, T] per-byte loss in nats (0 at padding), ``ce_early`` the same
+    for the early-exit head. (megatok.model.token_lm fills the same fields, with no boundaries.)"""
 
-    def __init__(self, logits, early_logits, boundaries, loss=None, terms=None, stats=None, ce_full=None,
-                 ce_early=None):
+    def __init__(self, logits, early_logits, boundaries, loss=None, terms=None, rows=None, stats=None,
+                 ce_full=None, ce_early=None):
         super().__init__(logits=logits, early_logits=early_logits, boundaries=boundaries, loss=loss,
-                         terms=terms or {}, stats=stats or {}, ce_full=ce_full, ce_early=ce_early)
+                         terms=terms or {}, rows=rows or {}, stats=stats or {}, ce_full=ce_full, ce_early=ce_early)
 
 
 class ByteUNet(nn.Module):
@@ -121,7 +122,8 @@ class ByteUNet(nn.Module):
         terms.update(self.boundary.loss(out.boundaries, ce_full, ce_early, tmask))
         out.terms, out.ce_full, out.ce_early = terms, ce_full, ce_early
         out.loss = sum(terms.values())
-        out.stats = {k: v.sum() for k, v in row_stats(x, targets, out.boundaries.starts, ce_full, ce_early).items()}
+        out.rows = row_stats(x, targets, out.boundaries.starts, ce_full, ce_early)
+        out.stats = {k: v.sum() for k, v in out.rows.items()}
 
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())

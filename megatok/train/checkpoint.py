@@ -209,12 +209,12 @@ def load_model(run_dir: str | Path, tag: str | None = None, device: str | torch.
 
     Returns (model, config, tag). Works for every ZeRO stage (the ZeRO-2/3 partitions are merged).
     """
-    from megatok.model.unet import ByteUNet
+    from megatok.model import build_model
 
     cfg = run_config(run_dir)
     tag = tag or latest_tag(run_dir)
     if tag is None:
         raise FileNotFoundError(f"{checkpoint_dir(run_dir)}: no checkpoint (no 'latest' file)")
-    model = ByteUNet(cfg.model, cfg.boundary)
+    model = build_model(cfg)
     model.load_state_dict(consolidated_state_dict(run_dir, tag, cfg))
     return model.to(device).eval(), cfg, tag

@@ -20,13 +20,15 @@ import torch
 import torch.distributed as tdist
 
 from megatok.config import Config, deepspeed_config, lr_lambda
+from megatok.data.encoding import encoding_for
 from megatok.data.stream import PackedByteStream, iter_shard_documents, make_loader, pack_documents, resolve_shards
 from megatok.eval.bpb import boundary_rule, evaluate_batches
+from megatok.eval.head_to_head import HeadToHead
+from megatok.flops import flops_per_byte
 from megatok.metrics import MetricsLogger
-from megatok.model.unet import ByteUNet
+from megatok.model import build_model
 from megatok.stats import ratios
 from megatok.train import checkpoint, dist, faults
-from megatok.vocab import PAD
 
 LOSS_TERMS = ("loss", "lm_loss", "policy_loss", "rate_loss")
 
@@ -43,7 +45,7 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
     return [{"params": decay, "weight_decay": weight_decay}, {"params": rest, "weight_decay": 0.0}]
 
 
-def validation_batches(cfg: Config, rank: int, world: int) -> list[torch.Tensor]:
+def validation_batches(cfg: Config, rank: int, world: int, encoding) -> list[torch.Tensor]:
     """This rank's share of the validation sequences, as the same number of batches on every rank
     (a rank with fewer sequences gets all-padding batches: ZeRO-3 needs every rank in every forward)."""
     seq_len, n_seq = cfg.data.seq_len, cfg.eval.max_sequences
@@ -52,14 +54,14 @@ def validation_batches(cfg: Config, rank: int, world: int) -> list[torch.Tensor]
     docs, have = [], 0
     for d in iter_shard_documents(urls):  # read only as much as the validation budget needs
         docs.append(d.text)
-        have += len(d.text) + 1
+        have += len(d.text) + 1 if encoding.byte_lengths is None else len(encoding.doc_ids(d.text))
         if have >= need:
             break
-    seqs = pack_documents(docs, seq_len)[:n_seq]
+    seqs = pack_documents(docs, seq_len, encoding)[:n_seq]
     bs = cfg.eval.batch_size or cfg.train.micro_batch_size
     n_batches = max(1, math.ceil(math.ceil(len(seqs) / world) / bs))
     mine = seqs[rank::world]
-    pad = torch.full((1, seq_len + 1), PAD, dtype=torch.long)
+    pad = torch.full((1, seq_len + 1), encoding.pad, dtype=torch.long)
     return [mine[i * bs:(i + 1) * bs] if i * bs < len(mine) else pad for i in range(n_batches)]
 
 
@@ -67,10 +69,19 @@ def validate(engine, cfg: Config, batches, device, step: int, logger: MetricsLog
     sums = evaluate_batches(engine, batches, mode=cfg.eval.boundary_mode, seed=cfg.eval.seed, device=device)
     sums = sum_over_ranks({k: torch.tensor(v, dtype=torch.float64) for k, v in sums.items()}, device)
     row = {"step": step, "split": "val", **{f"val_{k}": v for k, v in ratios(sums).items()},
-           "val_bytes": sums["targets"],
-           "boundary_rule": boundary_rule(cfg.eval.boundary_mode, cfg.eval.seed)}
+           "val_bytes": sums["targets"]}
+    if cfg.model.kind == "unet":
+        row["boundary_rule"] = boundary_rule(cfg.eval.boundary_mode, cfg.eval.seed)
     logger.log(row)
     return row
+
+
+def interval_flops(cfg: Config, s: dict[str, float]) -> float:
+    """Model FLOPs (megatok.flops, training = 3 x forward) of the positions a log interval processed,
+    at the realised rate: chunks per position for the byte model, tokens per byte for the token model."""
+    if cfg.model.kind == "bpe":
+        return flops_per_byte(cfg, rate=s["positions"] / max(1.0, s["targets"]))["training"] * s["targets"]
+    return flops_per_byte(cfg, rate=s["chunks"] / max(1.0, s["positions"]))["training"] * s["positions"]
 
 
 def layout(cfg: Config, world: int) -> dict:
@@ -182,7 +193,8 @@ def train(cfg: Config, *, resume: str = "auto") -> dict:
         tag = checkpoint.universal(run_dir, tag, ds_config)  # re-partition ZeRO states for the new world size
 
     torch.manual_seed(cfg.train.seed)  # identical initial weights on every rank
-    model = ByteUNet(cfg.model, cfg.boundary)
+    encoding = encoding_for(cfg)
+    model = build_model(cfg)
     n_params = model.num_params()  # before ZeRO-3 partitions the parameters
     engine, _, _, _ = deepspeed.initialize(model=model, config=ds_config,
                                            model_parameters=param_groups(model, cfg.train.weight_decay),
@@ -206,9 +218,12 @@ def train(cfg: Config, *, resume: str = "auto") -> dict:
     stream = PackedByteStream(resolve_shards(cfg.data.shards, "train"), seq_len=cfg.data.seq_len,
                               batch_size=cfg.train.micro_batch_size, rank=rank, world_size=world,
                               seed=cfg.train.seed, start_batch=start_batch, start_epoch=start_epoch,
-                              on_bad_shard=cfg.data.on_bad_shard)
+                              on_bad_shard=cfg.data.on_bad_shard, encoding=encoding)
     batches = iter(make_loader(stream, cfg.data.num_workers))
-    val = validation_batches(cfg, rank, world)
+    val = validation_batches(cfg, rank, world, encoding)
+    h2h = HeadToHead(cfg, rank) if cfg.eval.head_to_head else None
+    # cumulative text bytes (UTF-8 bytes predicted) and model FLOPs, carried across resumes
+    bytes_seen, flops_seen = (meta.get("bytes_seen", 0.0), meta.get("flops", 0.0)) if meta else (0.0, 0.0)
 
     logger = MetricsLogger(run_dir, enabled=rank == 0, total_steps=cfg.train.max_steps, start_step=step,
                            wandb_mode=cfg.logging.wandb_mode, wandb_project=cfg.logging.wandb_project,
@@ -260,19 +275,25 @@ def train(cfg: Config, *, resume: str = "auto") -> dict:
                                      f"last good checkpoint: {checkpoint.latest_tag(run_dir)}")
         totals.add("skipped_steps", torch.tensor(float(skipped)))
 
-        if step % cfg.train.log_every == 0 or step == cfg.train.max_steps or stopping:
+        # (every checkpoint step is logged too, so the cumulative bytes and FLOPs it saves are complete)
+        if step % cfg.train.log_every == 0 or step % cfg.train.save_every == 0 or step == cfg.train.max_steps \
+                or stopping:
             totals.add("bad_shards", torch.tensor(float(batch["bad_shards"])))  # this rank's running count
             s = totals.all_sum()
             now = time.time()
             n = max(1.0, s["micro_batches"])
-            last_row = {"step": step, "split": "train", **{k: s[k] / n for k in LOSS_TERMS}, **ratios(s),
+            bytes_seen += s["targets"]
+            flops_seen += interval_flops(cfg, s)
+            terms = LOSS_TERMS if cfg.model.kind == "unet" else ("loss", "lm_loss")
+            last_row = {"step": step, "split": "train", **{k: s[k] / n for k in terms}, **ratios(s),
                         "lr": lr, "grad_norm": engine.get_global_grad_norm(),
                         "bytes_per_s": s["targets"] / (now - t_last - paused),
-                        "bytes_seen": step * accum * world * cfg.train.micro_batch_size * cfg.data.seq_len,
+                        "bytes_seen": bytes_seen, "flops": flops_seen,
                         "epoch": epoch, "bad_shards": int(s["bad_shards"]),
                         "nonfinite_losses": int(s["nonfinite_losses"]), "skipped_steps": int(s["skipped_steps"] / world)}
             logger.log(last_row)
-            logger.progress(step, loss=last_row["loss"], bpb=last_row["bpb"], rate=last_row["boundary_rate"],
+            logger.progress(step, loss=last_row["loss"], bpb=last_row["bpb"],
+                            **({"rate": last_row["boundary_rate"]} if "boundary_rate" in last_row else {}),
                             bytes_per_s=last_row["bytes_per_s"])
             t_last, paused = now, 0.0
 
@@ -281,13 +302,16 @@ def train(cfg: Config, *, resume: str = "auto") -> dict:
         last = step == cfg.train.max_steps
         if ((cfg.eval.every and step % cfg.eval.every == 0) or last) and not stopping:
             validate(engine, cfg, val, device, step, logger)
+            if h2h is not None:
+                h2h.run(engine, step, device, logger)
             engine.train()
             watchdog.beat()
         if step % cfg.train.save_every == 0 or last or stopping:
             top_epoch = torch.tensor(float(epoch), device=device)
             tdist.all_reduce(top_epoch, op=tdist.ReduceOp.MAX)
             checkpoint.save(engine, run_dir, step, {"step": step, "epoch": int(top_epoch.item()),
-                                                   "layout": layout(cfg, world)}, keep=cfg.train.keep_checkpoints)
+                                                   "layout": layout(cfg, world), "bytes_seen": bytes_seen,
+                                                   "flops": flops_seen}, keep=cfg.train.keep_checkpoints)
         paused += time.time() - t_pause
         if stopping:
             logger.log({"step": step, "split": "event", "event": "stopped by signal",

@@ -135,13 +135,14 @@ def test_real_run_per_language(real_run, tmp_path):
     _, token = fake_runs(tmp_path / "fake")
     (token / "checkpoints").mkdir()
     (token / "checkpoints" / "latest").write_text("step00000015")  # a checkpoint of a kind compare can't load
+    (token / "config.json").write_text(json.dumps({"model": {"kind": "mystery"}, "data": {"seq_len": 64}}))
     out = tmp_path / "cmp"
     r = run_compare(real_run, token, "--out", out, "--heldout", heldout, "--tokenizer", tok / "tokenizer.model")
     assert r.returncode == 0, r.stderr[-3000:]
     md = (out / "compare.md").read_text()
     assert "| tiny | unet/policy | 3 |" in md
     assert "3 languages, 2 documents per language (the same number in every language)" in md
-    assert "bpe: no per-language evaluator for model kind 'bpe' yet, skipped" in md
+    assert "bpe: no per-language evaluator for model kind 'mystery' yet, skipped" in md
     lang_rows = [line for line in md.splitlines() if line.startswith(("| en ", "| ru ", "| zh ", "| **max/min**"))]
     assert len(lang_rows) == 8  # two tables: 3 languages + the disparity row each
     result = json.loads((out / "compare.json").read_text())

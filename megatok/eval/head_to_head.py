@@ -1,0 +1,150 @@
+"""Periodic head-to-head evaluation inside training: this model and a baseline on the same bytes.
+
+At every eval interval (``eval.every``) and when any of ``eval.heldout``, ``eval.baseline_run`` or
+``eval.bpe_tokenizer`` is set, the loop calls :meth:`HeadToHead.run`, which scores a fixed set of
+documents (``eval.heldout``, default the validation split, read up to ``eval.heldout_max_bytes``)
+document by document and logs one ``"split": "h2h"`` row with, side by side:
+
+- ``h2h_bpb`` and ``h2h_bytes_per_chunk`` (``h2h_bytes_per_token`` for a token model): the training model;
+- ``h2h_bpe_bytes_per_token``: the BPE tokenizer on the same documents (computed once);
+- ``h2h_baseline_bpb``: the latest checkpoint of ``eval.baseline_run`` (usually the BPE token model
+  at matched FLOPs) on exactly the same bytes (summed token NLL over the same UTF-8 byte count), and
+  ``h2h_bpb_gap`` = baseline - this model (positive: this model is better). The baseline is
+  re-scored only when its latest checkpoint changes (it may be training at the same time);
+- ``by_lang`` / ``by_domain``: all of the above per "lang" / "domain" metadata of the documents;
+- ``h2h_seconds`` and ``h2h_cost_fraction``: time spent here, and its share of wall time since start.
+
+Every rank scores all documents with the training engine (identical forwards, as ZeRO-3 needs);
+rank 0 alone loads and scores the baseline (fp32, on the training device) and writes the row.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from megatok.config import Config
+from megatok.data.documents import Document, iter_documents
+from megatok.eval.bpb import evaluate_documents
+
+
+def read_documents(spec: str | list[str]):
+    """Documents of files / directories (iter_documents) or of shard directories (their val split)."""
+    from megatok.data.stream import iter_shard_documents, resolve_shards
+
+    for p in [spec] if isinstance(spec, str) else spec:
+        if Path(p, "manifest.json").is_file() or "{" in p or ".tar" in p:
+            yield from iter_shard_documents(resolve_shards(p, "val"))
+        else:
+            yield from iter_documents([p])
+
+
+def heldout_documents(cfg: Config) -> list[Document]:
+    """The head-to-head documents: whole documents until eval.heldout_max_bytes is reached."""
+    spec = cfg.eval.heldout or cfg.data.val_shards
+    if spec is None:
+        from megatok.data.stream import iter_shard_documents, resolve_shards
+
+        docs = iter_shard_documents(resolve_shards(cfg.data.shards, "val"))
+    else:
+        docs = read_documents(spec)
+    out, n = [], 0
+    for d in docs:
+        if n >= cfg.eval.heldout_max_bytes:
+            break
+        out.append(d)
+        n += len(d.text)
+    return out
+
+
+def tokenizer_path(cfg: Config) -> str | None:
+    """eval.bpe_tokenizer, else the baseline run's tokenizer if it is a BPE token model."""
+    if cfg.eval.bpe_tokenizer:
+        return cfg.eval.bpe_tokenizer
+    if cfg.eval.baseline_run:
+        from megatok.train.checkpoint import run_config
+
+        base = run_config(cfg.eval.baseline_run)
+        if base.model.kind == "bpe":
+            return base.model.tokenizer
+    return None
+
+
+def _unit(result: dict) -> str:
+    return "token" if "bytes_per_token" in result else "chunk"
+
+
+class HeadToHead:
+    def __init__(self, cfg: Config, rank: int):
+        from megatok.data.encoding import encoding_for
+
+        self.cfg, self.rank = cfg, rank
+        self.encoding = encoding_for(cfg)
+        self.docs = heldout_documents(cfg)
+        self.tokenizer = None
+        path = tokenizer_path(cfg)
+        if rank == 0 and path:
+            from megatok.bpe import bytes_per_token, load_tokenizer
+
+            self.tokenizer = {"path": path, **bytes_per_token(load_tokenizer(path), self.docs)}
+        self.baseline: tuple[str, dict] | None = None  # (checkpoint tag, result)
+        self.seconds, self.started = 0.0, time.time()
+
+    def run(self, engine, step: int, device, logger) -> dict:
+        t0 = time.time()
+        e = self.cfg.eval
+        mine = evaluate_documents(engine, iter(self.docs), seq_len=self.cfg.data.seq_len,
+                                  batch_size=e.batch_size or self.cfg.train.micro_batch_size,
+                                  mode=e.boundary_mode, seed=e.seed, device=device, encoding=self.encoding)
+        if self.rank != 0:
+            self.seconds += time.time() - t0
+            return {}
+        base = self._baseline(device)
+        row = {"step": step, "split": "h2h", "h2h_documents": mine["documents"], "h2h_bytes": mine["bytes"],
+               **self._figures(mine, base, self.tokenizer)}
+        for kind in ("lang", "domain"):
+            if f"by_{kind}" in mine:
+                row[f"by_{kind}"] = {
+                    name: self._figures(r, (base or {}).get(f"by_{kind}", {}).get(name),
+                                        (self.tokenizer or {}).get(f"by_{kind}", {}).get(name))
+                    for name, r in mine[f"by_{kind}"].items()}
+        if base is not None:
+            row["h2h_baseline_run"], row["h2h_baseline_checkpoint"] = e.baseline_run, self.baseline[0]
+        self.seconds += time.time() - t0
+        row["h2h_seconds"] = self.seconds
+        row["h2h_cost_fraction"] = self.seconds / max(1e-9, time.time() - self.started)
+        logger.log(row)
+        return row
+
+    @staticmethod
+    def _figures(mine: dict, base: dict | None, tok: dict | None) -> dict:
+        unit = _unit(mine)
+        out = {"h2h_bpb": mine["bpb"], f"h2h_bytes_per_{unit}": mine[f"bytes_per_{unit}"]}
+        if tok is not None:
+            out["h2h_bpe_bytes_per_token"] = tok["bytes_per_token"]
+        if base is not None:
+            out["h2h_baseline_bpb"] = base["bpb"]
+            out[f"h2h_baseline_bytes_per_{_unit(base)}"] = base[f"bytes_per_{_unit(base)}"]
+            out["h2h_bpb_gap"] = base["bpb"] - mine["bpb"]
+        return out
+
+    def _baseline(self, device) -> dict | None:
+        """The baseline run's result on the documents, re-scored only when its latest checkpoint changes."""
+        run = self.cfg.eval.baseline_run
+        if not run:
+            return None
+        from megatok.data.encoding import encoding_for
+        from megatok.train.checkpoint import latest_tag, load_model
+
+        tag = latest_tag(run)
+        if tag is None:
+            return None  # no checkpoint yet (the baseline may still be starting)
+        if self.baseline is None or self.baseline[0] != tag:
+            model, bcfg, tag = load_model(run, tag, device)
+            result = evaluate_documents(model, iter(self.docs), seq_len=bcfg.data.seq_len,
+                                        batch_size=bcfg.eval.batch_size or bcfg.train.micro_batch_size,
+                                        mode=bcfg.eval.boundary_mode, seed=bcfg.eval.seed, device=device,
+                                        encoding=encoding_for(bcfg))
+            del model
+            self.baseline = (tag, result)
+        return self.baseline[1]

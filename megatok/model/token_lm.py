@@ -1,0 +1,75 @@
+"""The BPE baseline: a plain causal transformer over sentencepiece token ids.
+
+    ids [B, T] -> embed -> n_main_layers blocks (the main network's width and heads) -> norm -> next-token logits
+
+It is built from the same blocks as megatok's main network and trained by the same loop, so the
+only differences in a head-to-head are the ones being compared: a frozen BPE vocabulary against
+learned chunks. Its statistics are in bytes, not tokens (see :func:`token_row_stats`), so its
+bits per byte are the summed token NLL over the UTF-8 bytes of the text, comparable with megatok's.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from megatok.config import ModelConfig
+from megatok.model.blocks import Stack, ffn_hidden
+from megatok.model.unet import Output
+
+
+@torch.no_grad()
+def token_row_stats(y: torch.Tensor, ce: torch.Tensor, byte_lengths: torch.Tensor, pad_id: int) -> dict[str, torch.Tensor]:
+    """float64 [B] per key: ``nll`` (nats, over targets that stand for bytes: a control token such as
+    the ``</s>`` document separator is trained on but not counted, as megatok leaves out SEP),
+    ``targets`` (UTF-8 bytes those targets spell), ``tokens`` (their number) and ``positions``."""
+    counted = byte_lengths[y] > 0
+    return {"nll": (ce * counted).sum(1).double(), "targets": byte_lengths[y].sum(1).double(),
+            "tokens": counted.sum(1).double(), "positions": (y != pad_id).sum(1).double()}
+
+
+class TokenLM(nn.Module):
+    """``byte_lengths`` [vocab] holds the bytes each id stands for (megatok.bpe.token_byte_lengths of
+    every id; 0 for control ids and for the padding rows above the tokenizer's vocabulary). Without
+    it (sizing on the meta device) the statistics count no bytes."""
+
+    def __init__(self, cfg: ModelConfig, byte_lengths: torch.Tensor | None = None, pad_id: int = 0):
+        super().__init__()
+        self.cfg, self.pad_id = cfg, pad_id
+        w, V = cfg.main_width, cfg.vocab_size
+        lengths = torch.zeros(V, dtype=torch.long)
+        if byte_lengths is not None:
+            if len(byte_lengths) > V:
+                raise ValueError(f"the tokenizer has {len(byte_lengths)} pieces but model.vocab_size is {V}")
+            lengths[:len(byte_lengths)] = torch.as_tensor(byte_lengths, dtype=torch.long)
+        self.register_buffer("byte_lengths", lengths, persistent=False)
+        self.embed = nn.Embedding(V, w)
+        self.main = Stack(cfg.n_main_layers, w, cfg.main_heads, ffn_hidden(w, cfg.ffn_mult, cfg.ffn_multiple_of),
+                          eps=cfg.norm_eps, theta=cfg.rope_theta, checkpointing=cfg.activation_checkpointing)
+        self.main_norm = nn.RMSNorm(w, eps=cfg.norm_eps)
+        self.head = nn.Linear(w, V, bias=False)
+        for name, p in self.named_parameters():
+            if name.endswith(("attn.out.weight", "mlp.down.weight")):
+                nn.init.normal_(p, std=cfg.init_std / math.sqrt(2 * cfg.n_main_layers))
+            elif p.dim() == 2:
+                nn.init.normal_(p, std=cfg.init_std)
+
+    def forward(self, x: torch.Tensor, targets: torch.Tensor | None = None) -> Output:
+        B, T = x.shape
+        h = self.main(self.embed(x), torch.arange(T, device=x.device))
+        out = Output(logits=self.head(self.main_norm(h)), early_logits=None, boundaries=None)
+        if targets is not None:
+            ce = F.cross_entropy(out.logits.float().reshape(B * T, -1), targets.reshape(-1), ignore_index=self.pad_id,
+                                 reduction="none").view(B, T)
+            mask = targets != self.pad_id
+            out.terms = {"lm_loss": (ce * mask).sum() / mask.sum().clamp(min=1)}
+            out.loss, out.ce_full = out.terms["lm_loss"], ce
+            out.rows = token_row_stats(targets, ce, self.byte_lengths, self.pad_id)
+            out.stats = {k: v.sum() for k, v in out.rows.items()}
+        return out
+
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())

@@ -1,0 +1,144 @@
+"""A BPE token model trained by launch/pretrain.py (2 ranks, ZeRO-2) and scored inside a megatok run's
+periodic head-to-head on the same bytes; exact resume of the token data stream; tools/compare.py
+over both runs."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from megatok import bpe
+from megatok.data.documents import iter_documents
+from megatok.metrics import read_metrics
+from tests.conftest import ROOT, TINY, pretrain, stdlib_texts
+
+PARALLEL = {
+    "en": ["All human beings are born free and equal in dignity and rights.",
+           "Everyone has the right to life, liberty and security of person."],
+    "ru": ["Все люди рождаются свободными и равными в своем достоинстве и правах.",
+           "Каждый человек имеет право на жизнь, на свободу и на личную неприкосновенность."],
+    "zh": ["人人生而自由，在尊严和权利上一律平等。", "人人有权享有生命、自由和人身安全。"],
+}
+BPE_SET = ["model.kind=bpe", "model.vocab_size=512", "model.bytes_per_token=3.0", "model.n_encoder_layers=0",
+           "model.n_decoder_layers=0", "model.n_main_layers=2", "data.seq_len=24", "train.save_every=3",
+           "train.max_steps=6", "train.micro_batch_size=2", "train.global_batch_size=4", "eval.every=3"]
+
+
+def tool(name: str, *args) -> subprocess.CompletedProcess:
+    env = {"OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu", "WANDB_MODE": "disabled", "PYTHONPATH": str(ROOT),
+           "PATH": "/usr/bin:/bin"}
+    return subprocess.run([sys.executable, str(ROOT / "tools" / name), *map(str, args)], capture_output=True,
+                          text=True, env=env, timeout=240, cwd=ROOT)
+
+
+@pytest.fixture(scope="module")
+def runs(shards, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("h2h")
+    heldout = tmp / "parallel.jsonl"
+    with heldout.open("w") as f:
+        for lang, texts in PARALLEL.items():
+            for i, t in enumerate(texts):
+                f.write(json.dumps({"text": t, "lang": lang, "domain": "legal"}, ensure_ascii=False) + "\n")
+    tok = tmp / "tok"
+    bpe.train_bpe([t.encode() for t in stdlib_texts(n_files=10)] + [" ".join(PARALLEL["en"]).encode()], tok, 512)
+    common = [*TINY, f"data.shards={shards}"]
+    bpe_run = tmp / "bpe"
+    pretrain(["--config", "configs/tiny.json", "--set", *common, *BPE_SET, f"model.tokenizer={tok}",
+              f"train.run_dir={bpe_run}"], nproc=2)
+    unet_run = tmp / "unet"
+    pretrain(["--config", "configs/tiny.json", "--set", *common, f"train.run_dir={unet_run}", "train.max_steps=4",
+              "train.micro_batch_size=2", "train.global_batch_size=2", "eval.every=2", f"eval.heldout={heldout}",
+              f"eval.baseline_run={bpe_run}"])
+    return {"tmp": tmp, "heldout": heldout, "tok": tok, "bpe": bpe_run, "unet": unet_run, "common": common}
+
+
+def test_token_model_metrics(runs):
+    rows = read_metrics(runs["bpe"])
+    train = [r for r in rows if r["split"] == "train"]
+    val = [r for r in rows if r["split"] == "val"]
+    assert [r["step"] for r in train] == [1, 2, 3, 4, 5, 6] and [r["step"] for r in val] == [3, 6]
+    assert all(1.0 < r["bytes_per_token"] < 6 for r in train) and "boundary_rate" not in train[0]
+    assert all(1.0 < r["val_bytes_per_token"] < 6 for r in val) and "boundary_rule" not in val[0]
+    # cumulative bytes and FLOPs grow every step; FLOPs per byte = the model's per-token FLOPs x tokens per byte
+    assert all(b["bytes_seen"] > a["bytes_seen"] and b["flops"] > a["flops"] for a, b in zip(train, train[1:]))
+    from megatok import flops
+    from megatok.train.checkpoint import run_config
+
+    cfg = run_config(runs["bpe"])
+    per_token = flops.flops_per_byte(cfg, rate=1.0)["training"]
+    tokens = 6 * 4 * 24  # steps x global batch x seq_len: every position is a token the model processed
+    assert train[-1]["flops"] == pytest.approx(per_token * tokens, rel=1e-9)
+
+
+def test_token_stream_resumes_exactly(runs):
+    """Resume the BPE run from its step-3 checkpoint: steps 4-6 repeat bit for bit (data, losses, counters)."""
+    copy = runs["tmp"] / "bpe-resumed"
+    shutil.copytree(runs["bpe"], copy)
+    pretrain(["--config", "configs/tiny.json", "--set", *runs["common"], *BPE_SET, f"model.tokenizer={runs['tok']}",
+              f"train.run_dir={copy}", "--resume", "step00000003"], nproc=2)
+    keys = ("step", "loss", "grad_norm", "bytes_per_token", "bytes_seen", "flops")
+    again = [{k: r[k] for k in keys} for r in read_metrics(copy) if r["split"] == "train"]
+    first = [{k: r[k] for k in keys} for r in read_metrics(runs["bpe"]) if r["split"] == "train"]
+    assert again == first
+
+
+def test_head_to_head_rows_match_the_evaluators(runs):
+    rows = [r for r in read_metrics(runs["unet"]) if r["split"] == "h2h"]
+    assert [r["step"] for r in rows] == [2, 4]
+    last = rows[-1]
+    docs = list(iter_documents([str(runs["heldout"])]))
+    assert last["h2h_bytes"] == sum(len(d.text) for d in docs) and last["h2h_documents"] == 6
+    assert set(last["by_lang"]) == set(PARALLEL) and set(last["by_domain"]) == {"legal"}
+    assert 0 < last["h2h_cost_fraction"] < 1
+    assert last["h2h_baseline_checkpoint"] == "step00000006"
+    # the BPE tokenizer's bytes per token on the same documents
+    sp = bpe.load_tokenizer(runs["tok"])
+    for lang, texts in PARALLEL.items():
+        n = sum(len(t.encode()) for t in texts) / sum(len(bpe.encode_bytes(sp, t.encode())) for t in texts)
+        assert last["by_lang"][lang]["h2h_bpe_bytes_per_token"] == pytest.approx(n)
+    # the baseline's and megatok's figures are tools/evaluate.py's on the same file and checkpoints
+    base = json.loads(tool("evaluate.py", "--run", runs["bpe"], "--data", runs["heldout"]).stdout)
+    mine = json.loads(tool("evaluate.py", "--run", runs["unet"], "--data", runs["heldout"], "--seed", "1234",
+                           "--batch-size", "2").stdout)
+    assert base["kind"] == "bpe" and base["strategy"] is None
+    for lang in PARALLEL:
+        got = last["by_lang"][lang]
+        assert got["h2h_baseline_bpb"] == pytest.approx(base["by_lang"][lang]["bpb"], rel=1e-5)
+        assert got["h2h_baseline_bytes_per_token"] == pytest.approx(base["by_lang"][lang]["bytes_per_token"])
+        assert got["h2h_bpb"] == pytest.approx(mine["by_lang"][lang]["bpb"], rel=1e-5)
+        assert got["h2h_bpb_gap"] == pytest.approx(got["h2h_baseline_bpb"] - got["h2h_bpb"])
+    assert last["h2h_bpb"] == pytest.approx(mine["bpb"], rel=1e-5)
+
+
+def test_compare_reads_and_evaluates_both_kinds(runs):
+    out = runs["tmp"] / "cmp"
+    r = tool("compare.py", runs["unet"], runs["bpe"], "--out", out, "--heldout", runs["heldout"],
+             "--tokenizer", runs["tok"] / "tokenizer.model")
+    assert r.returncode == 0, r.stderr[-3000:]
+    result = json.loads((out / "compare.json").read_text())
+    unet, tok_run = result["runs"]
+    assert tok_run["kind"] == "bpe" and tok_run["unit"] == "token" and tok_run["flops_source"] == "logged"
+    systems = {s["name"]: s for s in result["heldout"]["systems"]}
+    assert set(systems) == {"unet", "bpe", "BPE"}
+    assert systems["bpe"]["unit"] == "token"
+    # the trained token model's bytes per token are its tokenizer's
+    for lang in PARALLEL:
+        assert systems["bpe"]["by_lang"][lang]["bytes_per_unit"] == pytest.approx(
+            systems["BPE"]["by_lang"][lang]["bytes_per_unit"])
+    md = (out / "compare.md").read_text()
+    assert "| bpe | bpe | 6 |" in md and "bpe bpb" in md and (out / "val_bpb_vs_flops.png").is_file()
+
+
+def test_bad_head_to_head_inputs_fail_before_training(runs, tmp_path):
+    r = pretrain(["--config", "configs/tiny.json", "--set", *runs["common"], f"train.run_dir={tmp_path / 'r'}",
+                  f"eval.baseline_run={tmp_path / 'nope'}"], check=False)
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+        f"error: eval.baseline_run: {tmp_path / 'nope'} is not a run directory (no config.json)"]
+    r = pretrain(["--config", "configs/tiny.json", "--set", *runs["common"], *BPE_SET,
+                  f"model.tokenizer={tmp_path / 'missing'}", f"train.run_dir={tmp_path / 'r'}"], check=False)
+    assert r.returncode == 2 and "error: model.tokenizer:" in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "r").exists()

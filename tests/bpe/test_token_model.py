@@ -1,0 +1,131 @@
+"""The BPE token model (model.kind "bpe"): causality, bits per byte against an independent count,
+the token data pipeline, and config errors."""
+
+from __future__ import annotations
+
+import math
+import pickle
+
+import numpy as np
+import pytest
+import torch
+
+from megatok import bpe
+from megatok.config import ConfigError, load_config
+from megatok.data.encoding import BpeEncoding, encoding_for
+from megatok.data.documents import Document
+from megatok.data.stream import PackedByteStream, make_loader, pack_documents, resolve_shards
+from megatok.eval.bpb import evaluate_documents
+from megatok.model import build_model
+from tests.bpe.conftest import MULTILINGUAL
+
+
+def bpe_overrides(tokenizer_dir, vocab: int = 768) -> list[str]:
+    return ["model.kind=bpe", f"model.tokenizer={tokenizer_dir}", f"model.vocab_size={vocab}",
+            "model.bytes_per_token=3.0", "model.n_encoder_layers=0", "model.n_decoder_layers=0",
+            "model.d_model=32", "model.n_heads=2", "model.n_main_layers=2", "data.seq_len=32"]
+
+
+@pytest.fixture(scope="module")
+def tok_dir(tokenizer, tmp_path_factory):
+    """The session tokenizer written to a directory, as tools/train_bpe.py leaves it."""
+    sp, _ = tokenizer
+    out = tmp_path_factory.mktemp("tok")
+    (out / "tokenizer.model").write_bytes(sp.serialized_model_proto())
+    return out
+
+
+@pytest.fixture(scope="module")
+def model_and_cfg(tok_dir):
+    cfg = load_config(None, bpe_overrides(tok_dir))
+    torch.manual_seed(0)
+    return build_model(cfg).eval(), cfg
+
+
+def test_causal(model_and_cfg):
+    model, cfg = model_and_cfg
+    x = torch.randint(3, 600, (2, 24))
+    base = model(x).logits
+    y = x.clone()
+    y[:, 15:] = torch.randint(3, 600, (2, 9))
+    assert torch.equal(model(y).logits[:, :15], base[:, :15])
+    emb = model.embed(x).detach().requires_grad_(True)
+    h = model.main(emb, torch.arange(24))
+    h[:, 10].sum().backward()
+    assert emb.grad[:, 11:].abs().sum() == 0 and emb.grad[:, :11].abs().sum() > 0
+
+
+def test_bpb_is_token_nll_over_utf8_bytes(model_and_cfg, tokenizer):
+    """evaluate_documents' bpb for the token model = sum of -log p(token) over the text / its UTF-8 bytes,
+    computed here by hand from the logits (the </s> separator is context, not a target)."""
+    model, cfg = model_and_cfg
+    sp, _ = tokenizer
+    text = MULTILINGUAL.encode() + b"\xff raw \xc3"
+    res = evaluate_documents(model, iter([Document(text, "xx", None, "t")]), seq_len=4096, batch_size=1,
+                             mode="sample", seed=0, device="cpu", encoding=encoding_for(cfg))
+    ids = torch.tensor([sp.eos_id()] + bpe.encode_bytes(sp, text))
+    with torch.no_grad():
+        logp = torch.log_softmax(model(ids[None, :-1]).logits[0].double(), -1)
+    nll = -logp[torch.arange(len(ids) - 1), ids[1:]].sum().item()
+    assert res["bytes"] == len(text)
+    assert res["bpb"] == pytest.approx(nll / len(text) / math.log(2), rel=1e-6)
+    assert res["bytes_per_token"] == pytest.approx(len(text) / (len(ids) - 1))
+    assert res["by_lang"]["xx"]["bpb"] == pytest.approx(res["bpb"])
+
+
+def test_windows_cover_every_token_once(model_and_cfg):
+    """Short windows: the byte count is still the document's, every token predicted once."""
+    model, cfg = model_and_cfg
+    enc = encoding_for(cfg)
+    text = (MULTILINGUAL * 3).encode()
+    res = evaluate_documents(model, iter([Document(text, None, None, "t")]), seq_len=16, batch_size=4,
+                             mode="sample", seed=0, device="cpu", encoding=enc)
+    assert res["bytes"] == len(text)
+    assert res["bytes_per_token"] == pytest.approx(len(text) / (len(enc.doc_ids(text)) - 1))
+
+
+def test_stream_of_tokens_decodes_to_the_documents(tok_dir, shards):
+    """The packed token stream (through a worker process: the encoding is pickled) spells the shards' documents."""
+    from megatok.data.stream import iter_shard_documents
+
+    enc = BpeEncoding(str(tok_dir))
+    assert pickle.loads(pickle.dumps(enc)).doc_ids(b"abc").tolist() == enc.doc_ids(b"abc").tolist()
+    urls = resolve_shards(str(shards), "train")
+    stream = PackedByteStream(urls[:1], seq_len=32, batch_size=4, encoding=enc)
+    batches = iter(make_loader(stream, 1))
+    ids = []
+    for i in range(3):
+        t = next(batches)["tokens"]
+        assert t.shape == (4, 33) and int(t.max()) < 768
+        rows = t.tolist()
+        ids += [i for row in rows for i in row[:-1]]
+    sp = enc._processor()
+    docs = [d.text for d in iter_shard_documents(urls[:1])]
+    spelled = bpe.decode_ids(sp, ids)
+    assert ids[0] == enc.sep
+    assert b"".join(docs).startswith(spelled)  # separators spell no bytes
+    assert len(spelled) > 3 * 4 * 32  # more than one byte per token
+
+
+def test_pack_documents_pads_with_the_pad_id(tok_dir):
+    enc = BpeEncoding(str(tok_dir))
+    rows = pack_documents([b"hello world", b"second"], 64, enc)
+    assert rows.shape == (1, 65)
+    n = len(enc.doc_ids(b"hello world")) + len(enc.doc_ids(b"second"))
+    assert (rows[0, n:] == enc.pad).all() and (rows[0, :n] != enc.pad).all()
+
+
+def test_config_errors(tok_dir, tmp_path):
+    with pytest.raises(ConfigError, match=r"model.kind 'bpe' needs model.tokenizer, model.vocab_size"):
+        load_config(None, ["model.kind=bpe", "model.n_encoder_layers=0", "model.n_decoder_layers=0"])
+    with pytest.raises(ConfigError, match="model.n_encoder_layers must be 0"):
+        load_config(None, [o for o in bpe_overrides(tok_dir) if "encoder" not in o])
+    with pytest.raises(ConfigError, match="model.tokenizer is only for model.kind 'bpe'"):
+        load_config(None, [f"model.tokenizer={tok_dir}"])
+    cfg = load_config(None, bpe_overrides(tok_dir, vocab=100))
+    with pytest.raises(ConfigError, match=r"model.tokenizer: .* has 700 pieces, more than model.vocab_size=100"):
+        encoding_for(cfg)
+    cfg = load_config(None, bpe_overrides(tmp_path / "nothing"))
+    with pytest.raises(ConfigError, match="model.tokenizer: .*no such tokenizer model"):
+        encoding_for(cfg)
+    assert np.asarray(encoding_for(load_config(None, bpe_overrides(tok_dir))).byte_lengths).sum() > 700
