@@ -45,6 +45,25 @@ Activation checkpointing recomputes the forward in the backward: the hardware do
 model FLOPs (and MFU, as usual) count 3 x. Chunk counts are padded to the batch maximum in the
 implementation; FLOPs here count the expected K = rho T, not the padding.
 
+The BPE token model (model.kind "bpe", megatok/model/token_lm.py) is ``n = n_main_layers`` blocks of
+width ``w = dm`` over sentencepiece ids: ``V`` = model.vocab_size, ``T`` = data.seq_len in TOKENS, and
+``tau`` = tokens per byte (1 / model.bytes_per_token, or a realised rate you pass in)::
+
+    embeddings  = V w                 (a lookup: no FLOPs)
+    main        = n x block(w) + w    (final norm)
+    heads       = V w                 (next-token logits, untied; no early exit)
+    encoder = boundary = decoder = 0
+
+    per byte, forward:
+      main matmuls       tau x 2 n (block(w) - 2 w)                         every token
+      main attention     tau x n x 2 w (T + 1)                              causal over T tokens
+      heads              tau x 2 w V
+    (byte-rate terms, projections and boundary are 0; training = 3 x forward, as above.)
+
+The two models are compared at equal training FLOPs per byte: :func:`match_bpe` sizes the token
+model for a unet config. Training bytes of a BPE run are expected bytes: steps x global batch x
+seq_len tokens x bytes_per_token.
+
 Memory is modelled in :func:`model_state_bytes` (see its docstring for each term).
 """
 
@@ -82,14 +101,21 @@ class Shape:
     n_main: int
     n_dec: int
     vocab: int = VOCAB_SIZE
+    bpe: bool = False
 
     @classmethod
     def of(cls, model_cfg) -> "Shape":
         m = model_cfg
         dm = m.main_width
+        bpe = m.kind == "bpe"
         return cls(d=m.d_model, heads=m.n_heads, f=ffn_hidden(m.d_model, m.ffn_mult, m.ffn_multiple_of),
                    dm=dm, main_heads=m.main_heads, fm=ffn_hidden(dm, m.ffn_mult, m.ffn_multiple_of),
-                   n_enc=m.n_encoder_layers, n_main=m.n_main_layers, n_dec=m.n_decoder_layers)
+                   n_enc=0 if bpe else m.n_encoder_layers, n_main=m.n_main_layers,
+                   n_dec=0 if bpe else m.n_decoder_layers, vocab=m.vocab_size if bpe else VOCAB_SIZE, bpe=bpe)
+
+
+def is_bpe(cfg) -> bool:
+    return cfg.model.kind == "bpe"
 
 
 def block_params(w: int, f: int) -> int:
@@ -118,6 +144,11 @@ def param_counts(cfg) -> dict[str, int]:
     """Parameters per component; ``total`` is their sum. ``main`` includes the down/up projections
     between the two widths and the main network's final norm."""
     s = Shape.of(cfg.model)
+    if s.bpe:
+        counts = {"embeddings": s.vocab * s.dm, "encoder": 0, "boundary": 0,
+                  "main": s.n_main * block_params(s.dm, s.fm) + s.dm, "decoder": 0, "heads": s.vocab * s.dm}
+        counts["total"] = sum(counts.values())
+        return counts
     proj = 2 * s.d * s.dm if s.dm != s.d else 0
     counts = {
         "embeddings": s.vocab * s.d,
@@ -131,7 +162,8 @@ def param_counts(cfg) -> dict[str, int]:
     return counts
 
 
-# Which top-level module of ByteUNet belongs to which component (for the test that checks the formulas).
+# Which top-level module of ByteUNet (or TokenLM: embed, main, main_norm, head) belongs to which component
+# (for the test that checks the formulas).
 MODULE_COMPONENT = {
     "embed": "embeddings", "encoder": "encoder", "boundary": "boundary", "down_proj": "main", "main": "main",
     "main_norm": "main", "up_proj": "main", "decoder": "decoder", "out_norm": "heads", "head": "heads",
@@ -140,13 +172,14 @@ MODULE_COMPONENT = {
 
 
 def build_meta_model(cfg):
-    """The real ByteUNet on the meta device: shapes and parameters without memory (13B in a second)."""
+    """The real model (ByteUNet, or TokenLM for kind "bpe", whose tokenizer is not read) on the meta
+    device: shapes and parameters without memory (13B in a second)."""
     import torch
 
-    from megatok.model.unet import ByteUNet
+    from megatok.model import build_model
 
     with torch.device("meta"):
-        return ByteUNet(cfg.model, cfg.boundary)
+        return build_model(cfg, sizing_only=True)
 
 
 def meta_param_counts(model) -> dict[str, int]:
@@ -160,10 +193,32 @@ def meta_param_counts(model) -> dict[str, int]:
 
 # ----------------------------------------------------------------------------- FLOPs
 
+def default_rate(cfg) -> float:
+    """Chunks per byte (boundary.target_rate), or for kind "bpe" tokens per byte (1 / model.bytes_per_token)."""
+    return 1 / cfg.model.bytes_per_token if is_bpe(cfg) else cfg.boundary.target_rate
+
+
+def bpe_terms(w: int, f: int, n: int, vocab: int, rate: float, T: float) -> dict[str, float]:
+    """Forward FLOPs per byte of the BPE token model by term (see the module docstring)."""
+    terms = {"byte_matmul": 0.0, "byte_attention": 0.0,
+             "main_matmul": rate * 2 * n * (block_params(w, f) - 2 * w),
+             "main_attention": rate * n * 2 * w * (T + 1),
+             "projections": 0.0, "boundary": 0.0,
+             "heads": rate * 2 * w * vocab}
+    terms = {k: float(v) for k, v in terms.items()}
+    terms["forward"] = sum(terms.values())
+    terms["training"] = 3 * terms["forward"]
+    return terms
+
+
 def flops_per_byte(cfg, rate: float | None = None, seq_len: int | None = None) -> dict[str, float]:
     """Forward FLOPs per byte by term, ``forward`` (their sum) and ``training`` (3 x forward).
-    ``rate``: chunks per byte (default boundary.target_rate); ``seq_len``: default data.seq_len."""
+    ``rate``: chunks per byte (default boundary.target_rate), for kind "bpe" tokens per byte (default
+    1 / model.bytes_per_token); ``seq_len``: default data.seq_len (tokens for kind "bpe")."""
     s = Shape.of(cfg.model)
+    if s.bpe:
+        return bpe_terms(s.dm, s.fm, s.n_main, s.vocab, default_rate(cfg) if rate is None else rate,
+                         cfg.data.seq_len if seq_len is None else seq_len)
     rho = cfg.boundary.target_rate if rate is None else rate
     T = cfg.data.seq_len if seq_len is None else seq_len
     K = rho * T
@@ -183,14 +238,73 @@ def flops_per_byte(cfg, rate: float | None = None, seq_len: int | None = None) -
     return terms
 
 
+def bytes_per_sequence(cfg) -> float:
+    """data.seq_len bytes, or for kind "bpe" seq_len tokens x model.bytes_per_token (expected bytes)."""
+    return cfg.data.seq_len * cfg.model.bytes_per_token if is_bpe(cfg) else cfg.data.seq_len
+
+
 def training_bytes(cfg, world_size: int) -> int:
-    """Bytes the run trains on: max_steps x global batch x seq_len (global batch for this world size)."""
+    """Bytes the run trains on: max_steps x global batch x seq_len (global batch for this world size);
+    for kind "bpe" the expected bytes, seq_len tokens x bytes_per_token per sequence (rounded)."""
     t = cfg.train
-    return t.max_steps * t.micro_batch_size * (t.grad_accum or 1) * world_size * cfg.data.seq_len
+    n = t.max_steps * t.micro_batch_size * (t.grad_accum or 1) * world_size
+    return n * cfg.data.seq_len if not is_bpe(cfg) else int(round(n * bytes_per_sequence(cfg)))
 
 
 def training_flops(cfg, world_size: int, rate: float | None = None) -> float:
     return flops_per_byte(cfg, rate)["training"] * training_bytes(cfg, world_size)
+
+
+# ----------------------------------------------------------------------------- matching a BPE baseline
+
+def round_vocab(n: int, multiple: int = 64) -> int:
+    """Embedding rows for a tokenizer of n pieces: n rounded up to a multiple of 64."""
+    return multiple * math.ceil(n / multiple)
+
+
+def match_bpe(cfg, *, tokenizer: str, vocab_size: int, bytes_per_token: float,
+              rate: float | None = None) -> dict[str, Any]:
+    """Size a BPE token model to the training FLOPs per byte of the unet config ``cfg`` (at its
+    boundary.target_rate, or ``rate`` chunks per byte).
+
+    The head dimension of the unet's main network is kept; widths w are multiples of 64 and of that
+    head dimension from about dm / 2 to 2 dm, depths n from 1 to 4 n_main + 4, and the candidate
+    minimising |log(F_bpe / F_target)| + 0.1 |log(w / dm)| wins (close to the main network's width
+    unless that cannot match). data.seq_len becomes round(seq_len bytes / bytes_per_token) tokens, so
+    a sequence covers the same bytes; model.vocab_size is ``vocab_size`` (the tokenizer's pieces)
+    rounded up to a multiple of 64. Returns ``{"overrides": {"model": ..., "data": {"seq_len": ...}},
+    "flops_per_byte", "target_flops_per_byte", "ratio", "params", "target_params", "width", "layers"}``
+    (FLOPs per byte are training FLOPs)."""
+    from megatok.config import ConfigError
+
+    if cfg.model.kind != "unet":
+        raise ConfigError(f"match_bpe needs a unet config to match, got model.kind '{cfg.model.kind}'")
+    if vocab_size <= 0 or bytes_per_token <= 0:
+        raise ConfigError(f"vocab_size and bytes_per_token must be positive (got {vocab_size}, {bytes_per_token})")
+    m = cfg.model
+    target = flops_per_byte(cfg, rate)["training"]
+    dm, hd = m.main_width, m.main_width // m.main_heads
+    V = round_vocab(vocab_size)
+    T = max(2, round(cfg.data.seq_len / bytes_per_token))
+    tau = 1 / bytes_per_token
+    step = math.lcm(64, hd)
+    lo, hi = max(1, math.ceil(dm / 2 / step)), max(1, math.floor(2 * dm / step))
+    widths = [k * step for k in range(lo, max(lo, hi) + 1)]
+    best = None
+    for w in widths:
+        f = ffn_hidden(w, m.ffn_mult, m.ffn_multiple_of)
+        for n in range(1, 4 * m.n_main_layers + 5):
+            got = bpe_terms(w, f, n, V, tau, T)["training"]
+            score = abs(math.log(got / target)) + 0.1 * abs(math.log(w / dm))
+            if best is None or score < best[0]:
+                best = (score, w, n, f, got)
+    _, w, n, f, got = best
+    model = {"kind": "bpe", "tokenizer": str(tokenizer), "vocab_size": V, "bytes_per_token": float(bytes_per_token),
+             "d_main": w, "n_main_heads": w // hd, "n_main_layers": n, "n_encoder_layers": 0, "n_decoder_layers": 0}
+    return {"overrides": {"model": model, "data": {"seq_len": T}},
+            "flops_per_byte": got, "target_flops_per_byte": target, "ratio": got / target,
+            "params": 2 * V * w + n * block_params(w, f) + w, "target_params": param_counts(cfg)["total"],
+            "width": w, "layers": n}
 
 
 # ----------------------------------------------------------------------------- memory
@@ -305,6 +419,10 @@ def activation_bytes(cfg, micro_batch: int | None = None, *, checkpointing: bool
     set while it is recomputed. Outside the blocks: the embeddings and encoder output (2 d), the
     upsampled main output (2 d), and the two heads' logits with their fp32 copies and log-softmax
     (2 V (w_bytes + 8) bytes per byte).
+
+    Kind "bpe" (kept simple): n_main_layers blocks of width w at B T tokens (T = seq_len tokens), as
+    above, plus the embedding and final-norm outputs (2 w) and one head's logits with its fp32 copy
+    and log-softmax (V (w_bytes + 8) bytes per token). ``rate`` does not apply.
     """
     s = Shape.of(cfg.model)
     B = cfg.train.micro_batch_size if micro_batch is None else micro_batch
@@ -317,6 +435,15 @@ def activation_bytes(cfg, micro_batch: int | None = None, *, checkpointing: bool
 
     def full(w, f):
         return (10 * w + 4 * f) * eb
+
+    if s.bpe:
+        tokens = B * T
+        if ckpt:
+            blocks = s.n_main * tokens * s.dm * eb + tokens * full(s.dm, s.fm)
+        else:
+            blocks = s.n_main * tokens * full(s.dm, s.fm)
+        other = tokens * (2 * s.dm * eb + s.vocab * (eb + 8))
+        return {"blocks": float(blocks), "other": float(other), "total": float(blocks + other)}
 
     byte_tokens, main_tokens = B * T, B * rho * T
     n_byte = s.n_enc + s.n_dec
@@ -331,6 +458,8 @@ def activation_bytes(cfg, micro_batch: int | None = None, *, checkpointing: bool
 
 def largest_layer_params(cfg) -> int:
     s = Shape.of(cfg.model)
+    if s.bpe:
+        return max(block_params(s.dm, s.fm), s.vocab * s.dm)
     return max(block_params(s.d, s.f), block_params(s.dm, s.fm) if s.n_main else 0, s.vocab * s.d)
 
 
@@ -377,9 +506,11 @@ def size_report(cfg, *, gpus: int = 8, nodes: int = 1, rate: float | None = None
     fpb = flops_per_byte(cfg, rate)
     n_bytes = training_bytes(cfg, world)
     return {
+        "kind": cfg.model.kind,
         "world": {"gpus_per_node": gpus, "nodes": nodes, "ranks": world},
         "params": counts, "params_instantiated": instantiated,
-        "rate": cfg.boundary.target_rate if rate is None else rate, "seq_len": cfg.data.seq_len,
+        "rate": default_rate(cfg) if rate is None else rate, "seq_len": cfg.data.seq_len,
+        "seq_unit": "tokens" if is_bpe(cfg) else "bytes",
         "flops_per_byte": fpb, "training_bytes": n_bytes, "training_flops": fpb["training"] * n_bytes,
         "batch": {"micro": cfg.train.micro_batch_size, "grad_accum": cfg.train.grad_accum,
                   "global": cfg.train.micro_batch_size * (cfg.train.grad_accum or 1) * world,
@@ -398,16 +529,20 @@ def _h(n: float, unit: str = "") -> str:
 def format_report(r: dict[str, Any]) -> str:
     p, f, mem = r["params"], r["flops_per_byte"], r["memory"]
     w = r["world"]
+    bpe = r.get("kind") == "bpe"
+    unit = r.get("seq_unit", "bytes")
     lines = [f"parameters (instantiated on the meta device: {r['params_instantiated']:,})",
              "| component | params | share |", "|---|---:|---:|"]
     for k, v in p.items():
         lines.append(f"| {k} | {v:,} | {100 * v / p['total']:.1f}% |")
-    lines += ["", f"FLOPs per byte at rate {r['rate']:g} (seq_len {r['seq_len']}; forward terms, training = 3 x forward)",
+    at = (f"{r['rate']:g} tokens per byte ({1 / r['rate']:.3g} bytes/token)" if bpe else f"rate {r['rate']:g}")
+    lines += ["", f"FLOPs per byte at {at} (seq_len {r['seq_len']} {unit}; forward terms, training = 3 x forward)",
               "| term | FLOPs/byte |", "|---|---:|"]
     for k, v in f.items():
         lines.append(f"| {k} | {_h(v)} |")
     b = r["batch"]
-    lines += ["", f"training: {b['max_steps']:,} steps x {b['global']} sequences x {r['seq_len']} bytes = "
+    seq = (f"{r['seq_len']} tokens x {1 / r['rate']:.3g} bytes/token" if bpe else f"{r['seq_len']} bytes")
+    lines += ["", f"training: {b['max_steps']:,} steps x {b['global']} sequences x {seq} = "
               f"{_h(r['training_bytes'])} bytes -> {r['training_flops']:.3e} FLOPs "
               f"({w['nodes']} node(s) x {w['gpus_per_node']} GPU(s), micro {b['micro']}, accum {b['grad_accum']})",
               "", f"memory per GPU for model states ({'bf16 + fp32 master' if mem['bf16'] else 'fp32'}, "
@@ -416,7 +551,7 @@ def format_report(r: dict[str, Any]) -> str:
     for row in mem["stages"]:
         lines.append(f"| {row['stage']} | {row['offload']} | {row['gpu_bytes'] / GIB:.2f} | {row['host_bytes'] / GIB:.2f} |")
     a, c = mem["activations"], mem["configured"]
-    lines += ["", f"activations per micro-batch ({b['micro']} x {r['seq_len']} bytes): "
+    lines += ["", f"activations per micro-batch ({b['micro']} x {r['seq_len']} {unit}): "
               f"{a['no_checkpointing']['total'] / GIB:.2f} GiB without checkpointing, "
               f"{a['checkpointing']['total'] / GIB:.2f} GiB with",
               f"as configured (ZeRO-{c['stage']}): model states {c['model_states_gpu_bytes'] / GIB:.2f} GiB + "

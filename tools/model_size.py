@@ -5,7 +5,9 @@
 
 Parameters are counted by formula and checked against the real model built on the meta device (no
 memory, so 13B takes a second); the command fails if they differ. FLOPs per byte count byte-rate
-layers at every byte and main layers at the chunk rate (``--rate``, default boundary.target_rate).
+layers at every byte and main layers at the chunk rate (``--rate``, default boundary.target_rate). A
+BPE token-model config (model.kind "bpe", e.g. configs/bpe/*.json) is sized the same way, per byte at
+``--rate`` tokens per byte (default 1 / model.bytes_per_token); its tokenizer is not read.
 Memory is per GPU for DeepSpeed ZeRO 0-3 with and without CPU offload, for gpus x nodes data-parallel
 ranks, plus the activations of one micro-batch. Formulas: megatok/flops.py.
 """
@@ -28,7 +30,8 @@ def main(argv=None) -> int:
     ap.add_argument("--config", required=True, nargs="+", help="one config (full report) or several (summary table)")
     ap.add_argument("--gpus", type=int, default=8, help="GPUs (ranks) per node (default 8)")
     ap.add_argument("--nodes", type=int, default=1, help="nodes (default 1)")
-    ap.add_argument("--rate", type=float, default=None, help="chunks per byte (default boundary.target_rate)")
+    ap.add_argument("--rate", type=float, default=None, help="chunks per byte (default boundary.target_rate); for a bpe config tokens per byte "
+                         "(default 1 / model.bytes_per_token)")
     ap.add_argument("--json", action="store_true", help="print JSON instead of tables")
     ap.add_argument("--set", dest="overrides", nargs="+", action="extend", default=[], metavar="KEY=VALUE")
     args = ap.parse_args(argv)
@@ -63,8 +66,12 @@ def summary(reports) -> str:
              "|---|---:|---:|---:|---:|---:|---|---:|---:|---:|"]
     for r in reports:
         p, f, c, b = r["params"], r["flops_per_byte"], r["memory"]["configured"], r["batch"]
-        byte_share = (f["byte_matmul"] + f["byte_attention"] + f["heads"]) / f["forward"]
-        lines.append(f"| {Path(r['config']).name} | {p['total'] / 1e6:,.0f}M | {100 * p['main'] / p['total']:.0f}% | "
+        # the unet's heads run at byte rate; a bpe model has nothing at byte rate
+        heads = 0 if r.get("kind") == "bpe" else f["heads"]
+        byte_share = (f["byte_matmul"] + f["byte_attention"] + heads) / f["forward"]
+        name = Path(r["config"])
+        name = f"{name.parent.name}/{name.name}" if name.parent.name not in ("configs", "") else name.name
+        lines.append(f"| {name} | {p['total'] / 1e6:,.0f}M | {100 * p['main'] / p['total']:.0f}% | "
                      f"{f['training'] / 1e9:.2f}G | {100 * byte_share:.0f}% | {c['stage']} | "
                      f"{b['micro']} x {b['grad_accum']} | {c['model_states_gpu_bytes'] / gib:.1f} + "
                      f"{c['activation_bytes'] / gib:.1f} = {c['total_gpu_bytes'] / gib:.1f} | "

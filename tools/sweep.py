@@ -2,6 +2,7 @@
 
     python tools/sweep.py --sizes 100m,350m,1b --strategies policy,fixed --bytes 2e9 --out sweeps/s1 \\
         [--set data.shards=/shared/shards ...] [--option bpe.model_path=data/bpe.model ...] \\
+        [--strategies policy,bpe-lm --bpe-tokenizer runs/bpe32k | --bpe-vocab-size 32000 --bpe-bytes-per-token 4.2] \\
         [--gpus 8 --nodes 1] [--emit sbatch | --run-local [--nproc N]]
     python tools/sweep.py --out sweeps/s1 --collect          # table + loss-against-FLOPs plot
 
@@ -13,6 +14,14 @@ the size's own (its tuned options), else just ``{strategy, target_rate}`` with t
 defaults plus ``--option STRATEGY.KEY=VALUE``. Every config is validated for gpus x nodes ranks
 (``--run-local``: for --nproc ranks) before anything runs; ``OUT/sweep.json`` lists the runs with
 their parameters and FLOPs per byte. Strategies are checked against ``megatok.boundaries.available()``.
+
+``bpe-lm`` is not a boundary strategy but the BPE token model (model.kind "bpe") matched to the size's
+unet in training FLOPs per byte by megatok.flops.match_bpe (as tools/match_bpe.py does; data.seq_len in
+tokens covering the same bytes). It needs ``--bpe-tokenizer`` (a tools/train_bpe.py output: pieces from
+the tokenizer, bytes per token from its report.json) or ``--bpe-vocab-size`` and ``--bpe-bytes-per-token``
+(then ``--bpe-tokenizer``, default data/bpe/tokenizer.model, is only the path written; it need not exist
+yet). Its steps keep the bytes equal: bytes per step = global batch x seq_len tokens x bytes_per_token.
+(The ``bpe`` strategy is different: megatok's unet with chunks at BPE token boundaries.)
 
 ``--emit sbatch`` prints (and writes to OUT/submit.sh) one ``sbatch`` line per run for
 launch/slurm/pretrain.sbatch. ``--run-local`` runs them here one after another (``deepspeed
@@ -49,6 +58,10 @@ class SweepError(ValueError):
     pass
 
 
+BPE_LM = "bpe-lm"  # the BPE token model, matched to each size's unet in FLOPs per byte
+DEFAULT_BPE_TOKENIZER = "data/bpe/tokenizer.model"
+
+
 def size_config(size: str) -> Path:
     p = Path(size)
     if p.suffix == ".json" and p.is_file():
@@ -63,8 +76,9 @@ def check_strategies(names: list[str]) -> None:
     from megatok.boundaries import available
 
     for s in names:
-        if s not in available():
-            raise SweepError(f"--strategies {s}: unknown strategy (available: {', '.join(available())})")
+        if s != BPE_LM and s not in available():
+            raise SweepError(f"--strategies {s}: unknown strategy (available: {', '.join(available())}, "
+                             f"and {BPE_LM}: the BPE token model)")
 
 
 def parse_options(items: list[str]) -> dict[str, dict]:
@@ -82,16 +96,48 @@ def parse_options(items: list[str]) -> dict[str, dict]:
     return out
 
 
+def bpe_facts(tokenizer: str | None, vocab_size: int | None, bytes_per_token: float | None) -> dict:
+    """model.tokenizer, pieces and bytes per token for the bpe-lm runs, from the tokenizer (and its
+    report.json) or given directly."""
+    if vocab_size is not None and bytes_per_token is not None:
+        return {"tokenizer": tokenizer or DEFAULT_BPE_TOKENIZER, "vocab_size": vocab_size,
+                "bytes_per_token": bytes_per_token}
+    if tokenizer is None:
+        raise SweepError(f"--strategies {BPE_LM} needs --bpe-tokenizer (a tools/train_bpe.py output), or "
+                         "--bpe-vocab-size and --bpe-bytes-per-token")
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("megatok_match_bpe", ROOT / "tools" / "match_bpe.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    model, pieces, bpt = mod.tokenizer_facts(tokenizer)
+    bpt = bytes_per_token if bytes_per_token is not None else bpt
+    if bpt is None:
+        raise SweepError(f"--bpe-tokenizer {tokenizer}: no report.json with bytes per token; "
+                         "give --bpe-bytes-per-token")
+    return {"tokenizer": model, "vocab_size": vocab_size or pieces, "bytes_per_token": bpt}
+
+
 def run_config(size: str, strategy: str, n_bytes: float, out: Path, world: int, overrides: list[str],
-               options: dict[str, dict]) -> dict:
-    """The complete config dict of one run."""
+               options: dict[str, dict], bpe: dict | None = None) -> dict:
+    """The complete config dict of one run (``bpe``: :func:`bpe_facts`, for the bpe-lm strategy)."""
     base = load_config(size_config(size), overrides, world_size=world)
     raw = base.to_dict()
-    if strategy != base.boundary.strategy:
+    seq_bytes = base.data.seq_len
+    if strategy == BPE_LM:
+        if base.model.kind != "unet":
+            raise SweepError(f"--sizes {size}: {BPE_LM} is matched to a unet config, this one is model.kind "
+                             f"'{base.model.kind}'")
+        match = flops.match_bpe(base, **bpe)
+        raw["model"].update(match["overrides"]["model"])
+        raw["data"].update(match["overrides"]["data"])
+        seq_bytes = raw["data"]["seq_len"] * bpe["bytes_per_token"]  # expected bytes per sequence
+    elif strategy != base.boundary.strategy:
         raw["boundary"] = {"strategy": strategy, "target_rate": base.boundary.target_rate}
-    raw["boundary"].update(options.get(strategy, {}))
+    if strategy != BPE_LM:
+        raw["boundary"].update(options.get(strategy, {}))
     t = raw["train"]
-    per_step = base.train.micro_batch_size * base.train.grad_accum * world * base.data.seq_len
+    per_step = base.train.micro_batch_size * base.train.grad_accum * world * seq_bytes
     t["max_steps"] = max(1, math.ceil(n_bytes / per_step))
     t["warmup_steps"] = min(t["warmup_steps"], max(1, t["max_steps"] // 10))
     t["save_every"] = min(t["save_every"], t["max_steps"])
@@ -108,6 +154,8 @@ def write(args) -> list[dict]:
     strategies = [s for s in args.strategies.split(",") if s]
     check_strategies(strategies)
     options = parse_options(args.option)
+    bpe = (bpe_facts(args.bpe_tokenizer, args.bpe_vocab_size, args.bpe_bytes_per_token)
+           if BPE_LM in strategies else None)
     world = args.nproc if args.run_local else args.gpus * args.nodes
     out = Path(args.out).resolve()
     (out / "configs").mkdir(parents=True, exist_ok=True)
@@ -116,14 +164,15 @@ def write(args) -> list[dict]:
         for strategy in strategies:
             name = f"{Path(size).stem}-{strategy}"
             path = out / "configs" / f"{name}.json"
-            raw = run_config(size, strategy, args.bytes, out, world, args.overrides, options)
+            raw = run_config(size, strategy, args.bytes, out, world, args.overrides, options, bpe)
             path.write_text(json.dumps(raw, indent=2) + "\n")
             try:
                 cfg = load_config(path, world_size=world)
             except ConfigError as e:
                 raise SweepError(str(e)) from None
             fpb = flops.flops_per_byte(cfg)
-            runs.append({"name": name, "size": Path(size).stem, "strategy": strategy, "config": str(path),
+            runs.append({"name": name, "size": Path(size).stem, "strategy": strategy, "kind": cfg.model.kind,
+                         "config": str(path),
                          "run_dir": cfg.train.run_dir, "max_steps": cfg.train.max_steps, "world": world,
                          "training_bytes": flops.training_bytes(cfg, world),
                          "params": flops.param_counts(cfg)["total"], "flops_per_byte": fpb["training"],
@@ -186,8 +235,13 @@ def collect(out: Path) -> list[dict]:
             train = [r for r in metrics if r.get("split") == "train"]
             val = [r for r in metrics if r.get("split") == "val"]
             cfg = load_config(run["config"], world_size=run["world"])
-            rates = [r["boundary_rate"] for r in train if isinstance(r.get("boundary_rate"), (int, float))]
-            rate = sum(rates) / len(rates) if rates else cfg.boundary.target_rate
+            if cfg.model.kind == "bpe":  # tokens per byte, realised where the rows report bytes per token
+                bpts = [r["bytes_per_token"] for r in train if isinstance(r.get("bytes_per_token"), (int, float))
+                        and r["bytes_per_token"] > 0]
+                rate = len(bpts) / sum(bpts) if bpts else flops.default_rate(cfg)
+            else:
+                rates = [r["boundary_rate"] for r in train if isinstance(r.get("boundary_rate"), (int, float))]
+                rate = sum(rates) / len(rates) if rates else cfg.boundary.target_rate
             fpb = flops.flops_per_byte(cfg, rate=rate)["training"]
             per_step = flops.training_bytes(cfg, run["world"]) / cfg.train.max_steps
             row.update(status="finished" if any(v["step"] == run["max_steps"] for v in val) else
@@ -273,7 +327,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, help="sweep directory")
     ap.add_argument("--sizes", default="100m,350m,1b", help="comma-separated config names or paths")
-    ap.add_argument("--strategies", default="policy,fixed", help="comma-separated boundary strategies")
+    ap.add_argument("--strategies", default="policy,fixed",
+                    help=f"comma-separated boundary strategies, and {BPE_LM} for the matched BPE token model")
     ap.add_argument("--bytes", type=float, default=2e9, help="training bytes per run")
     ap.add_argument("--gpus", type=int, default=8, help="GPUs per node for the generated jobs")
     ap.add_argument("--nodes", type=int, default=1, help="nodes per job")
@@ -281,6 +336,12 @@ def main(argv=None) -> int:
                     help="applied to every run, e.g. data.shards=/shared/shards")
     ap.add_argument("--option", nargs="+", action="extend", default=[], metavar="STRATEGY.KEY=VALUE",
                     help="an option for one strategy's runs, e.g. bpe.model_path=data/bpe.model")
+    ap.add_argument("--bpe-tokenizer", default=None,
+                    help=f"{BPE_LM}: tools/train_bpe.py output (directory or tokenizer.model); with --bpe-vocab-size "
+                         f"and --bpe-bytes-per-token only the path written (default {DEFAULT_BPE_TOKENIZER})")
+    ap.add_argument("--bpe-vocab-size", type=int, default=None, help=f"{BPE_LM}: tokenizer pieces")
+    ap.add_argument("--bpe-bytes-per-token", type=float, default=None,
+                    help=f"{BPE_LM}: expected bytes per token (default: the tokenizer's report.json)")
     ap.add_argument("--emit", choices=["sbatch"], help="print (and write OUT/submit.sh) the sbatch commands")
     ap.add_argument("--run-local", action="store_true", help="run the configs here, one after another")
     ap.add_argument("--nproc", type=int, default=None, help="ranks for --run-local (default: GPUs here, else 1)")

@@ -164,3 +164,31 @@ def test_dry_run_reports_config_mistakes_like_the_trainer(capsys):
     assert "global_batch_size" in capsys.readouterr().err
     assert flops.dry_run(str(ROOT / "configs/tiny.json"), world=2) == 0
     assert '"train_batch_size": 16' in capsys.readouterr().out
+
+
+def test_model_size_and_dry_run_for_a_bpe_config(capsys):
+    """A BPE token-model config (configs/bpe/) is sized like a unet one; its tokenizer file is not read."""
+    cfg_path = "configs/bpe/1b.json"
+    assert not (ROOT / load_config(ROOT / cfg_path, world_size=8).model.tokenizer).exists()
+    tool = _load_tool("model_size")
+    assert tool.main(["--config", cfg_path, "--json"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert rep["kind"] == "bpe" and rep["seq_unit"] == "tokens" and rep["rate"] == pytest.approx(1 / 4.2)
+    assert rep["params"]["total"] == rep["params_instantiated"] and rep["params"]["encoder"] == 0
+    assert rep["training_bytes"] == round(46000 * 512 * 975 * 4.2)
+    assert rep["memory"]["configured"]["activation_bytes"] > 0
+    assert tool.main(["--config", cfg_path]) == 0
+    text = capsys.readouterr().out
+    assert "tokens per byte (4.2 bytes/token)" in text and "975 tokens x 4.2 bytes/token" in text
+    assert tool.main(["--config", cfg_path, "configs/1b.json"]) == 0
+    rows = capsys.readouterr().out.splitlines()
+    assert rows[2].startswith("| bpe/1b.json |") and "| 0% |" in rows[2] and rows[3].startswith("| 1b.json |")
+    assert flops.dry_run(str(ROOT / cfg_path), world=8) == 0
+    out = capsys.readouterr().out
+    assert f"instantiated on the meta device: {rep['params']['total']:,}" in out and "resolved DeepSpeed config" in out
+
+
+def test_bpe_configs_fit_an_80gb_gpu_as_configured():
+    for name in SIZED:
+        m = flops.memory_table(load_config(ROOT / "configs" / "bpe" / name, world_size=8), 8)["configured"]
+        assert m["total_gpu_bytes"] < 60 * 2**30, (name, m["total_gpu_bytes"] / 2**30)

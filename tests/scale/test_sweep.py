@@ -82,3 +82,36 @@ def test_run_local_then_collect_a_tiny_sweep(shards, tmp_path, capsys):
     assert sweep.main(["--sizes", "tiny", "--strategies", "fixed", "--bytes", str(2 * 4 * 64), "--out", str(out),
                        "--run-local", "--nproc", "1", "--set", *sets]) == 0
     assert "finished already, skipped" in capsys.readouterr().out
+
+
+def test_bpe_lm_runs_are_matched_token_models_at_equal_bytes(tmp_path, capsys):
+    out = tmp_path / "s"
+    assert sweep.main(["--sizes", "100m,1b", "--strategies", "policy,bpe-lm", "--bytes", "2e9", "--out", str(out),
+                       "--bpe-vocab-size", "32000", "--bpe-bytes-per-token", "4.2",
+                       "--bpe-tokenizer", "data/bpe32k/tokenizer.model"]) == 0
+    runs = {r["name"]: r for r in json.loads((out / "sweep.json").read_text())["runs"]}
+    assert list(runs) == ["100m-policy", "100m-bpe-lm", "1b-policy", "1b-bpe-lm"]
+    for size in ("100m", "1b"):
+        r, unet = runs[f"{size}-bpe-lm"], runs[f"{size}-policy"]
+        cfg = load_config(r["config"], world_size=8)
+        assert r["kind"] == cfg.model.kind == "bpe" and cfg.model.tokenizer == "data/bpe32k/tokenizer.model"
+        assert cfg.data.seq_len == round(4096 / 4.2)
+        per_step = cfg.train.global_batch_size * cfg.data.seq_len * 4.2  # bytes per step
+        assert cfg.train.max_steps == math.ceil(2e9 / per_step)
+        assert 2e9 <= r["training_bytes"] < 2e9 + per_step
+        assert abs(r["flops_per_byte"] / unet["flops_per_byte"] - 1) <= 0.10
+        assert cfg.train.run_dir == str(out.resolve() / "runs" / r["name"])
+    # The realised tokens per byte of a bpe run comes from its rows' bytes_per_token.
+    r = runs["1b-bpe-lm"]
+    rd = out / "runs" / r["name"]
+    rd.mkdir(parents=True)
+    rows = [{"step": s, "split": "train", "bytes_per_token": 4.0} for s in (1, r["max_steps"])]
+    rows += [{"step": r["max_steps"], "split": "val", "val_bpb": 1.0}]
+    (rd / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in rows))
+    rows = {row["name"]: row for row in sweep.collect(out)}
+    assert rows["1b-bpe-lm"]["realised_rate"] == pytest.approx(0.25) and rows["1b-bpe-lm"]["status"] == "finished"
+
+
+def test_bpe_lm_needs_a_tokenizer_or_its_figures(tmp_path, capsys):
+    assert sweep.main(["--sizes", "1b", "--strategies", "bpe-lm", "--out", str(tmp_path)]) == 2
+    assert "--bpe-tokenizer" in capsys.readouterr().err
