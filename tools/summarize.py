@@ -62,17 +62,19 @@ def main(argv=None) -> int:
     entropy = unigram_entropy(d.text for d in iter_shard_documents(resolve_shards(data, "train")))
     val_text = b"\n".join(d.text for d in iter_shard_documents(resolve_shards(data, "val")))
     comp = compressor_bpb(val_text)
-    target = cfg["boundary"]["target_rate"]
+    tokens = (cfg.get("model") or {}).get("kind") == "bpe"  # the BPE token model: no boundaries
+    unit = "token" if tokens else "chunk"
+    target = None if tokens else cfg["boundary"]["target_rate"]
     last = train[-1]
     summary = {
-        "run": str(run), "strategy": cfg["boundary"]["strategy"], "steps": last["step"],
-        "train_bytes": last["bytes_seen"], "final_train_bpb": last["bpb"],
+        "run": str(run), "strategy": "bpe token model" if tokens else cfg["boundary"]["strategy"],
+        "steps": last["step"], "train_bytes": last["bytes_seen"], "final_train_bpb": last["bpb"],
         "final_val_bpb": val[-1]["val_bpb"] if val else None,
-        "val_bytes_per_chunk": val[-1]["val_bytes_per_chunk"] if val else None,
-        "val_boundary_rate": val[-1]["val_boundary_rate"] if val else None,
+        f"val_bytes_per_{unit}": val[-1][f"val_bytes_per_{unit}"] if val else None,
+        "val_boundary_rate": val[-1]["val_boundary_rate"] if val and not tokens else None,
         "target_rate": target, "byte_unigram_entropy": entropy, **comp,
-        "evaluate": {k: ev[k] for k in ("boundary_rule", "bpb", "bytes_per_chunk", "boundary_rate",
-                                        "whitespace_boundary_fraction", "bytes")} if ev else None,
+        "evaluate": {k: ev.get(k) for k in ("boundary_rule", "bpb", f"bytes_per_{unit}", "boundary_rate",
+                                            "whitespace_boundary_fraction", "bytes")} if ev else None,
     }
     (run / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
 
@@ -84,21 +86,26 @@ def main(argv=None) -> int:
           f"{summary['train_bytes'] / 1e6:.1f} MB of training text)\n")
     print(f"| {'figure':<44} | {'value':>12} | note\n|{'-' * 46}|{'-' * 14}|-----")
     if val:
-        line("val bits per byte (training-time validation)", fmt(summary["final_val_bpb"]), val[-1]["boundary_rule"])
+        line("val bits per byte (training-time validation)", fmt(summary["final_val_bpb"]),
+             val[-1].get("boundary_rule", "BPE tokens"))
     if ev:
-        line("held-out bits per byte (tools/evaluate.py)", fmt(ev["bpb"]), f"{ev['boundary_rule']}, {ev['bytes']:,} bytes")
+        line("held-out bits per byte (tools/evaluate.py)", fmt(ev["bpb"]),
+             f"{ev.get('boundary_rule') or 'BPE tokens'}, {ev['bytes']:,} bytes")
     line("byte-unigram entropy of the training text", fmt(entropy), "a model must beat this")
     for k, v in comp.items():
         line(f"{k} on the validation text", fmt(v), "bits per byte")
-    rate = ev["boundary_rate"] if ev else summary["val_boundary_rate"] or last["boundary_rate"]
-    ok = "within 0.05 of target" if abs(rate - target) <= 0.05 else "NOT within 0.05 of target"
-    line("boundary rate", fmt(rate), f"target {target}: {ok}")
-    per_chunk = (ev or {}).get("bytes_per_chunk", summary["val_bytes_per_chunk"] or last["bytes_per_chunk"])
-    line("bytes per chunk", f"{per_chunk:.2f}", "")
+    if not tokens:
+        rate = ev["boundary_rate"] if ev else summary["val_boundary_rate"] or last["boundary_rate"]
+        ok = "within 0.05 of target" if abs(rate - target) <= 0.05 else "NOT within 0.05 of target"
+        line("boundary rate", fmt(rate), f"target {target}: {ok}")
+    per_unit = (ev or {}).get(f"bytes_per_{unit}", summary[f"val_bytes_per_{unit}"] or last[f"bytes_per_{unit}"])
+    line(f"bytes per {unit}", f"{per_unit:.2f}", "")
     if ev:
-        line("whitespace positions with a boundary", fmt(ev["whitespace_boundary_fraction"]), "")
+        if not tokens:
+            line("whitespace positions with a boundary", fmt(ev["whitespace_boundary_fraction"]), "")
         for lang, r in sorted(ev.get("by_domain", {}).items()):
-            line(f"  bpb, domain {lang}", fmt(r["bpb"]), f"{r['bytes']:,} bytes, {r['bytes_per_chunk']:.2f} bytes/chunk")
+            line(f"  bpb, domain {lang}", fmt(r["bpb"]),
+                 f"{r['bytes']:,} bytes, {r[f'bytes_per_{unit}']:.2f} bytes/{unit}")
     best = (ev or {}).get("bpb", summary["final_val_bpb"] or last["bpb"])
     verdict = "learned" if best < entropy else "NOT below unigram entropy"
     print(f"\nverdict: {verdict}; figures in {run / 'summary.json'}")

@@ -78,10 +78,16 @@ def document_windows(text: bytes, seq_len: int, encoding=BYTES) -> list[torch.Te
 
 @torch.no_grad()
 def evaluate_documents(model, docs: Iterator, *, seq_len: int, batch_size: int, mode: str, seed: int,
-                       device, progress=None, encoding=BYTES) -> dict:
+                       device, progress=None, encoding=BYTES, share: tuple[int, int] | None = None,
+                       gather=None) -> dict:
     """Per-document evaluation with breakdowns by the documents' ``lang`` and ``domain``. ``encoding``
     turns documents into the model's ids (megatok.data.encoding.encoding_for(cfg)); for every model,
-    "bytes" and bpb are over the documents' UTF-8 bytes."""
+    "bytes" and bpb are over the documents' UTF-8 bytes.
+
+    Split over ranks: with ``share=(rank, world)`` this process runs only batches rank, rank + world,
+    ...; ``gather(obj)`` must return every rank's obj (torch.distributed.all_gather_object) and the
+    partial sums are merged, so every rank returns the same result as one process would (the seed of
+    a batch depends on its number only)."""
     module = getattr(model, "module", model)
     was_training = module.training
     module.eval()
@@ -96,6 +102,10 @@ def evaluate_documents(model, docs: Iterator, *, seq_len: int, batch_size: int, 
     def flush():
         nonlocal batch_no
         if not pending:
+            return
+        if share is not None and batch_no % share[1] != share[0]:  # another rank's batch
+            batch_no += 1
+            pending.clear()
             return
         width = max(len(w) for _, w in pending)
         tokens = torch.full((len(pending), width), encoding.pad, dtype=torch.long)
@@ -123,6 +133,16 @@ def evaluate_documents(model, docs: Iterator, *, seq_len: int, batch_size: int, 
             progress.update(len(d.text))
     flush()
     module.train(was_training)
+    if gather is not None:
+        parts = gather(({k: dict(v) for k, v in groups.items()}, dict(per_doc)))
+        groups, per_doc = defaultdict(lambda: defaultdict(float)), defaultdict(lambda: [0.0, 0.0])
+        for part_groups, part_docs in parts:
+            for key, sums in part_groups.items():
+                for k, v in sums.items():
+                    groups[key][k] += v
+            for doc_no, (nll, n) in part_docs.items():
+                per_doc[doc_no][0] += nll
+                per_doc[doc_no][1] += n
 
     for doc_no, (nll, n) in per_doc.items():
         for key in _keys(meta[doc_no]):

@@ -14,8 +14,9 @@ document by document and logs one ``"split": "h2h"`` row with, side by side:
 - ``by_lang`` / ``by_domain``: all of the above per "lang" / "domain" metadata of the documents;
 - ``h2h_seconds`` and ``h2h_cost_fraction``: time spent here, and its share of wall time since start.
 
-Every rank scores all documents with the training engine (identical forwards, as ZeRO-3 needs);
-rank 0 alone loads and scores the baseline (fp32, on the training device) and writes the row.
+The ranks share the documents' batches and merge their sums (under ZeRO-3, where every rank must
+take part in every forward, each rank scores all of them); rank 0 alone loads and scores the
+baseline (fp32, on the training device) and writes the row.
 """
 
 from __future__ import annotations
@@ -70,15 +71,23 @@ def tokenizer_path(cfg: Config) -> str | None:
     return None
 
 
+def _all_gather(obj) -> list:
+    import torch.distributed as tdist
+
+    out = [None] * tdist.get_world_size()
+    tdist.all_gather_object(out, obj)
+    return out
+
+
 def _unit(result: dict) -> str:
     return "token" if "bytes_per_token" in result else "chunk"
 
 
 class HeadToHead:
-    def __init__(self, cfg: Config, rank: int):
+    def __init__(self, cfg: Config, rank: int, world: int):
         from megatok.data.encoding import encoding_for
 
-        self.cfg, self.rank = cfg, rank
+        self.cfg, self.rank, self.world = cfg, rank, world
         self.encoding = encoding_for(cfg)
         self.docs = heldout_documents(cfg)
         self.tokenizer = None
@@ -93,9 +102,12 @@ class HeadToHead:
     def run(self, engine, step: int, device, logger) -> dict:
         t0 = time.time()
         e = self.cfg.eval
+        split = {}
+        if self.world > 1 and engine.zero_optimization_stage() < 3:  # ZeRO-3 needs every rank in every forward
+            split = {"share": (self.rank, self.world), "gather": _all_gather}
         mine = evaluate_documents(engine, iter(self.docs), seq_len=self.cfg.data.seq_len,
                                   batch_size=e.batch_size or self.cfg.train.micro_batch_size,
-                                  mode=e.boundary_mode, seed=e.seed, device=device, encoding=self.encoding)
+                                  mode=e.boundary_mode, seed=e.seed, device=device, encoding=self.encoding, **split)
         if self.rank != 0:
             self.seconds += time.time() - t0
             return {}

@@ -211,6 +211,10 @@ def train(cfg: Config, *, resume: str = "auto") -> dict:
             if tag.startswith("universal-"):
                 shutil.rmtree(checkpoint.checkpoint_dir(run_dir) / tag, ignore_errors=True)  # a derived copy
             truncate_metrics(run_dir, meta["step"])
+    elif rank == 0 and (run_dir / "metrics.jsonl").is_file():  # a fresh start (--resume none) in a used directory
+        old = run_dir / f"metrics.before-{time.strftime('%Y%m%d-%H%M%S')}.jsonl"
+        os.replace(run_dir / "metrics.jsonl", old)
+        print(f"megatok: starting from step 0; the earlier metrics are kept in {old}", flush=True)
     step = meta["step"] if meta else 0
     start_batch, start_epoch = data_position(meta, cfg, world)
     accum = cfg.train.grad_accum
@@ -221,7 +225,7 @@ def train(cfg: Config, *, resume: str = "auto") -> dict:
                               on_bad_shard=cfg.data.on_bad_shard, encoding=encoding)
     batches = iter(make_loader(stream, cfg.data.num_workers))
     val = validation_batches(cfg, rank, world, encoding)
-    h2h = HeadToHead(cfg, rank) if cfg.eval.head_to_head else None
+    h2h = HeadToHead(cfg, rank, world) if cfg.eval.head_to_head else None
     # cumulative text bytes (UTF-8 bytes predicted) and model FLOPs, carried across resumes
     bytes_seen, flops_seen = (meta.get("bytes_seen", 0.0), meta.get("flops", 0.0)) if meta else (0.0, 0.0)
 

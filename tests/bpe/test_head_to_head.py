@@ -1,5 +1,5 @@
 """A BPE token model trained by launch/pretrain.py (2 ranks, ZeRO-2) and scored inside a megatok run's
-periodic head-to-head on the same bytes; exact resume of the token data stream; tools/compare.py
+periodic head-to-head (2 ranks sharing the documents) on the same bytes; exact resume of the token data stream; tools/compare.py
 over both runs."""
 
 from __future__ import annotations
@@ -50,9 +50,10 @@ def runs(shards, tmp_path_factory):
     pretrain(["--config", "configs/tiny.json", "--set", *common, *BPE_SET, f"model.tokenizer={tok}",
               f"train.run_dir={bpe_run}"], nproc=2)
     unet_run = tmp / "unet"
+    # 2 ranks under ZeRO-2: the head-to-head splits the documents' batches over the ranks and merges the sums
     pretrain(["--config", "configs/tiny.json", "--set", *common, f"train.run_dir={unet_run}", "train.max_steps=4",
-              "train.micro_batch_size=2", "train.global_batch_size=2", "eval.every=2", f"eval.heldout={heldout}",
-              f"eval.baseline_run={bpe_run}"])
+              "train.micro_batch_size=2", "train.global_batch_size=4", "eval.every=2", f"eval.heldout={heldout}",
+              f"eval.baseline_run={bpe_run}"], nproc=2)
     return {"tmp": tmp, "heldout": heldout, "tok": tok, "bpe": bpe_run, "unet": unet_run, "common": common}
 
 
@@ -72,6 +73,18 @@ def test_token_model_metrics(runs):
     per_token = flops.flops_per_byte(cfg, rate=1.0)["training"]
     tokens = 6 * 4 * 24  # steps x global batch x seq_len: every position is a token the model processed
     assert train[-1]["flops"] == pytest.approx(per_token * tokens, rel=1e-9)
+
+
+def test_evaluate_and_summarize_a_token_model(runs):
+    ev = tool("evaluate.py", "--run", runs["bpe"], "--data", runs["heldout"])
+    assert ev.returncode == 0, ev.stderr[-2000:]
+    (runs["bpe"] / "eval.json").write_text(ev.stdout)
+    r = tool("summarize.py", "--run", runs["bpe"])
+    assert r.returncode == 0, r.stderr[-2000:]
+    summary = json.loads((runs["bpe"] / "summary.json").read_text())
+    assert summary["strategy"] == "bpe token model" and summary["target_rate"] is None
+    assert summary["evaluate"]["bpb"] == json.loads(ev.stdout)["bpb"] and "bytes per token" in r.stdout
+    assert "boundary rate" not in r.stdout
 
 
 def test_token_stream_resumes_exactly(runs):
@@ -100,7 +113,7 @@ def test_head_to_head_rows_match_the_evaluators(runs):
     for lang, texts in PARALLEL.items():
         n = sum(len(t.encode()) for t in texts) / sum(len(bpe.encode_bytes(sp, t.encode())) for t in texts)
         assert last["by_lang"][lang]["h2h_bpe_bytes_per_token"] == pytest.approx(n)
-    # the baseline's and megatok's figures are tools/evaluate.py's on the same file and checkpoints
+    # the baseline's and megatok's figures are tools/evaluate.py's (one process) on the same file and checkpoints
     base = json.loads(tool("evaluate.py", "--run", runs["bpe"], "--data", runs["heldout"]).stdout)
     mine = json.loads(tool("evaluate.py", "--run", runs["unet"], "--data", runs["heldout"], "--seed", "1234",
                            "--batch-size", "2").stdout)

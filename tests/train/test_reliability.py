@@ -246,3 +246,16 @@ def test_export_from_zero3_matches_the_live_engine(shards, tmp_path):
         stored = load_file(str(out / "model.safetensors"))["head.weight"].dtype
         assert stored == (torch.float32 if dtype == "fp32" else torch.bfloat16)
         torch.testing.assert_close(exported_logits(out, ref["x"]), ref["logits"], rtol=0, atol=tol, msg=dtype)
+
+
+def test_fresh_start_in_a_used_directory_sets_the_old_metrics_aside(shards, tmp_path):
+    """--resume none starts at step 0: metrics.jsonl holds only the new run, the old rows are kept beside it."""
+    args = ["--config", "configs/tiny.json", "--set", *TINY, f"data.shards={shards}", f"train.run_dir={tmp_path}",
+            "train.max_steps=2", "train.micro_batch_size=2", "train.global_batch_size=2"]
+    pretrain(args)
+    first = read_metrics(tmp_path)
+    r = pretrain(args + ["--resume", "none"])
+    assert [row["step"] for row in read_metrics(tmp_path) if row["split"] == "train"] == [1, 2]
+    (old,) = tmp_path.glob("metrics.before-*.jsonl")
+    assert [json.loads(line) for line in old.read_text().splitlines()] == first
+    assert str(old) in r.stdout
