@@ -18,13 +18,13 @@ SEP (between packed documents) and PAD are their own chunks; the byte after SEP 
 Invalid UTF-8 bytes start their own chunk under ``exact`` (sentencepiece reads text, not bytes).
 Nothing is learned; the rate is the tokenizer's (choose its vocabulary size for the target rate).
 
-Train a tokenizer:  python -m megatok.boundaries.bpe --data data/shards --out data/bpe.model --vocab-size 32768
+Train the tokenizer with tools/train_bpe.py (the same one the BPE token model uses):
+    python tools/train_bpe.py --data data/shards --vocab-size 4096 --out runs/bpe4k
+    --set boundary.strategy=bpe boundary.model_path=runs/bpe4k/tokenizer.model
 """
 
 from __future__ import annotations
 
-import argparse
-import io
 from collections.abc import Iterable
 from functools import lru_cache
 from pathlib import Path
@@ -34,11 +34,12 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from megatok.boundaries.base import Boundaries, BoundaryStrategy, finalize_starts
+from megatok.bpe import TokenizerError, load_tokenizer, token_bytes
 
 
 class Options(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    model_path: str = Field("", validate_default=True, description="bpe: a trained sentencepiece BPE model file (required; python -m megatok.boundaries.bpe trains one)")
+    model_path: str = Field("", validate_default=True, description="bpe: tokenizer.model from tools/train_bpe.py (required)")
     rule: Literal["causal", "exact"] = Field("causal", description="bpe: causal = greedy walk over the vocabulary (bytes <= t only); exact = sentencepiece on the whole window (NOT causal, analysis only)")
 
     @field_validator("model_path")
@@ -46,24 +47,17 @@ class Options(BaseModel):
     def _exists(cls, v: str) -> str:
         if not v:
             raise ValueError("the bpe strategy needs a sentencepiece model: set boundary.model_path "
-                             "(python -m megatok.boundaries.bpe --data data/shards --out data/bpe.model trains one)")
+                             "(tools/train_bpe.py --data data/shards --vocab-size 4096 --out runs/bpe4k trains one)")
         if not Path(v).is_file():
             raise ValueError(f"{v}: no such file")
+        try:
+            load_tokenizer(v)
+        except TokenizerError as e:
+            raise ValueError(str(e)) from None
         return v
 
 
 # --------------------------------------------------------------------------- vocabulary
-
-
-def piece_bytes(sp) -> list[bytes]:
-    """The exact bytes of every normal, user-defined and byte piece (not <unk>, <s>, </s>, unused)."""
-    out = []
-    for i in range(sp.get_piece_size()):
-        if sp.is_control(i) or sp.is_unknown(i) or sp.is_unused(i):
-            continue
-        piece = sp.id_to_piece(i)
-        out.append(bytes([int(piece[3:5], 16)]) if sp.is_byte(i) else piece.replace("\u2581", " ").encode("utf-8"))
-    return [p for p in out if p]
 
 
 def build_trie(pieces: Iterable[bytes]) -> list[dict[int, int]]:
@@ -145,11 +139,11 @@ def exact_starts(ids: list[int], sp) -> list[bool]:
 
 
 @lru_cache(maxsize=8)
-def load_tokenizer(path: str):
-    import sentencepiece as spm
-
-    sp = spm.SentencePieceProcessor(model_file=path)
-    return sp, build_trie(piece_bytes(sp))
+def tokenizer_and_trie(path: str):
+    """The tokenizer (megatok.bpe.load_tokenizer: checked to encode bytes exactly) and the trie of the
+    exact bytes of its pieces (byte pieces are their byte; control pieces have none)."""
+    sp = load_tokenizer(path)
+    return sp, build_trie(p for p in token_bytes(sp) if p)
 
 
 # --------------------------------------------------------------------------- strategy
@@ -158,7 +152,7 @@ def load_tokenizer(path: str):
 class Strategy(BoundaryStrategy):
     def __init__(self, *, d_model, target_rate, options: Options):
         super().__init__(d_model=d_model, target_rate=target_rate, options=options)
-        self.sp, self.trie = load_tokenizer(str(Path(options.model_path).resolve()))
+        self.sp, self.trie = tokenizer_and_trie(str(Path(options.model_path).resolve()))
 
     def starts_for(self, rows: list[list[int]]) -> list[list[bool]]:
         if self.options.rule == "exact":
@@ -169,56 +163,3 @@ class Strategy(BoundaryStrategy):
         rows = x.masked_fill(~mask, 0).tolist()
         starts = torch.tensor(self.starts_for(rows), dtype=torch.bool).view(x.shape).to(x.device)
         return Boundaries(starts=finalize_starts(starts, mask))
-
-
-# --------------------------------------------------------------------------- training a tokenizer
-
-
-def train_tokenizer(lines: Iterable[str], out: str | Path, vocab_size: int, **kwargs) -> Path:
-    """Train a byte-fallback BPE sentencepiece model on ``lines``; writes ``out`` (a .model file).
-
-    Identity normalisation and no whitespace collapsing, so pieces are the text's exact bytes;
-    whitespace-only pieces are allowed (indentation becomes a few pieces, not one per space)."""
-    import sentencepiece as spm
-
-    buf = io.BytesIO()
-    opts = dict(model_type="bpe", vocab_size=vocab_size, byte_fallback=True, character_coverage=0.9995,
-                normalization_rule_name="identity", remove_extra_whitespaces=False,
-                allow_whitespace_only_pieces=True, max_sentence_length=1 << 16, minloglevel=2,
-                input_sentence_size=2_000_000, shuffle_input_sentence=True)
-    opts.update(kwargs)
-    spm.SentencePieceTrainer.train(sentence_iterator=iter(lines), model_writer=buf, **opts)
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_bytes(buf.getvalue())
-    return out
-
-
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description="Train a sentencepiece BPE model for boundary.strategy=bpe")
-    ap.add_argument("--data", nargs="+", required=True,
-                    help="text inputs build_shards reads (.txt, .jsonl(.gz), dirs), or a shard directory (its train split)")
-    ap.add_argument("--out", required=True, help="output .model file")
-    ap.add_argument("--vocab-size", type=int, default=4096)
-    args = ap.parse_args(argv)
-    from megatok.data.documents import iter_documents
-    from megatok.data.stream import iter_shard_documents, resolve_shards
-
-    def documents():
-        for p in args.data:
-            if Path(p, "manifest.json").is_file():
-                yield from iter_shard_documents(resolve_shards(p, "train"))
-            else:
-                yield from iter_documents([p])
-
-    def lines():
-        for d in documents():
-            yield from d.text.decode("utf-8", errors="replace").splitlines()
-
-    path = train_tokenizer(lines(), args.out, args.vocab_size)
-    print(f"wrote {path} ({args.vocab_size} pieces)")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -5,12 +5,13 @@ import pytest
 import torch
 
 from megatok.boundaries import build_strategy
-from megatok.boundaries.bpe import build_trie, causal_starts, exact_starts, load_tokenizer
+from megatok.boundaries.bpe import build_trie, causal_starts, exact_starts, tokenizer_and_trie
 from megatok.boundaries.uniform import uniform_starts
 from megatok.boundaries.whitespace import whitespace_starts
 from megatok.config import ConfigError, load_config
 from megatok.vocab import PAD, SEP
 from tests.boundaries.tokenizer import tiny_bpe_model
+from tests.conftest import stdlib_texts
 
 
 def segments(data: bytes, starts) -> list[bytes]:
@@ -123,16 +124,14 @@ def test_bpe_causal_rule_restarts_after_sep():
 
 
 def test_bpe_exact_rule_maps_sentencepiece_tokens_to_bytes():
-    sp, _ = load_tokenizer(tiny_bpe_model())
+    sp, _ = tokenizer_and_trie(tiny_bpe_model())
     for text in ["the self.x = 1", "naïve café über", "日本 and 😀", "  two  spaces\tand\ttabs\n"]:
         data = text.encode()
         # reference: lengths in bytes of the pieces sentencepiece returns, in order
         pieces = sp.encode(text, out_type=str)
         want, pos = [], 0
-        for i, p in enumerate(pieces):
+        for p in pieces:  # (tools/train_bpe.py's tokenizers add no dummy-prefix space)
             n = 1 if (p.startswith("<0x") and p.endswith(">")) else len(p.replace("\u2581", " ").encode())
-            if i == 0 and p.startswith("\u2581"):
-                n -= 1  # sentencepiece's dummy-prefix space covers no byte of the text
             if n:
                 want.append(pos)
             pos += n
@@ -142,7 +141,7 @@ def test_bpe_exact_rule_maps_sentencepiece_tokens_to_bytes():
 
 
 def test_bpe_exact_rule_splits_unknown_characters_into_bytes_and_handles_invalid_utf8():
-    sp, _ = load_tokenizer(tiny_bpe_model())
+    sp, _ = tokenizer_and_trie(tiny_bpe_model())
     data = "aé".encode()  # é is not in the stdlib-trained vocabulary: <0xC3> <0xA9>
     assert sp.encode("é", out_type=str)[-2:] == ["<0xC3>", "<0xA9>"]
     assert exact_starts(list(data), sp) == [True, True, True]
@@ -152,7 +151,7 @@ def test_bpe_exact_rule_splits_unknown_characters_into_bytes_and_handles_invalid
 
 def test_bpe_causal_rule_is_causal_and_exact_rule_is_not():
     """Causal: the starts of a prefix are the prefix of the starts. Exact: BPE merges look ahead."""
-    sp, trie = load_tokenizer(tiny_bpe_model())
+    sp, trie = tokenizer_and_trie(tiny_bpe_model())
     text = list(b"def singing(self, string):\n    return self.thing + other_things  # those there\n")
     full_c, full_e = causal_starts(text, trie), exact_starts(text, sp)
     leaks = 0
@@ -170,7 +169,7 @@ def test_bpe_strategy_and_its_options():
     strat = build_strategy("bpe", d_model=4, target_rate=0.2, options={"model_path": path})
     x, mask = batch(b"the self.x = 1", b"self")
     b = strat(None, x, mask)
-    sp, trie = load_tokenizer(path)
+    sp, trie = tokenizer_and_trie(path)
     assert b.starts[0].tolist() == causal_starts(list(b"the self.x = 1"), trie)
     assert b.starts[1, :4].tolist() == causal_starts(list(b"self"), trie) and not b.starts[1, 4:].any()
     with pytest.raises(ConfigError, match="boundary.model_path"):
@@ -180,3 +179,14 @@ def test_bpe_strategy_and_its_options():
     cfg = load_config(None, ["boundary.strategy=bpe", f"boundary.model_path={path}", "boundary.rule=exact"],
                       world_size=1)
     assert cfg.boundary.options == {"model_path": path, "rule": "exact"}
+
+
+def test_bpe_strategy_refuses_a_tokenizer_that_does_not_encode_bytes_exactly(tmp_path):
+    """A tokenizer with sentencepiece's defaults (dummy prefix, NFKC) fails at config load, in one line."""
+    import sentencepiece as spm
+
+    lines = [line for text in stdlib_texts(n_files=5) for line in text.splitlines() if line.strip()]
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(lines), model_prefix=str(tmp_path / "plain"),
+                                   vocab_size=400, model_type="bpe", byte_fallback=True, minloglevel=2)
+    with pytest.raises(ConfigError, match=r"boundary.model_path: .*does not round-trip text exactly"):
+        load_config(None, ["boundary.strategy=bpe", f"boundary.model_path={tmp_path / 'plain.model'}"], world_size=1)
