@@ -19,7 +19,8 @@ With ``--heldout FILE`` (documents with "lang", e.g. the parallel UDHR set of ``
 megatok.eval.bpb.evaluate_documents, as tools/evaluate.py) is evaluated per language, and with
 ``--tokenizer`` the BPE tokenizer's bytes per token are measured on the same text. ``compare.md`` then
 has a per-language table (bytes per unit and bpb; units and bits for the same content) and the
-disparity across languages: max / min over languages. On parallel text the "units" disparity is how
+disparity across languages: max / min over languages, and ``per_language.png`` (bars of both per
+language and system). On parallel text the "units" disparity is how
 many more chunks or tokens one language needs than another for the same content. A run whose kind has no
 evaluator is listed as skipped, with the reason. Exit status 2 on bad input, one error line.
 """
@@ -248,6 +249,37 @@ def language_tables(systems: list[dict], langs: list[str], lang_bytes: dict[str,
     return render(t1) + "\n\n" + render(t2)
 
 
+def plot_languages(systems: list[dict], langs: list[str], path: Path) -> bool:
+    """Two panels over languages: bytes per unit (chunk or token) and bits per byte, one bar per system."""
+    if not systems or not langs:
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 1, figsize=(min(14, max(7, 0.25 * len(langs) * len(systems) + 3)), 6), sharex=True)
+    width = 0.8 / len(systems)
+    for panel, (key, label) in zip(axes, (("bytes_per_unit", "UTF-8 bytes per chunk / token"),
+                                          ("bpb", "bits per byte"))):
+        for i, s in enumerate(systems):
+            vals = [s["by_lang"].get(lang, {}).get(key) for lang in langs]
+            if all(_num(v) is None for v in vals):
+                continue
+            xs = [j + (i - (len(systems) - 1) / 2) * width for j in range(len(langs))]
+            panel.bar(xs, [v if _num(v) is not None else 0 for v in vals], width,
+                      label=f"{s['name']} ({s['unit']}s)")
+        panel.set_ylabel(label)
+        panel.grid(True, axis="y", alpha=0.3)
+    axes[0].legend(fontsize=8)
+    axes[0].set_title("per language on the same (parallel) text")
+    axes[1].set_xticks(range(len(langs)), langs)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
 # ----------------------------------------------------------------------------- main
 
 def main(argv=None) -> int:
@@ -288,6 +320,7 @@ def main(argv=None) -> int:
                           f"'{r['kind']}'), left out of the FLOPs plot")
         if args.heldout:
             md += _heldout_section(args, runs, result)
+            plots += result.pop("plots_heldout", [])
     except (DataError, FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -345,6 +378,9 @@ def _heldout_section(args, runs: list[dict], result: dict) -> list[str]:
             md.append(f"- BPE: {s['tokenizer']} ({s['vocab_size']} pieces)")
     md += notes + [""]
     if systems:
+        if plot_languages(systems, langs, Path(args.out) / "per_language.png"):
+            result["plots_heldout"] = ["per_language.png"]
+            md += ["![per language](per_language.png)", ""]
         md.append(language_tables(systems, langs, lang_bytes))
         md += ["", "| system | bytes/unit max/min | units max/min | bpb max/min | bits max/min |",
                "|---|---:|---:|---:|---:|"]

@@ -11,7 +11,9 @@ document by document and logs one ``"split": "h2h"`` row with, side by side:
   at matched FLOPs) on exactly the same bytes (summed token NLL over the same UTF-8 byte count), and
   ``h2h_bpb_gap`` = baseline - this model (positive: this model is better). The baseline is
   re-scored only when its latest checkpoint changes (it may be training at the same time);
-- ``by_lang`` / ``by_domain``: all of the above per "lang" / "domain" metadata of the documents;
+- ``by_lang`` / ``by_domain``: all of the above (with ``h2h_documents`` and ``h2h_bytes``) per "lang" /
+  "domain" metadata of the documents. On a parallel set, check that every language got the same
+  documents: ``eval.heldout_max_bytes`` reads a prefix of the file;
 - ``h2h_seconds`` and ``h2h_cost_fraction``: time spent here, and its share of wall time since start.
 
 The ranks share the documents' batches and merge their sums (under ZeRO-3, where every rank must
@@ -112,8 +114,7 @@ class HeadToHead:
             self.seconds += time.time() - t0
             return {}
         base = self._baseline(device)
-        row = {"step": step, "split": "h2h", "h2h_documents": mine["documents"], "h2h_bytes": mine["bytes"],
-               **self._figures(mine, base, self.tokenizer)}
+        row = {"step": step, "split": "h2h", **self._figures(mine, base, self.tokenizer)}
         for kind in ("lang", "domain"):
             if f"by_{kind}" in mine:
                 row[f"by_{kind}"] = {
@@ -131,7 +132,8 @@ class HeadToHead:
     @staticmethod
     def _figures(mine: dict, base: dict | None, tok: dict | None) -> dict:
         unit = _unit(mine)
-        out = {"h2h_bpb": mine["bpb"], f"h2h_bytes_per_{unit}": mine[f"bytes_per_{unit}"]}
+        out = {"h2h_documents": mine["documents"], "h2h_bytes": mine["bytes"], "h2h_bpb": mine["bpb"],
+               f"h2h_bytes_per_{unit}": mine[f"bytes_per_{unit}"]}
         if tok is not None:
             out["h2h_bpe_bytes_per_token"] = tok["bytes_per_token"]
         if base is not None:

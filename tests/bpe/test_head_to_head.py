@@ -123,6 +123,7 @@ def test_head_to_head_rows_match_the_evaluators(runs):
         assert got["h2h_baseline_bpb"] == pytest.approx(base["by_lang"][lang]["bpb"], rel=1e-5)
         assert got["h2h_baseline_bytes_per_token"] == pytest.approx(base["by_lang"][lang]["bytes_per_token"])
         assert got["h2h_bpb"] == pytest.approx(mine["by_lang"][lang]["bpb"], rel=1e-5)
+        assert got["h2h_documents"] == 2 and got["h2h_bytes"] == sum(len(t.encode()) for t in PARALLEL[lang])
         assert got["h2h_bpb_gap"] == pytest.approx(got["h2h_baseline_bpb"] - got["h2h_bpb"])
     assert last["h2h_bpb"] == pytest.approx(mine["bpb"], rel=1e-5)
 
@@ -144,6 +145,7 @@ def test_compare_reads_and_evaluates_both_kinds(runs):
             systems["BPE"]["by_lang"][lang]["bytes_per_unit"])
     md = (out / "compare.md").read_text()
     assert "| bpe | bpe | 6 |" in md and "bpe bpb" in md and (out / "val_bpb_vs_flops.png").is_file()
+    assert (out / "per_language.png").read_bytes().startswith(b"\x89PNG") and "per_language.png" in result["plots"]
 
 
 def test_bad_head_to_head_inputs_fail_before_training(runs, tmp_path):
