@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 from megatok.config import Config
-from megatok.data.documents import Document, iter_documents
+from megatok.data.documents import DataError, Document, iter_documents
 from megatok.eval.bpb import evaluate_documents
 
 
@@ -92,6 +92,8 @@ class HeadToHead:
         self.cfg, self.rank, self.world = cfg, rank, world
         self.encoding = encoding_for(cfg)
         self.docs = heldout_documents(cfg)
+        if not self.docs:
+            raise DataError(f"eval.heldout: no documents in {cfg.eval.heldout or 'the validation split'}")
         self.tokenizer = None
         path = tokenizer_path(cfg)
         if rank == 0 and path:
