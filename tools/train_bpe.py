@@ -13,7 +13,8 @@ Writes OUT/tokenizer.model and OUT/report.json: vocabulary size, the sentencepie
 per token (overall and per "lang" and "domain") on the training text (the documents fed, up to
 --max-mb) and on held-out text: the validation split of every shard directory in --data, and each
 --heldout file (e.g. the parallel UDHR set from tools/make_corpus.py --heldout-out), with the
-disparity across languages (max / min bytes per token). Exit status 2 on bad input, one error line.
+disparity across languages (max / min bytes per token), and "encode_speed": how fast the training
+data pipeline tokenises (one dataloader worker). Exit status 2 on bad input, one error line.
 """
 
 from __future__ import annotations
@@ -57,6 +58,24 @@ def measure(sp, docs, desc: str, total: int | None = None) -> dict:
     return r
 
 
+def pipeline_speed(model: str, docs, max_bytes: int = 4 * MB) -> dict:
+    """How fast the training data pipeline tokenises (megatok.data.encoding, one document at a time, as one
+    dataloader worker does), on the first max_bytes of docs."""
+    from megatok.data.encoding import BpeEncoding
+
+    enc = BpeEncoding(model)
+    n_bytes = n_tokens = 0
+    t = time.perf_counter()
+    for d in docs:
+        n_tokens += len(enc.doc_ids(d.text))
+        n_bytes += len(d.text)
+        if n_bytes >= max_bytes:
+            break
+    dt = max(time.perf_counter() - t, 1e-9)
+    return {"bytes": n_bytes, "tokens": n_tokens, "seconds": round(dt, 3), "mb_per_s": n_bytes / dt / MB,
+            "tokens_per_s": n_tokens / dt}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", required=True, nargs="+", help="files, directories, or a shard directory (train split)")
@@ -91,6 +110,7 @@ def main(argv=None) -> int:
         for f in args.heldout:
             heldout[f] = measure(sp, iter_documents([f]), f"measure {Path(f).name}")
         report["heldout"] = heldout
+        report["encode_speed"] = pipeline_speed(trained["model"], bpe.input_documents(args.data))
     except (DataError, ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -100,6 +120,9 @@ def main(argv=None) -> int:
               file=sys.stderr)
     print(f"wrote {trained['model']} ({trained['vocab_size']} pieces, trained on {trained['documents']:,} documents, "
           f"{trained['bytes']:,} bytes in {t_train:.1f}s) and {out / 'report.json'}")
+    speed = report["encode_speed"]
+    print(f"data pipeline: {speed['mb_per_s']:.1f} MB/s, {speed['tokens_per_s'] / 1e6:.2f} M tokens/s per dataloader "
+          f"worker (megatok.data.encoding on {speed['bytes']:,} bytes)")
     for name, r in itertools.chain([("train", report["train"])], heldout.items()):
         print(f"{name}: {r['bytes_per_token']:.3f} bytes/token over {r['bytes']:,} bytes")
         for lang, v in r.get("by_lang", {}).items():

@@ -32,6 +32,8 @@ def test_from_shards_with_heldout_file(shards, tmp_path):
     assert "train_bpe" in r.stderr  # the progress bar over the documents fed
     report = json.loads((out / "report.json").read_text())
     assert report["vocab_size"] == 600 and (out / "tokenizer.model").is_file()
+    speed = report["encode_speed"]  # the data pipeline's own tokenising, timed
+    assert speed["bytes"] > 0 and speed["tokens"] > 0 and speed["mb_per_s"] > 0
     train = report["train"]
     assert 300_000 <= train["bytes"] < 300_000 + 40_000  # up to the document that reaches --max-mb
     assert train["bytes_per_token"] > 2 and set(train["by_domain"]) == {"code", "prose"}
