@@ -68,6 +68,16 @@ def policy_loss(log_probs: torch.Tensor, returns: torch.Tensor, decision_mask: t
 
 
 def rate_loss(logits: torch.Tensor, probs: torch.Tensor, mask: torch.Tensor, target: float,
-              weight: float) -> torch.Tensor:
-    """weight * mean(l) * stopgrad(mean(p) - rho): pushes every logit down when the rate is above target."""
-    return weight * masked_mean(logits, mask) * (masked_mean(probs, mask) - target).detach()
+              weight: float, per_sequence: bool = False) -> torch.Tensor:
+    """weight * mean(l) * stopgrad(mean(p) - rho): pushes every logit down when the rate is above target.
+
+    The means are over the micro-batch; with ``per_sequence`` the term is taken in each sequence and
+    averaged over sequences, so every sequence is held at the target, not only their average."""
+    if not per_sequence:
+        return weight * masked_mean(logits, mask) * (masked_mean(probs, mask) - target).detach()
+    m = mask.to(logits.dtype)
+    n = m.sum(1)
+    mean_l = (logits * m).sum(1) / n.clamp(min=1)
+    mean_p = (probs * m).sum(1) / n.clamp(min=1)
+    real = (n > 0).to(logits.dtype)
+    return weight * (mean_l * (mean_p - target).detach() * real).sum() / real.sum().clamp(min=1)

@@ -1,5 +1,7 @@
 """The score-function estimator against plain reference computations."""
 
+import math
+
 import pytest
 import torch
 
@@ -92,6 +94,26 @@ def test_rate_loss_pushes_logits_toward_the_target():
     low = torch.full((2, 10), -4.0, requires_grad=True)
     rl.rate_loss(low, torch.sigmoid(low), mask, 0.2, 0.01).backward()
     assert (low.grad < 0).all()
+
+
+def test_rate_loss_per_sequence_holds_each_sequence_not_only_the_average():
+    """Two sequences at p = 0.35 and 0.05: the batch mean is the target 0.2, so the batch term does
+    nothing; the per-sequence term lowers the first sequence's logits and raises the second's."""
+    logits = torch.stack([torch.full((10,), math.log(0.35 / 0.65)), torch.full((10,), math.log(0.05 / 0.95))])
+    mask = torch.ones(2, 10, dtype=torch.bool)
+    batch = logits.clone().requires_grad_(True)
+    rl.rate_loss(batch, torch.sigmoid(batch), mask, 0.2, 0.01).backward()
+    torch.testing.assert_close(batch.grad, torch.zeros_like(batch), atol=1e-9, rtol=0)
+    seq = logits.clone().requires_grad_(True)
+    rl.rate_loss(seq, torch.sigmoid(seq), mask, 0.2, 0.01, per_sequence=True).backward()
+    assert (seq.grad[0] > 0).all() and (seq.grad[1] < 0).all()
+    # by hand: weight / n_seq * (p_b - rho) / T for every position of sequence b
+    torch.testing.assert_close(seq.grad[:, 0], torch.tensor([0.01 / 2 * 0.15 / 10, 0.01 / 2 * -0.15 / 10]))
+    # an all-padding sequence adds nothing and does not dilute the others
+    pad = torch.cat([seq.detach(), torch.zeros(1, 10)]).requires_grad_(True)
+    pmask = torch.cat([mask, torch.zeros(1, 10, dtype=torch.bool)])
+    rl.rate_loss(pad, torch.sigmoid(pad), pmask, 0.2, 0.01, per_sequence=True).backward()
+    torch.testing.assert_close(pad.grad[:2], seq.grad)
 
 
 def test_policy_starts_at_the_target_rate_and_forces_the_first_boundary():

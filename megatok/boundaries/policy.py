@@ -18,6 +18,7 @@ reads h_t and b_{<t}.
 from __future__ import annotations
 
 import math
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -37,6 +38,7 @@ class Options(BaseModel):
     batch_baseline: bool = Field(True, description="subtract the micro-batch mean reward at each position")
     early_exit_reward: bool = Field(True, description="reward CE_early - CE_full; off: reward -CE_full")
     window: int = Field(1, ge=1, le=64, description="condition each decision on the previous window-1 decisions (1: independent per byte)")
+    rate_scope: Literal["batch", "sequence"] = Field("batch", description="hold the rate at target over the micro-batch (method.md), or in every sequence")
 
 
 class Strategy(BoundaryStrategy):
@@ -115,5 +117,6 @@ class Strategy(BoundaryStrategy):
         decisions[:, 0] = False  # b_1 is forced: no gradient
         return {
             "policy_loss": rl.policy_loss(b.log_probs, returns, decisions, o.lambda_policy),
-            "rate_loss": rl.rate_loss(b.extra["logits"], b.probs, mask, self.target_rate, o.lambda_rate),
+            "rate_loss": rl.rate_loss(b.extra["logits"], b.probs, mask, self.target_rate, o.lambda_rate,
+                                      per_sequence=o.rate_scope == "sequence"),
         }
