@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Wheels that tools/gpu_check.py needs on a GPU machine whose image has torch but not megatok's other
+# requirements, and no network: run this here (where pip reaches the registry), carry .whl/ there, and
+# install it there with --no-index. Pinned to requirements.txt; Python 3.12, x86-64 Linux by default.
+#   bash tools/gpu_wheels.sh                 # -> .whl/ (about 6 MB), ignored by git
+#   there: python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && PYTHONPATH=/tmp/site \
+#          python3 tools/gpu_check.py --json-out gpu_check.json
+# (einops, msgpack, ninja, numpy, packaging, psutil, py-cpuinfo, pyyaml and tqdm are usually in CUDA
+#  images already; add them to EXTRA if yours lacks them, e.g. EXTRA="einops==0.8.1".)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PY:-.venv/bin/python}
+PYVER=${PYVER:-3.12}
+OUT=${OUT:-.whl}
+grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo '/.whl/' >> .git/info/exclude
+mkdir -p "$OUT"
+pin() { grep -E "^$1==" requirements.txt | head -1; }
+# DeepSpeed is a source distribution: build its pure-Python wheel here (no ops compiled).
+$PY -m pip wheel -q --no-deps -w "$OUT" "$(pin deepspeed)"
+platforms=()
+for n in 2_17 2_27 2_28 2_31 2_34 2_35; do platforms+=(--platform "manylinux_${n}_x86_64"); done
+$PY -m pip download -q --no-deps --only-binary=:all: --python-version "$PYVER" --implementation cp \
+  "${platforms[@]}" --platform manylinux2014_x86_64 -d "$OUT" \
+  "$(pin pydantic)" pydantic-core==2.46.4 annotated-types==0.8.0 typing-inspection==0.4.5 \
+  "$(pin webdataset)" braceexpand==0.1.7 hjson==3.1.0 ${EXTRA:-}
+ls -1 "$OUT"
+du -sh "$OUT"
