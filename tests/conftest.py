@@ -43,6 +43,25 @@ def shards(tmp_path_factory) -> Path:
     return out
 
 
+# The same two sentences in three languages and scripts: a tiny parallel held-out set.
+PARALLEL = {
+    "en": ["All human beings are born free and equal in dignity and rights.",
+           "Everyone has the right to life, liberty and security of person."],
+    "ru": ["Все люди рождаются свободными и равными в своем достоинстве и правах.",
+           "Каждый человек имеет право на жизнь, на свободу и на личную неприкосновенность."],
+    "zh": ["人人生而自由，在尊严和权利上一律平等。", "人人有权享有生命、自由和人身安全。"],
+}
+
+TOOL_ENV = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu", "WANDB_MODE": "disabled",
+            "PYTHONPATH": str(ROOT)}
+
+
+def run_tool(name: str, *args, timeout: float = 240) -> subprocess.CompletedProcess:
+    """Run tools/NAME with the arguments (str() of each), on CPU, wandb off, output captured."""
+    return subprocess.run([sys.executable, str(ROOT / "tools" / name), *map(str, args)], capture_output=True,
+                          text=True, env=TOOL_ENV, timeout=timeout, cwd=ROOT)
+
+
 TINY = [
     "model.d_model=32", "model.n_heads=2", "model.n_encoder_layers=1", "model.n_main_layers=1",
     "model.n_decoder_layers=1", "data.seq_len=64", "train.log_every=1", "train.warmup_steps=2",

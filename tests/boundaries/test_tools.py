@@ -6,23 +6,15 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
-import os
-import subprocess
 import sys
 
 import pytest
 import torch
 
 from tests.conftest import ROOT
+from tests.conftest import run_tool as tool
 
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu", "WANDB_MODE": "disabled",
-       "PYTHONPATH": str(ROOT)}
 TEXT = "Héllo wörld, 日本!\n    return self.x  # café"
-
-
-def tool(name: str, *args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(ROOT / "tools" / name), *map(str, args)], capture_output=True,
-                          text=True, env=ENV, timeout=240, cwd=ROOT)
 
 
 def load_tool(name: str):

@@ -6,33 +6,17 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 
 import pytest
 
 from megatok import bpe
 from megatok.data.documents import iter_documents
 from megatok.metrics import read_metrics
-from tests.conftest import ROOT, TINY, pretrain, stdlib_texts
+from tests.conftest import PARALLEL, TINY, pretrain, run_tool, stdlib_texts
 
-PARALLEL = {
-    "en": ["All human beings are born free and equal in dignity and rights.",
-           "Everyone has the right to life, liberty and security of person."],
-    "ru": ["Все люди рождаются свободными и равными в своем достоинстве и правах.",
-           "Каждый человек имеет право на жизнь, на свободу и на личную неприкосновенность."],
-    "zh": ["人人生而自由，在尊严和权利上一律平等。", "人人有权享有生命、自由和人身安全。"],
-}
 BPE_SET = ["model.kind=bpe", "model.vocab_size=512", "model.bytes_per_token=3.0", "model.n_encoder_layers=0",
            "model.n_decoder_layers=0", "model.n_main_layers=2", "data.seq_len=24", "train.save_every=3",
            "train.max_steps=6", "train.micro_batch_size=2", "train.global_batch_size=4", "eval.every=3"]
-
-
-def tool(name: str, *args) -> subprocess.CompletedProcess:
-    env = {"OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu", "WANDB_MODE": "disabled", "PYTHONPATH": str(ROOT),
-           "PATH": "/usr/bin:/bin"}
-    return subprocess.run([sys.executable, str(ROOT / "tools" / name), *map(str, args)], capture_output=True,
-                          text=True, env=env, timeout=240, cwd=ROOT)
 
 
 @pytest.fixture(scope="module")
@@ -76,10 +60,10 @@ def test_token_model_metrics(runs):
 
 
 def test_evaluate_and_summarize_a_token_model(runs):
-    ev = tool("evaluate.py", "--run", runs["bpe"], "--data", runs["heldout"])
+    ev = run_tool("evaluate.py", "--run", runs["bpe"], "--data", runs["heldout"])
     assert ev.returncode == 0, ev.stderr[-2000:]
     (runs["bpe"] / "eval.json").write_text(ev.stdout)
-    r = tool("summarize.py", "--run", runs["bpe"])
+    r = run_tool("summarize.py", "--run", runs["bpe"])
     assert r.returncode == 0, r.stderr[-2000:]
     summary = json.loads((runs["bpe"] / "summary.json").read_text())
     assert summary["strategy"] == "bpe token model" and summary["target_rate"] is None
@@ -114,8 +98,8 @@ def test_head_to_head_rows_match_the_evaluators(runs):
         n = sum(len(t.encode()) for t in texts) / sum(len(bpe.encode_bytes(sp, t.encode())) for t in texts)
         assert last["by_lang"][lang]["h2h_bpe_bytes_per_token"] == pytest.approx(n)
     # the baseline's and megatok's figures are tools/evaluate.py's (one process) on the same file and checkpoints
-    base = json.loads(tool("evaluate.py", "--run", runs["bpe"], "--data", runs["heldout"]).stdout)
-    mine = json.loads(tool("evaluate.py", "--run", runs["unet"], "--data", runs["heldout"], "--seed", "1234",
+    base = json.loads(run_tool("evaluate.py", "--run", runs["bpe"], "--data", runs["heldout"]).stdout)
+    mine = json.loads(run_tool("evaluate.py", "--run", runs["unet"], "--data", runs["heldout"], "--seed", "1234",
                            "--batch-size", "2").stdout)
     assert base["kind"] == "bpe" and base["strategy"] is None
     for lang in PARALLEL:
@@ -130,7 +114,7 @@ def test_head_to_head_rows_match_the_evaluators(runs):
 
 def test_compare_reads_and_evaluates_both_kinds(runs):
     out = runs["tmp"] / "cmp"
-    r = tool("compare.py", runs["unet"], runs["bpe"], "--out", out, "--heldout", runs["heldout"],
+    r = run_tool("compare.py", runs["unet"], runs["bpe"], "--out", out, "--heldout", runs["heldout"],
              "--tokenizer", runs["tok"] / "tokenizer.model")
     assert r.returncode == 0, r.stderr[-3000:]
     result = json.loads((out / "compare.json").read_text())

@@ -5,38 +5,19 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from megatok import bpe
-from tests.conftest import ROOT, TINY, pretrain, stdlib_texts
+from tests.conftest import PARALLEL, ROOT, TINY, pretrain, run_tool, stdlib_texts
 
 # Loaded from its path: tools/ is not a package (and tests/tools deliberately has no __init__.py).
 _spec = importlib.util.spec_from_file_location("compare", ROOT / "tools" / "compare.py")
 compare = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(compare)
 
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu", "WANDB_MODE": "disabled",
-       "PYTHONPATH": str(ROOT)}
 PNG = b"\x89PNG\r\n\x1a\n"
-
-# A tiny parallel set: the same two sentences in three languages and scripts.
-PARALLEL = {
-    "en": ["All human beings are born free and equal in dignity and rights.",
-           "Everyone has the right to life, liberty and security of person."],
-    "ru": ["Все люди рождаются свободными и равными в своем достоинстве и правах.",
-           "Каждый человек имеет право на жизнь, на свободу и на личную неприкосновенность."],
-    "zh": ["人人生而自由，在尊严和权利上一律平等。", "人人有权享有生命、自由和人身安全。"],
-}
-
-
-def run_compare(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(ROOT / "tools/compare.py"), *map(str, args)], capture_output=True,
-                          text=True, env=ENV, timeout=240, cwd=ROOT)
 
 
 def fake_run(path: Path, config: dict, rows: list[dict]) -> Path:
@@ -106,12 +87,12 @@ def test_runs_without_flops_or_val_rows(tmp_path):
 
 
 def test_bad_input_is_one_error_line(tmp_path):
-    r = run_compare(tmp_path / "nope", "--out", tmp_path / "o")
+    r = run_tool("compare.py", tmp_path / "nope", "--out", tmp_path / "o")
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert [line for line in r.stderr.splitlines() if line.startswith("error:")] == [
         f"error: {tmp_path / 'nope'}: not a run directory (no config.json)"]
     policy, _ = fake_runs(tmp_path)
-    r = run_compare(policy, "--out", tmp_path / "o", "--heldout", tmp_path / "missing.jsonl")
+    r = run_tool("compare.py", policy, "--out", tmp_path / "o", "--heldout", tmp_path / "missing.jsonl")
     assert r.returncode == 2 and "missing.jsonl" in r.stderr and "Traceback" not in r.stderr
 
 
@@ -137,7 +118,7 @@ def test_real_run_per_language(real_run, tmp_path):
     (token / "checkpoints" / "latest").write_text("step00000015")  # a checkpoint of a kind compare can't load
     (token / "config.json").write_text(json.dumps({"model": {"kind": "mystery"}, "data": {"seq_len": 64}}))
     out = tmp_path / "cmp"
-    r = run_compare(real_run, token, "--out", out, "--heldout", heldout, "--tokenizer", tok / "tokenizer.model")
+    r = run_tool("compare.py", real_run, token, "--out", out, "--heldout", heldout, "--tokenizer", tok / "tokenizer.model")
     assert r.returncode == 0, r.stderr[-3000:]
     md = (out / "compare.md").read_text()
     assert "| tiny | unet/policy | 3 |" in md
@@ -153,8 +134,7 @@ def test_real_run_per_language(real_run, tmp_path):
     assert megatok_sys["name"] == "tiny" and megatok_sys["unit"] == "chunk"
     assert bpe_sys["name"] == "BPE" and bpe_sys["unit"] == "token"
     # the per-language figures are tools/evaluate.py's on the same file (same seed and rule)
-    ev = subprocess.run([sys.executable, str(ROOT / "tools/evaluate.py"), "--run", str(real_run), "--data",
-                         str(heldout)], capture_output=True, text=True, env=ENV, timeout=180, cwd=ROOT)
+    ev = run_tool("evaluate.py", "--run", real_run, "--data", heldout)
     assert ev.returncode == 0, ev.stderr[-2000:]
     ev = json.loads(ev.stdout)
     for lang in PARALLEL:

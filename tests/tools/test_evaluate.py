@@ -11,9 +11,7 @@ import collections
 import gzip
 import json
 import math
-import os
 import subprocess
-import sys
 
 import pytest
 import torch
@@ -22,21 +20,15 @@ from megatok.config import load_config
 from megatok.data.stream import iter_shard_documents, resolve_shards
 from megatok.metrics import read_metrics
 from megatok.vocab import SEP
-from tests.conftest import ROOT, TINY, pretrain, stdlib_texts
+from tests.conftest import TINY, pretrain, stdlib_texts
+from tests.conftest import run_tool as tool
 
 STEPS = 4
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu", "WANDB_MODE": "disabled",
-       "PYTHONPATH": str(ROOT)}
 TRAIN_KEYS = ("step", "loss", "lm_loss", "policy_loss", "rate_loss", "bpb", "boundary_rate", "bytes_per_chunk",
               "lr", "grad_norm", "bytes_per_s")
 FIGURES = ("bpb", "bpb_doc_mean", "bytes_per_chunk", "boundary_rate", "whitespace_boundary_fraction")
 # A short document (fewer bytes than data.seq_len = 64, so a single window) with whitespace in it.
 SHORT_DOC = "def f(x):\n    return x + 1  # café\n"
-
-
-def tool(name: str, *args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(ROOT / "tools" / name), *map(str, args)], capture_output=True,
-                          text=True, env=ENV, timeout=180, cwd=ROOT)
 
 
 def evaluate(run, *args) -> dict:
