@@ -65,7 +65,7 @@ def check_data(cfg) -> None:
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.dry_run is not None:
-        from megatok.flops import dry_run
+        from megatok.sizing import dry_run
 
         return dry_run(args.config, args.overrides, args.dry_run or None)
     try:

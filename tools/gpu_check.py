@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from megatok import flops  # noqa: E402
+from megatok import flops, sizing  # noqa: E402
 
 GIB = 2**30
 SMOKE_SETS = ["model.d_model=64", "model.n_heads=2", "model.n_encoder_layers=1", "model.n_main_layers=2",
@@ -215,8 +215,8 @@ def train_check(config: str, overrides: list[str], *, device: torch.device, engi
            "mfu": round(achieved / (peak * 1e12), 4) if peak else None, "peak_tflops": peak,
            "loss_first": round(losses[0], 4), "loss_last": round(losses[-1], 4)}
     if engine == "deepspeed":
-        est = flops.model_state_bytes(n_params, stage=zero_stage(cfg), world=1, bf16=bf16, **flops.zero_kwargs(cfg))
-        act = flops.activation_bytes(cfg, rate=rate)["total"]
+        est = sizing.model_state_bytes(n_params, stage=zero_stage(cfg), world=1, bf16=bf16, **sizing.zero_kwargs(cfg))
+        act = sizing.activation_bytes(cfg, rate=rate)["total"]
         row["estimate_gib"] = round((est["device"] + act) / GIB, 2)
     if device.type == "cuda":
         row["peak_memory_gib"] = round(torch.cuda.max_memory_allocated(device) / GIB, 2)
@@ -280,7 +280,7 @@ def main(argv=None) -> int:
 
     os.environ.setdefault("WANDB_MODE", "disabled")
     if _importable("deepspeed"):
-        flops.quiet_deepspeed_import()
+        sizing.quiet_deepspeed_import()
     if args.cpu_smoke:
         device = torch.device("cpu")
         configs, overrides = ["configs/tiny.json"], SMOKE_SETS + args.overrides

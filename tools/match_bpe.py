@@ -40,7 +40,7 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from megatok import flops  # noqa: E402
+from megatok import flops, sizing  # noqa: E402
 from megatok.config import ConfigError, load_config  # noqa: E402
 
 
@@ -133,7 +133,7 @@ def main(argv=None) -> int:
     if args.tokenizer and args.tokenizer_path != ap.get_default("tokenizer_path"):
         print("error: --tokenizer-path is for --vocab-size; --tokenizer already names the model", file=sys.stderr)
         return 2
-    flops.quiet_deepspeed_import()
+    sizing.quiet_deepspeed_import()
     out = Path(args.out)
     try:
         written, match, src_cfg, pieces = build(args)

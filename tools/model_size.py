@@ -9,7 +9,7 @@ layers at every byte and main layers at the chunk rate (``--rate``, default boun
 BPE token-model config (model.kind "bpe", e.g. configs/bpe/*.json) is sized the same way, per byte at
 ``--rate`` tokens per byte (default 1 / model.bytes_per_token); its tokenizer is not read.
 Memory is per GPU for DeepSpeed ZeRO 0-3 with and without CPU offload, for gpus x nodes data-parallel
-ranks, plus the activations of one micro-batch. Formulas: megatok/flops.py.
+ranks, plus the activations of one micro-batch. Formulas: megatok/flops.py and megatok/sizing.py.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from megatok import flops  # noqa: E402
+from megatok import sizing  # noqa: E402
 from megatok.config import ConfigError, load_config  # noqa: E402
 
 
@@ -35,7 +35,7 @@ def main(argv=None) -> int:
     ap.add_argument("--json", action="store_true", help="print JSON instead of tables")
     ap.add_argument("--set", dest="overrides", nargs="+", action="extend", default=[], metavar="KEY=VALUE")
     args = ap.parse_args(argv)
-    flops.quiet_deepspeed_import()
+    sizing.quiet_deepspeed_import()
     reports = []
     for path in args.config:
         try:
@@ -43,7 +43,7 @@ def main(argv=None) -> int:
         except ConfigError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
-        report = flops.size_report(cfg, gpus=args.gpus, nodes=args.nodes, rate=args.rate)
+        report = sizing.size_report(cfg, gpus=args.gpus, nodes=args.nodes, rate=args.rate)
         if report["params_instantiated"] != report["params"]["total"]:
             print(f"error: {path}: formula gives {report['params']['total']:,} parameters but the model has "
                   f"{report['params_instantiated']:,}: megatok/flops.py is out of date", file=sys.stderr)
@@ -51,16 +51,16 @@ def main(argv=None) -> int:
         report["config"] = path
         reports.append(report)
     if args.json:
-        print(flops.report_json(reports[0] if len(reports) == 1 else reports))
+        print(sizing.report_json(reports[0] if len(reports) == 1 else reports))
     elif len(reports) == 1:
-        print(flops.format_report(reports[0]))
+        print(sizing.format_report(reports[0]))
     else:
         print(summary(reports))
     return 0
 
 
 def summary(reports) -> str:
-    gib = flops.GIB
+    gib = sizing.GIB
     lines = ["| config | params | main share | FLOPs/byte (train) | byte-rate share | ZeRO | micro x accum | "
              "GPU GiB (states + act.) | training bytes | training FLOPs |",
              "|---|---:|---:|---:|---:|---:|---|---:|---:|---:|"]

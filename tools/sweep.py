@@ -50,7 +50,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from megatok import flops  # noqa: E402
+from megatok import flops, sizing  # noqa: E402
 from megatok.config import ConfigError, load_config  # noqa: E402
 
 
@@ -357,7 +357,7 @@ def main(argv=None) -> int:
             import torch
 
             args.nproc = max(1, torch.cuda.device_count())
-        flops.quiet_deepspeed_import()
+        sizing.quiet_deepspeed_import()
         runs = write(args)
     except (SweepError, ConfigError) as e:
         print(f"error: {e}", file=sys.stderr)

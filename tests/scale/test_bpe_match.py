@@ -11,7 +11,7 @@ import os
 
 import pytest
 
-from megatok import flops
+from megatok import flops, sizing
 from megatok.config import ConfigError, load_config
 from tests.conftest import ROOT, stdlib_texts
 
@@ -58,8 +58,8 @@ def test_bpe_flops_per_byte_and_params_by_hand():
     # Training bytes are expected bytes: steps x global batch x seq_len tokens x bytes/token.
     assert flops.training_bytes(cfg, 2) == round(cfg.train.max_steps * 16 * 40 * 2.5)
     assert flops.training_flops(cfg, 2) == pytest.approx(3 * forward * cfg.train.max_steps * 16 * 40 * 2.5)
-    act = flops.activation_bytes(cfg)
-    assert act["total"] > 0 and flops.activation_bytes(cfg, checkpointing=True)["blocks"] < act["blocks"]
+    act = sizing.activation_bytes(cfg)
+    assert act["total"] > 0 and sizing.activation_bytes(cfg, checkpointing=True)["blocks"] < act["blocks"]
 
 
 def test_there_is_a_bpe_config_per_size():

@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from megatok.flops import dry_run
+from megatok.sizing import dry_run
 from tests.conftest import ROOT
 
 SBATCH = ROOT / "launch/slurm/pretrain.sbatch"

@@ -19,7 +19,8 @@ import json
 import pytest
 
 from megatok.config import load_config
-from megatok.flops import activation_bytes, model_state_bytes, param_counts, zero_kwargs
+from megatok.flops import param_counts
+from megatok.sizing import activation_bytes, model_state_bytes, zero_kwargs
 from tests.conftest import TINY, pretrain
 
 pytestmark = pytest.mark.dist

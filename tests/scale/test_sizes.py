@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from megatok import flops
+from megatok import flops, sizing
 from megatok.config import ConfigError, load_config
 from tests.conftest import ROOT
 
@@ -109,22 +109,22 @@ def test_flops_per_byte_by_hand():
 def test_memory_model_follows_zero():
     P = 10**9
     kw = dict(world=8, bf16=True, reduce_bucket=0, prefetch_bucket=0, max_reuse_distance=0)
-    per = {s: flops.model_state_bytes(P, stage=s, **kw)["device"] / P for s in range(4)}
+    per = {s: sizing.model_state_bytes(P, stage=s, **kw)["device"] / P for s in range(4)}
     # 2 (bf16 params) + 2 (grads) + 4 (master) + 4 (fp32 grads) + 8 (AdamW) + 4 (step temporary)
     assert per[0] == pytest.approx(24)
     assert per[1] == pytest.approx(2 + 2 + 2 / 8 + 20 / 8)
     assert per[2] == pytest.approx(2 + 22 / 8)
     assert per[3] == pytest.approx(24 / 8)
-    off = flops.model_state_bytes(P, stage=3, offload_optimizer=True, offload_param=True, **kw)
+    off = sizing.model_state_bytes(P, stage=3, offload_optimizer=True, offload_param=True, **kw)
     assert off["device"] == 2 * P / 8 and off["host"] == pytest.approx(22 * P / 8)
     ckpt = load_config(ROOT / "configs/13b.json", world_size=8)
-    assert (flops.activation_bytes(ckpt, checkpointing=True)["total"]
-            < flops.activation_bytes(ckpt, checkpointing=False)["total"] / 4)
+    assert (sizing.activation_bytes(ckpt, checkpointing=True)["total"]
+            < sizing.activation_bytes(ckpt, checkpointing=False)["total"] / 4)
 
 
 def test_every_gpu_config_fits_an_80gb_gpu_as_configured():
     for name in SIZED:
-        m = flops.memory_table(load_config(ROOT / "configs" / name, world_size=8), 8)["configured"]
+        m = sizing.memory_table(load_config(ROOT / "configs" / name, world_size=8), 8)["configured"]
         assert m["total_gpu_bytes"] < 60 * 2**30, (name, m["total_gpu_bytes"] / 2**30)
 
 
@@ -160,9 +160,9 @@ def test_dry_run_13b_under_a_minute_without_data_or_process_group():
 
 
 def test_dry_run_reports_config_mistakes_like_the_trainer(capsys):
-    assert flops.dry_run(str(ROOT / "configs/tiny.json")) == 2  # 16 sequences do not split over 8 ranks x 8
+    assert sizing.dry_run(str(ROOT / "configs/tiny.json")) == 2  # 16 sequences do not split over 8 ranks x 8
     assert "global_batch_size" in capsys.readouterr().err
-    assert flops.dry_run(str(ROOT / "configs/tiny.json"), world=2) == 0
+    assert sizing.dry_run(str(ROOT / "configs/tiny.json"), world=2) == 0
     assert '"train_batch_size": 16' in capsys.readouterr().out
 
 
@@ -183,12 +183,12 @@ def test_model_size_and_dry_run_for_a_bpe_config(capsys):
     assert tool.main(["--config", cfg_path, "configs/1b.json"]) == 0
     rows = capsys.readouterr().out.splitlines()
     assert rows[2].startswith("| bpe/1b.json |") and "| 0% |" in rows[2] and rows[3].startswith("| 1b.json |")
-    assert flops.dry_run(str(ROOT / cfg_path), world=8) == 0
+    assert sizing.dry_run(str(ROOT / cfg_path), world=8) == 0
     out = capsys.readouterr().out
     assert f"instantiated on the meta device: {rep['params']['total']:,}" in out and "resolved DeepSpeed config" in out
 
 
 def test_bpe_configs_fit_an_80gb_gpu_as_configured():
     for name in SIZED:
-        m = flops.memory_table(load_config(ROOT / "configs" / "bpe" / name, world_size=8), 8)["configured"]
+        m = sizing.memory_table(load_config(ROOT / "configs" / "bpe" / name, world_size=8), 8)["configured"]
         assert m["total_gpu_bytes"] < 60 * 2**30, (name, m["total_gpu_bytes"] / 2**30)

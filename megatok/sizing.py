@@ -1,0 +1,315 @@
+"""Memory per GPU of a megatok config under ZeRO 0-3, and the size report that puts parameters,
+FLOPs (megatok/flops.py) and memory together (``tools/model_size.py``, ``launch/pretrain.py --dry-run``).
+
+Model states under ZeRO 0-3, with and without CPU offload (:func:`model_state_bytes`, see its
+docstring for each term), and an activation estimate for the micro-batch (:func:`activation_bytes`),
+checked against the measured peak of real CPU runs in tests/scale/test_memory.py.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from megatok.flops import (Shape, block_params, build_meta_model, default_rate, flops_per_byte, is_bpe,
+                           param_counts, training_bytes)
+
+GIB = 2**30
+
+
+# ----------------------------------------------------------------------------- memory
+
+def _zero_section(cfg) -> dict:
+    return dict(cfg.deepspeed.get("zero_optimization", {}))
+
+
+def _offload(zero: dict, key: str) -> bool:
+    sec = zero.get(key) or {}
+    return isinstance(sec, dict) and sec.get("device", "none") in ("cpu", "nvme")
+
+
+def model_state_bytes(P: int, *, stage: int, world: int, bf16: bool, offload_optimizer: bool = False,
+                      offload_param: bool = False, reduce_bucket: int = int(5e8), prefetch_bucket: int = int(5e7),
+                      max_reuse_distance: int = int(1e9), overlap_comm: bool | None = None,
+                      largest_layer: int = 0) -> dict[str, float]:
+    """Peak bytes per rank for parameters, gradients, AdamW states and DeepSpeed's buffers (ZeRO as
+    implemented in DeepSpeed 0.19), as ``{"device": ..., "host": ..., **items}``; an item lives on the
+    device (GPU) unless its name starts with ``host_``. ``w`` = 2 bytes (bf16) or 4 (fp32) for the
+    working copy of params and grads, ``N`` = data-parallel ranks. Bytes per parameter:
+
+    ==========================  ==========  ==========  ==========  ==========
+    item                        ZeRO-0      ZeRO-1      ZeRO-2      ZeRO-3
+    ==========================  ==========  ==========  ==========  ==========
+    params (working dtype)      w           w           w           w / N
+    grads (working dtype)       w           w + w / N   w / N       w / N
+    fp32 master params          4 | 0       4 / N       4 / N       4 / N
+    fp32 grads for the update   4 | 0       4 / N       4 / N       4 / N
+    AdamW exp_avg + exp_avg_sq  8           8 / N       8 / N       8 / N
+    AdamW step temporary        4           4 / N       4 / N       4 / N
+    ==========================  ==========  ==========  ==========  ==========
+
+    (``4 | 0``: bf16 | fp32.) This is the ZeRO paper's 2 + 2 + 12 bytes with what DeepSpeed adds:
+    under ZeRO-0, bf16 runs DeepSpeed's BF16/FP16 optimizer, which keeps a full fp32 master and fp32
+    gradients; ZeRO-1/2/3 always clone an fp32 master partition (also when the model is fp32) and build
+    an fp32 gradient partition for the update; ZeRO-1 also copies its own gradient partition into a
+    contiguous buffer next to the full gradients; torch's AdamW computes sqrt(exp_avg_sq) into a
+    temporary the size of the (flat) partition it updates. Buffers, x w: the gradient reduce bucket
+    (``contiguous_gradients``, the default) of min(reduce_bucket_size, P) elements, twice under ZeRO-1/2
+    with ``overlap_comm`` (double buffering); under ZeRO-3 also the gathered full parameters: DeepSpeed
+    keeps a gathered parameter until its next use if that comes within ``stage3_max_reuse_distance``
+    elements of traffic, which between forward and backward keeps about min(P, max_reuse_distance / 2
+    + the largest layer + the prefetch bucket) gathered.
+
+    CPU offload (``offload_optimizer``) moves the fp32 master, fp32 grads, AdamW states and its
+    temporary to host RAM (ZeRO-1/2 add a w / N staging copy there); ``offload_param`` (ZeRO-3) moves
+    the parameter partition too. The bucket counts min(bucket, P): on a CPU only the part that is
+    written becomes resident, while a GPU allocates the whole bucket, so keep reduce_bucket_size below
+    P on GPUs (configs/gpu-base.json sets 2e8). Checked against peak RSS of real 2-rank CPU runs under
+    ZeRO-2 and ZeRO-3 (tests/scale/test_memory.py); ZeRO-0/1 and the offload rows are not measured.
+    """
+    N, w = world, (2 if bf16 else 4)
+    shard = 1 / N
+    items: dict[str, float] = {}
+    items["params"] = w * P * (shard if stage == 3 else 1)
+    items["grads"] = w * P * (shard if stage >= 2 else (1 + shard if stage == 1 else 1))
+    if stage == 0:
+        items["master_params"] = 4 * P if bf16 else 0
+        items["master_grads"] = 4 * P if bf16 else 0
+        items["optimizer"] = 8 * P
+        items["optimizer_temp"] = 4 * P
+    else:
+        items["master_params"] = 4 * P * shard
+        items["master_grads"] = 4 * P * shard
+        items["optimizer"] = 8 * P * shard
+        items["optimizer_temp"] = 4 * P * shard
+    if overlap_comm is None:
+        overlap_comm = stage == 3  # DeepSpeed's default
+    items["reduce_bucket"] = 0.0 if stage == 0 else w * min(reduce_bucket, P) * (2 if overlap_comm and stage < 3 else 1)
+    items["gathered_params"] = (w * min(P, max_reuse_distance // 2 + largest_layer + prefetch_bucket)
+                                if stage == 3 else 0.0)
+    if offload_optimizer and stage >= 1:
+        for k in ("master_params", "master_grads", "optimizer", "optimizer_temp"):
+            items["host_" + k] = items.pop(k)
+        if stage in (1, 2):
+            items["host_staging"] = w * P * shard
+    if offload_param and stage == 3:
+        items["host_params"] = items.pop("params")
+    items["device"] = sum(v for k, v in items.items() if not k.startswith("host_"))
+    items["host"] = sum(v for k, v in items.items() if k.startswith("host_"))
+    return items
+
+
+def zero_kwargs(cfg) -> dict[str, Any]:
+    """The DeepSpeed settings :func:`model_state_bytes` reads, from the config (DeepSpeed's defaults
+    where unset)."""
+    z = _zero_section(cfg)
+
+    def get(*keys, default):
+        for k in keys:
+            if k in z:
+                return z[k]
+        return default
+
+    return dict(reduce_bucket=int(get("reduce_bucket_size", default=5e8)),
+                prefetch_bucket=int(get("stage3_prefetch_bucket_size", "prefetch_bucket_size", default=5e7)),
+                max_reuse_distance=int(get("stage3_max_reuse_distance", "max_reuse_distance", default=1e9)),
+                overlap_comm=z.get("overlap_comm"), largest_layer=largest_layer_params(cfg))
+
+
+def activation_bytes(cfg, micro_batch: int | None = None, *, checkpointing: bool | None = None,
+                     bf16: bool | None = None, rate: float | None = None) -> dict[str, float]:
+    """Activations saved for the backward of one micro-batch, per rank (an estimate).
+
+    Per token and block of width w (elements, x 2 bytes in bf16 / 4 in fp32), from what autograd
+    keeps in megatok's block: the RMSNorm inputs and outputs (4 w), the qkv output (3 w, alive
+    through the view of v), rotated q and k (2 w), the attention output (w), the SwiGLU gate, up,
+    silu and product (4 f): ``10 w + 4 f``. Flash/SDPA attention keeps O(T) statistics, not T^2.
+    Byte-rate blocks see B T tokens, main blocks B rho T (plus padding to the batch maximum).
+    With activation checkpointing a block keeps only its input (w per token), plus one block's full
+    set while it is recomputed. Outside the blocks: the embeddings and encoder output (2 d), the
+    upsampled main output (2 d), and the two heads' logits with their fp32 copies and log-softmax
+    (2 V (w_bytes + 8) bytes per byte).
+
+    Kind "bpe" (kept simple): n_main_layers blocks of width w at B T tokens (T = seq_len tokens), as
+    above, plus the embedding and final-norm outputs (2 w) and one head's logits with its fp32 copy
+    and log-softmax (V (w_bytes + 8) bytes per token). ``rate`` does not apply.
+    """
+    s = Shape.of(cfg.model)
+    B = cfg.train.micro_batch_size if micro_batch is None else micro_batch
+    T = cfg.data.seq_len
+    rho = cfg.boundary.target_rate if rate is None else rate
+    ckpt = cfg.model.activation_checkpointing if checkpointing is None else checkpointing
+    from megatok.config import uses_bf16
+
+    eb = 2 if (uses_bf16(cfg) if bf16 is None else bf16) else 4
+
+    def full(w, f):
+        return (10 * w + 4 * f) * eb
+
+    if s.bpe:
+        tokens = B * T
+        if ckpt:
+            blocks = s.n_main * tokens * s.dm * eb + tokens * full(s.dm, s.fm)
+        else:
+            blocks = s.n_main * tokens * full(s.dm, s.fm)
+        other = tokens * (2 * s.dm * eb + s.vocab * (eb + 8))
+        return {"blocks": float(blocks), "other": float(other), "total": float(blocks + other)}
+
+    byte_tokens, main_tokens = B * T, B * rho * T
+    n_byte = s.n_enc + s.n_dec
+    if ckpt:
+        blocks = (n_byte * byte_tokens * s.d + s.n_main * main_tokens * s.dm) * eb
+        blocks += max(byte_tokens * full(s.d, s.f) if n_byte else 0, main_tokens * full(s.dm, s.fm))
+    else:
+        blocks = n_byte * byte_tokens * full(s.d, s.f) + s.n_main * main_tokens * full(s.dm, s.fm)
+    other = byte_tokens * (4 * s.d * eb + 2 * s.vocab * (eb + 8)) + main_tokens * 2 * s.dm * eb
+    return {"blocks": float(blocks), "other": float(other), "total": float(blocks + other)}
+
+
+def largest_layer_params(cfg) -> int:
+    s = Shape.of(cfg.model)
+    if s.bpe:
+        return max(block_params(s.dm, s.fm), s.vocab * s.dm)
+    return max(block_params(s.d, s.f), block_params(s.dm, s.fm) if s.n_main else 0, s.vocab * s.d)
+
+
+def memory_table(cfg, world: int) -> dict[str, Any]:
+    """Per-rank model-state memory for every ZeRO stage x offload choice, and activations."""
+    P = param_counts(cfg)["total"]
+    zero = _zero_section(cfg)
+    from megatok.config import uses_bf16, zero_stage
+
+    bf16 = uses_bf16(cfg)
+    kw = dict(world=world, bf16=bf16, **zero_kwargs(cfg))
+    rows = []
+    for stage in (0, 1, 2, 3):
+        for off_opt, off_par in ((False, False), (True, False), (True, True)):
+            if (off_opt and stage == 0) or (off_par and stage != 3):
+                continue
+            m = model_state_bytes(P, stage=stage, offload_optimizer=off_opt, offload_param=off_par, **kw)
+            offload = "optimizer+params" if off_par else ("optimizer" if off_opt else "none")
+            rows.append({"stage": stage, "offload": offload, "gpu_bytes": m["device"], "host_bytes": m["host"]})
+    act = {"configured": activation_bytes(cfg),
+           "checkpointing": activation_bytes(cfg, checkpointing=True),
+           "no_checkpointing": activation_bytes(cfg, checkpointing=False)}
+    configured = model_state_bytes(P, stage=zero_stage(cfg), offload_optimizer=_offload(zero, "offload_optimizer"),
+                                   offload_param=_offload(zero, "offload_param"), **kw)
+    return {"world": world, "bf16": bf16, "stages": rows, "activations": act, "configured": {
+        "stage": zero_stage(cfg), "model_states_gpu_bytes": configured["device"], "host_bytes": configured["host"],
+        "activation_bytes": act["configured"]["total"],
+        "total_gpu_bytes": configured["device"] + act["configured"]["total"],
+        # Before DeepSpeed partitions anything, every rank builds the whole model in fp32 on the host and
+        # the engine moves a full working copy to its device.
+        "init_host_bytes": 4 * P, "init_gpu_bytes": (2 if bf16 else 4) * P}}
+
+
+# ----------------------------------------------------------------------------- the report
+
+def size_report(cfg, *, gpus: int = 8, nodes: int = 1, rate: float | None = None,
+                model=None) -> dict[str, Any]:
+    """Everything tools/model_size.py and ``pretrain.py --dry-run`` print. ``model``: an instantiated
+    (meta) model to check the count against; built here when not given."""
+    world = gpus * nodes
+    counts = param_counts(cfg)
+    model = build_meta_model(cfg) if model is None else model
+    instantiated = sum(p.numel() for p in model.parameters())
+    fpb = flops_per_byte(cfg, rate)
+    n_bytes = training_bytes(cfg, world)
+    return {
+        "kind": cfg.model.kind,
+        "world": {"gpus_per_node": gpus, "nodes": nodes, "ranks": world},
+        "params": counts, "params_instantiated": instantiated,
+        "rate": default_rate(cfg) if rate is None else rate, "seq_len": cfg.data.seq_len,
+        "seq_unit": "tokens" if is_bpe(cfg) else "bytes",
+        "flops_per_byte": fpb, "training_bytes": n_bytes, "training_flops": fpb["training"] * n_bytes,
+        "batch": {"micro": cfg.train.micro_batch_size, "grad_accum": cfg.train.grad_accum,
+                  "global": cfg.train.micro_batch_size * (cfg.train.grad_accum or 1) * world,
+                  "max_steps": cfg.train.max_steps},
+        "memory": memory_table(cfg, world),
+    }
+
+
+def _h(n: float, unit: str = "") -> str:
+    for div, suffix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(n) >= div:
+            return f"{n / div:.2f}{suffix}{unit}"
+    return f"{n:.0f}{unit}"
+
+
+def format_report(r: dict[str, Any]) -> str:
+    p, f, mem = r["params"], r["flops_per_byte"], r["memory"]
+    w = r["world"]
+    bpe = r.get("kind") == "bpe"
+    unit = r.get("seq_unit", "bytes")
+    lines = [f"parameters (instantiated on the meta device: {r['params_instantiated']:,})",
+             "| component | params | share |", "|---|---:|---:|"]
+    for k, v in p.items():
+        lines.append(f"| {k} | {v:,} | {100 * v / p['total']:.1f}% |")
+    at = (f"{r['rate']:g} tokens per byte ({1 / r['rate']:.3g} bytes/token)" if bpe else f"rate {r['rate']:g}")
+    lines += ["", f"FLOPs per byte at {at} (seq_len {r['seq_len']} {unit}; forward terms, training = 3 x forward)",
+              "| term | FLOPs/byte |", "|---|---:|"]
+    for k, v in f.items():
+        lines.append(f"| {k} | {_h(v)} |")
+    b = r["batch"]
+    seq = (f"{r['seq_len']} tokens x {1 / r['rate']:.3g} bytes/token" if bpe else f"{r['seq_len']} bytes")
+    lines += ["", f"training: {b['max_steps']:,} steps x {b['global']} sequences x {seq} = "
+              f"{_h(r['training_bytes'])} bytes -> {r['training_flops']:.3e} FLOPs "
+              f"({w['nodes']} node(s) x {w['gpus_per_node']} GPU(s), micro {b['micro']}, accum {b['grad_accum']})",
+              "", f"memory per GPU for model states ({'bf16 + fp32 master' if mem['bf16'] else 'fp32'}, "
+              f"{w['ranks']} data-parallel ranks), GiB",
+              "| ZeRO | offload | GPU | host RAM per rank |", "|---:|---|---:|---:|"]
+    for row in mem["stages"]:
+        lines.append(f"| {row['stage']} | {row['offload']} | {row['gpu_bytes'] / GIB:.2f} | {row['host_bytes'] / GIB:.2f} |")
+    a, c = mem["activations"], mem["configured"]
+    lines += ["", f"activations per micro-batch ({b['micro']} x {r['seq_len']} {unit}): "
+              f"{a['no_checkpointing']['total'] / GIB:.2f} GiB without checkpointing, "
+              f"{a['checkpointing']['total'] / GIB:.2f} GiB with",
+              f"as configured (ZeRO-{c['stage']}): model states {c['model_states_gpu_bytes'] / GIB:.2f} GiB + "
+              f"activations {c['activation_bytes'] / GIB:.2f} GiB = {c['total_gpu_bytes'] / GIB:.2f} GiB per GPU"
+              + (f", {c['host_bytes'] / GIB:.2f} GiB host RAM per rank" if c["host_bytes"] else ""),
+              f"at start-up each rank builds the model in fp32 on the host ({c['init_host_bytes'] / GIB:.2f} GiB) and "
+              f"moves a full copy to its GPU ({c['init_gpu_bytes'] / GIB:.2f} GiB) before ZeRO partitions it"]
+    return "\n".join(lines)
+
+
+def report_json(r: dict[str, Any]) -> str:
+    return json.dumps(r, indent=2)
+
+
+def quiet_deepspeed_import() -> None:
+    """Import DeepSpeed (load_config needs its ZeRO schema) with its start-up log line on stderr, so
+    that stdout carries only the report (``--json`` output stays parseable)."""
+    import contextlib
+    import sys
+
+    with contextlib.redirect_stdout(sys.stderr):
+        import deepspeed  # noqa: F401
+
+
+def dry_run(config: str, overrides: list[str] = (), world: int | None = None, out=None) -> int:
+    """``launch/pretrain.py --dry-run``: resolve the config for ``world`` ranks (default $WORLD_SIZE,
+    else 8: one node), build the model on the meta device, print the size table and the DeepSpeed
+    config the trainer would hand to deepspeed.initialize. No data, no process group. Returns the
+    exit code (2 on a config mistake, as the trainer)."""
+    import os
+    import sys
+
+    from megatok.config import ConfigError, deepspeed_config, load_config
+
+    out = out or sys.stdout
+    quiet_deepspeed_import()
+    if world is None or world < 1:
+        world = int(os.environ.get("WORLD_SIZE", "8"))
+    try:
+        cfg = load_config(config, list(overrides), world_size=world)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    model = build_meta_model(cfg)
+    report = size_report(cfg, gpus=world, nodes=1, model=model)
+    print(f"dry run: {config}, {world} rank(s); model built on the meta device, no data read, no process group",
+          file=out)
+    print(format_report(report), file=out)
+    print(f"\nresolved DeepSpeed config ({world} ranks):", file=out)
+    print(json.dumps(deepspeed_config(cfg, world), indent=2), file=out)
+    return 0
