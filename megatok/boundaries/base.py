@@ -58,7 +58,10 @@ class Boundaries(Record):
 
 
 class BoundaryStrategy(nn.Module):
-    """Base class. ``mask`` is bool [B, T], True at real (non-padding) bytes."""
+    """Base class. ``mask`` is bool [B, T], True at real (non-padding) bytes.
+
+    A strategy initialises its own parameters (the model leaves them alone), through
+    :func:`initialise` when it changes a child module's defaults."""
 
     #: "sample" draws boundaries; "threshold" uses p > 0.5. Strategies without probabilities ignore
     #: it. The trainer sets it for evaluation.
@@ -75,6 +78,14 @@ class BoundaryStrategy(nn.Module):
              mask: torch.Tensor) -> dict[str, torch.Tensor]:
         """Training terms, each a scalar added to the total loss. ``ce_*`` are per-byte [B, T]."""
         return {}
+
+
+def initialise(module: nn.Module, fn) -> None:
+    """Run ``fn(module)`` to set ``module``'s own parameters, in a strategy's ``__init__``, instead of
+    calling nn.init on a child's parameters directly. Under ZeRO-3 construction (deepspeed.zero.Init)
+    a child module is partitioned as soon as it is built, and a direct call would silently write to
+    an empty tensor; ``Module.apply`` is what zero.Init gathers the parameters around."""
+    module.apply(lambda m: fn(m) if m is module else None)
 
 
 def straight_through(c: torch.Tensor) -> torch.Tensor:

@@ -27,7 +27,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
-from megatok.boundaries.base import Boundaries, BoundaryStrategy, finalize_starts, straight_through
+from megatok.boundaries.base import Boundaries, BoundaryStrategy, finalize_starts, initialise, straight_through
 
 
 class Options(BaseModel):
@@ -65,8 +65,12 @@ class Strategy(BoundaryStrategy):
     def __init__(self, *, d_model, target_rate, options: Options):
         super().__init__(d_model=d_model, target_rate=target_rate, options=options)
         self.head = nn.Linear(d_model, 1)
-        nn.init.normal_(self.head.weight, std=0.02 / math.sqrt(d_model))
-        nn.init.constant_(self.head.bias, math.log(target_rate / (1 - target_rate)))
+
+        def init_head(m):
+            nn.init.normal_(m.weight, std=0.02 / math.sqrt(d_model))
+            nn.init.constant_(m.bias, math.log(target_rate / (1 - target_rate)))
+
+        initialise(self.head, init_head)
 
     def forward(self, h, x, mask) -> Boundaries:
         logits = self.head(h).squeeze(-1).float()

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
-from megatok.boundaries.base import Boundaries, BoundaryStrategy, finalize_starts, straight_through
+from megatok.boundaries.base import Boundaries, BoundaryStrategy, finalize_starts, initialise, straight_through
 from megatok.rl import masked_mean
 
 
@@ -50,9 +50,8 @@ class Strategy(BoundaryStrategy):
         super().__init__(d_model=d_model, target_rate=target_rate, options=options)
         self.wq = nn.Linear(d_model, d_model, bias=False)
         self.wk = nn.Linear(d_model, d_model, bias=False)
-        with torch.no_grad():
-            self.wq.weight.copy_(torch.eye(d_model))
-            self.wk.weight.copy_(torch.eye(d_model))
+        for w in (self.wq, self.wk):
+            initialise(w, lambda m: nn.init.eye_(m.weight))
 
     def probs(self, h: torch.Tensor) -> torch.Tensor:
         q, k = self.wq(h).float(), self.wk(h).float()

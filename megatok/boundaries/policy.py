@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
 from megatok import rl
-from megatok.boundaries.base import Boundaries, BoundaryStrategy, finalize_starts
+from megatok.boundaries.base import Boundaries, BoundaryStrategy, finalize_starts, initialise
 
 
 class Options(BaseModel):
@@ -45,16 +45,20 @@ class Strategy(BoundaryStrategy):
     def __init__(self, *, d_model, target_rate, options: Options):
         super().__init__(d_model=d_model, target_rate=target_rate, options=options)
         self.head = nn.Linear(d_model, 1)
-        nn.init.normal_(self.head.weight, std=0.02 / math.sqrt(d_model))
         # Bias such that the capped logit starts at logit(rho), i.e. p starts at the target rate.
         c = options.logit_cap
         target_logit = math.log(target_rate / (1 - target_rate))
-        nn.init.constant_(self.head.bias, c * math.atanh(max(-0.999, min(0.999, target_logit / c))))
+        bias = c * math.atanh(max(-0.999, min(0.999, target_logit / c)))
+
+        def init_head(m):
+            nn.init.normal_(m.weight, std=0.02 / math.sqrt(d_model))
+            nn.init.constant_(m.bias, bias)
+
+        initialise(self.head, init_head)
         # Only with window > 1, so checkpoints of the independent policy keep their parameter names.
         self.window_head = nn.Linear(d_model, options.window - 1) if options.window > 1 else None
         if self.window_head is not None:
-            nn.init.zeros_(self.window_head.weight)
-            nn.init.zeros_(self.window_head.bias)
+            initialise(self.window_head, lambda m: (nn.init.zeros_(m.weight), nn.init.zeros_(m.bias)))
 
     def logits(self, h: torch.Tensor, previous: torch.Tensor | None = None) -> torch.Tensor:
         """Capped logits. ``previous`` [B, T, w-1]: b_{t-1}, ..., b_{t-w+1} (window > 1 only)."""

@@ -86,6 +86,32 @@ class Block(nn.Module):
         return x + self.mlp(self.mlp_norm(x))
 
 
+def init_matrices(model: nn.Module, std: float, n_layers: int, skip: str | None = None) -> None:
+    """GPT-2 initialisation: N(0, std) on every matrix, N(0, std / sqrt(2 n_layers)) on the
+    projections that write into the residual stream (attn.out, mlp.down); vectors keep their
+    defaults. Parameters whose name starts with ``skip`` are left alone.
+
+    It runs through ``Module.apply``, one module's own parameters at a time, in the order of
+    named_parameters(). DeepSpeed's ZeRO-3 construction (zero.Init) partitions each module as soon as
+    it is built and gathers a module's parameters around an ``apply`` call, so the same code
+    initialises a model that no rank ever holds whole, with the same random draws.
+    """
+    names = {m: n for n, m in model.named_modules()}
+
+    def init(module: nn.Module) -> None:
+        prefix = names[module]
+        for pname, p in module.named_parameters(recurse=False):
+            name = f"{prefix}.{pname}" if prefix else pname
+            if skip and name.startswith(skip):
+                continue
+            if name.endswith(("attn.out.weight", "mlp.down.weight")):
+                nn.init.normal_(p, std=std / math.sqrt(2 * n_layers))
+            elif p.dim() == 2:
+                nn.init.normal_(p, std=std)
+
+    model.apply(init)
+
+
 def ffn_hidden(d: int, mult: float, multiple_of: int) -> int:
     return multiple_of * math.ceil(d * mult / multiple_of)
 

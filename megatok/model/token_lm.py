@@ -10,14 +10,13 @@ bits per byte are the summed token NLL over the UTF-8 bytes of the text, compara
 
 from __future__ import annotations
 
-import math
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from megatok.config import ModelConfig
-from megatok.model.blocks import Stack, ffn_hidden
+from megatok.model.blocks import Stack, ffn_hidden, init_matrices
 from megatok.model.unet import Output
 
 
@@ -51,11 +50,7 @@ class TokenLM(nn.Module):
                           eps=cfg.norm_eps, theta=cfg.rope_theta, checkpointing=cfg.activation_checkpointing)
         self.main_norm = nn.RMSNorm(w, eps=cfg.norm_eps)
         self.head = nn.Linear(w, V, bias=False)
-        for name, p in self.named_parameters():
-            if name.endswith(("attn.out.weight", "mlp.down.weight")):
-                nn.init.normal_(p, std=cfg.init_std / math.sqrt(2 * cfg.n_main_layers))
-            elif p.dim() == 2:
-                nn.init.normal_(p, std=cfg.init_std)
+        init_matrices(self, cfg.init_std, cfg.n_main_layers)
 
     def forward(self, x: torch.Tensor, targets: torch.Tensor | None = None) -> Output:
         B, T = x.shape

@@ -16,7 +16,6 @@ modules they call (ZeRO needs that). The model knows nothing of DeepSpeed or of 
 
 from __future__ import annotations
 
-import math
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -24,7 +23,7 @@ from torch import nn
 from megatok.boundaries import build_strategy
 from megatok.boundaries.base import Record, finalize_starts
 from megatok.config import BoundaryConfig, ModelConfig
-from megatok.model.blocks import Stack, ffn_hidden
+from megatok.model.blocks import Stack, ffn_hidden, init_matrices
 from megatok.model.chunking import downsample, ema_over_chunks, upsample
 from megatok.rl import masked_mean
 from megatok.stats import row_stats
@@ -71,13 +70,7 @@ class ByteUNet(nn.Module):
 
     def _init_weights(self) -> None:
         n_layers = self.cfg.n_encoder_layers + self.cfg.n_main_layers + self.cfg.n_decoder_layers
-        for name, p in self.named_parameters():
-            if name.startswith("boundary."):
-                continue  # strategies initialise their own parameters
-            if name.endswith(("attn.out.weight", "mlp.down.weight")):
-                nn.init.normal_(p, std=self.cfg.init_std / math.sqrt(2 * n_layers))
-            elif p.dim() == 2:
-                nn.init.normal_(p, std=self.cfg.init_std)
+        init_matrices(self, self.cfg.init_std, n_layers, skip="boundary.")  # strategies initialise their own
 
     def forward(self, x: torch.Tensor, targets: torch.Tensor | None = None,
                 starts: torch.Tensor | None = None) -> Output:
