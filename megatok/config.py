@@ -123,6 +123,7 @@ class TrainConfig(_Section):
     keep_checkpoints: int = Field(3, ge=1, description="newest checkpoints kept in RUN_DIR/checkpoints")
     max_skipped_steps: int = Field(10, ge=0, description="abort after this many optimizer steps in a row skipped for non-finite gradients")
     dist_timeout_s: float = Field(600.0, gt=0, description="collectives that take longer fail instead of hanging")
+    zero_init: bool = Field(True, description="ZeRO-3: build the model already partitioned over the ranks (deepspeed.zero.Init), so no rank holds it whole")
 
 
 class EvalConfig(_Section):
@@ -231,6 +232,11 @@ def lr_lambda(cfg: Config):
 
 def zero_stage(cfg: Config) -> int:
     return int(cfg.deepspeed.get("zero_optimization", {}).get("stage", 0))
+
+
+def builds_partitioned(cfg: Config) -> bool:
+    """Whether the trainer builds the model under deepspeed.zero.Init (ZeRO-3 with train.zero_init)."""
+    return zero_stage(cfg) == 3 and cfg.train.zero_init
 
 
 def uses_bf16(cfg: Config) -> bool:

@@ -177,7 +177,7 @@ def memory_table(cfg, world: int) -> dict[str, Any]:
     """Per-rank model-state memory for every ZeRO stage x offload choice, and activations."""
     P = param_counts(cfg)["total"]
     zero = _zero_section(cfg)
-    from megatok.config import uses_bf16, zero_stage
+    from megatok.config import builds_partitioned, uses_bf16, zero_stage
 
     bf16 = uses_bf16(cfg)
     kw = dict(world=world, bf16=bf16, **zero_kwargs(cfg))
@@ -194,13 +194,22 @@ def memory_table(cfg, world: int) -> dict[str, Any]:
            "no_checkpointing": activation_bytes(cfg, checkpointing=False)}
     configured = model_state_bytes(P, stage=zero_stage(cfg), offload_optimizer=_offload(zero, "offload_optimizer"),
                                    offload_param=_offload(zero, "offload_param"), **kw)
+    w = 2 if bf16 else 4
+    partitioned = builds_partitioned(cfg)
+    if partitioned:
+        # deepspeed.zero.Init: each module is created in the working precision where its partitions live
+        # (the GPU, or the host with offload_param) and partitioned at once; at most one layer is whole.
+        shards = w * P / world + w * largest_layer_params(cfg)
+        init_host, init_gpu = (shards, 0.0) if _offload(zero, "offload_param") else (0.0, shards)
+    else:
+        # Every rank builds the whole model in fp32 on the host; the engine moves a full working copy
+        # to its device before ZeRO partitions it.
+        init_host, init_gpu = 4 * P, w * P
     return {"world": world, "bf16": bf16, "stages": rows, "activations": act, "configured": {
         "stage": zero_stage(cfg), "model_states_gpu_bytes": configured["device"], "host_bytes": configured["host"],
         "activation_bytes": act["configured"]["total"],
         "total_gpu_bytes": configured["device"] + act["configured"]["total"],
-        # Before DeepSpeed partitions anything, every rank builds the whole model in fp32 on the host and
-        # the engine moves a full working copy to its device.
-        "init_host_bytes": 4 * P, "init_gpu_bytes": (2 if bf16 else 4) * P}}
+        "init_partitioned": partitioned, "init_host_bytes": float(init_host), "init_gpu_bytes": float(init_gpu)}}
 
 
 # ----------------------------------------------------------------------------- the report
@@ -267,8 +276,11 @@ def format_report(r: dict[str, Any]) -> str:
               f"as configured (ZeRO-{c['stage']}): model states {c['model_states_gpu_bytes'] / GIB:.2f} GiB + "
               f"activations {c['activation_bytes'] / GIB:.2f} GiB = {c['total_gpu_bytes'] / GIB:.2f} GiB per GPU"
               + (f", {c['host_bytes'] / GIB:.2f} GiB host RAM per rank" if c["host_bytes"] else ""),
-              f"at start-up each rank builds the model in fp32 on the host ({c['init_host_bytes'] / GIB:.2f} GiB) and "
-              f"moves a full copy to its GPU ({c['init_gpu_bytes'] / GIB:.2f} GiB) before ZeRO partitions it"]
+              (f"at start-up the model is built already partitioned (ZeRO-3, train.zero_init): at most "
+               f"{max(c['init_gpu_bytes'], c['init_host_bytes']) / GIB:.2f} GiB per rank on the "
+               f"{'host' if c['init_host_bytes'] else 'GPU'}, never the whole model" if c.get("init_partitioned") else
+               f"at start-up each rank builds the model in fp32 on the host ({c['init_host_bytes'] / GIB:.2f} GiB) and "
+               f"moves a full copy to its GPU ({c['init_gpu_bytes'] / GIB:.2f} GiB) before ZeRO partitions it")]
     return "\n".join(lines)
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 import torch.distributed as tdist
 
-from megatok.config import Config, deepspeed_config, lr_lambda
+from megatok.config import Config, builds_partitioned, deepspeed_config, lr_lambda
 from megatok.data.encoding import encoding_for
 from megatok.data.stream import PackedByteStream, iter_shard_documents, make_loader, pack_documents, resolve_shards
 from megatok.eval.bpb import boundary_rule, evaluate_batches
@@ -38,10 +38,28 @@ def step_seed(seed: int, step: int, index: int) -> int:
     return ((seed * 1_000_003 + step) * 10_007 + index) % (2**63)
 
 
+def build(cfg: Config, ds_config: dict) -> torch.nn.Module:
+    """The model, built under ``deepspeed.zero.Init`` for ZeRO-3 (unless train.zero_init is off): each
+    module is partitioned over the ranks as soon as it is built, so no rank, and no host, ever holds
+    the whole model. The random draws are those of a plain build (tests/train/test_zero_init.py); on a
+    GPU they are made on the device."""
+    import deepspeed
+
+    if builds_partitioned(cfg):
+        with deepspeed.zero.Init(config_dict_or_path=ds_config):
+            return build_model(cfg)
+    return build_model(cfg)
+
+
+def full_shape(p: torch.nn.Parameter) -> torch.Size:
+    """A parameter's shape, also when ZeRO-3 has partitioned it (its data is then an empty tensor)."""
+    return getattr(p, "ds_shape", p.shape)
+
+
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
     """Weight decay on matrices only (not on norms, biases or the policy's scalar bias)."""
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    rest = [p for p in model.parameters() if p.dim() < 2]
+    decay = [p for p in model.parameters() if len(full_shape(p)) >= 2]
+    rest = [p for p in model.parameters() if len(full_shape(p)) < 2]
     return [{"params": decay, "weight_decay": weight_decay}, {"params": rest, "weight_decay": 0.0}]
 
 
@@ -194,8 +212,8 @@ def train(cfg: Config, *, resume: str = "auto") -> dict:
 
     torch.manual_seed(cfg.train.seed)  # identical initial weights on every rank
     encoding = encoding_for(cfg)
-    model = build_model(cfg)
-    n_params = model.num_params()  # before ZeRO-3 partitions the parameters
+    model = build(cfg, ds_config)
+    n_params = sum(full_shape(p).numel() for p in model.parameters())
     engine, _, _, _ = deepspeed.initialize(model=model, config=ds_config,
                                            model_parameters=param_groups(model, cfg.train.weight_decay),
                                            lr_scheduler=lambda opt: LambdaLR(opt, lr_lambda(cfg)))
@@ -234,8 +252,9 @@ def train(cfg: Config, *, resume: str = "auto") -> dict:
                            wandb_entity=cfg.logging.wandb_entity, wandb_name=cfg.logging.wandb_name,
                            config=cfg.to_dict(), progress=cfg.logging.progress)
     if rank == 0:
+        built = " (built partitioned)" if builds_partitioned(cfg) else ""
         print(f"megatok: {n_params:,} parameters, {world} rank(s), device {device.type}, "
-              f"ZeRO stage {engine.zero_optimization_stage()}, {'bf16' if engine.bfloat16_enabled() else 'fp32'}, "
+              f"ZeRO stage {engine.zero_optimization_stage()}{built}, {'bf16' if engine.bfloat16_enabled() else 'fp32'}, "
               f"start step {step}{f' from {tag}' if tag else ''}, run dir {run_dir}", flush=True)
 
     stop = StopRequest()

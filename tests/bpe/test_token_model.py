@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import pickle
+import re
 
 import numpy as np
 import pytest
@@ -18,6 +19,7 @@ from megatok.data.stream import PackedByteStream, make_loader, pack_documents, r
 from megatok.eval.bpb import evaluate_documents
 from megatok.model import build_model
 from tests.bpe.conftest import MULTILINGUAL
+from tests.conftest import run_tool
 
 
 def bpe_overrides(tokenizer_dir, vocab: int = 768) -> list[str]:
@@ -113,6 +115,15 @@ def test_pack_documents_pads_with_the_pad_id(tok_dir):
     assert rows.shape == (1, 65)
     n = len(enc.doc_ids(b"hello world")) + len(enc.doc_ids(b"second"))
     assert (rows[0, n:] == enc.pad).all() and (rows[0, :n] != enc.pad).all()
+
+
+@pytest.mark.dist
+def test_zero3_partitioned_build_equals_the_plain_build(tok_dir):
+    """Under ZeRO-3 the trainer builds the token model partitioned over the ranks (deepspeed.zero.Init);
+    gathered, its weights and byte-length table equal a plain build's."""
+    r = run_tool("zero_init_check.py", "--config", "configs/tiny.json", "--set", *bpe_overrides(tok_dir))
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert re.search(r"^bpe_lm\s+[\d,]+\s+[\d,]+\s+[\d,]+\s+identical$", r.stdout, re.M), r.stdout
 
 
 def test_config_errors(tok_dir, tmp_path):

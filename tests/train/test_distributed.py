@@ -44,7 +44,9 @@ def test_two_ranks_match_one_rank_and_resume_continues(stage, one_rank, shards, 
               f"train.max_steps={STEPS}", "train.micro_batch_size=4", "train.global_batch_size=8",
               "data.num_workers=1", f"deepspeed.zero_optimization.stage={stage}", "train.save_every=3",
               "train.grad_clip=0"]  # no clipping: a wrong gradient scale would not be normalised away
-    pretrain(common + [f"train.run_dir={run}"], nproc=2)
+    r = pretrain(common + [f"train.run_dir={run}"], nproc=2)
+    # ZeRO-3 builds the model partitioned (train.zero_init, default on), ZeRO-2 whole.
+    assert ("(built partitioned)" in r.stdout) == (stage == 3), r.stdout[-2000:]
     rows = read_rows(run)
     two = losses(run)
     assert sorted(two) == list(range(1, STEPS + 1))
