@@ -31,6 +31,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
+from megatok.display import char_marks, characters, marked  # noqa: E402
 from megatok.stats import ratios, row_stats  # noqa: E402
 from megatok.vocab import SEP  # noqa: E402
 
@@ -105,52 +106,17 @@ def _segment(decide, data: bytes, seq_len: int, seed: int, label: str) -> Row:
 # --------------------------------------------------------------------------- characters
 
 
-def characters(data: bytes) -> list[tuple[int, int, str]]:
-    """(first byte, byte count, shown text) per character; invalid bytes shown as \\xNN."""
-    out, i = [], 0
-    while i < len(data):
-        for n in (1, 2, 3, 4):
-            try:
-                ch = data[i:i + n].decode("utf-8")
-                break
-            except UnicodeDecodeError:
-                continue
-        else:
-            n, ch = 1, f"\\x{data[i]:02x}"
-        out.append((i, n, ch))
-        i += n
-    return out
-
-
-def char_marks(chars, starts: list[bool]) -> list[str]:
-    """Per character: "start" (a chunk starts at its first byte), "inside" (at a later byte), or ""."""
-    marks = []
-    for first, n, _ in chars:
-        if starts[first]:
-            marks.append("start")
-        elif any(starts[first + 1:first + n]):
-            marks.append("inside")
-        else:
-            marks.append("")
-    return marks
-
-
 def shown(ch: str) -> str:
     return {"\n": "↵", "\t": "→", "\r": "␍", " ": "·"}.get(ch, ch if ch.isprintable() else "�")
 
 
-def terminal(rows: list[Row], chars, sep: str) -> str:
+def terminal(rows: list[Row], data: bytes, sep: str) -> str:
     lines = []
     for row in rows:
         f = row.figures
         lines.append(f"== {row.label}: rate {f['boundary_rate']:.3f}, {f['bytes_per_chunk']:.2f} bytes/chunk, "
                      f"word starts P {f['word_start_precision']:.2f} R {f['word_start_recall']:.2f}")
-        out = []
-        for (first, n, ch), mark in zip(chars, char_marks(chars, row.starts)):
-            if mark and first > 0:
-                out.append(sep if mark == "start" else "¦")
-            out.append("↵\n" if ch == "\n" else ch)
-        lines.append("".join(out))
+        lines.append(marked(data, row.starts, sep))
     return "\n".join(lines) + "\n"
 
 
@@ -290,7 +256,7 @@ def main(argv=None) -> int:
 
     chars = characters(data)
     rule = f"sample(seed={args.seed})" if args.boundary == "sample" else args.boundary
-    sys.stdout.write(terminal(rows, chars, args.sep))
+    sys.stdout.write(terminal(rows, data, args.sep))
     if args.out:
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)

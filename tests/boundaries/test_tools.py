@@ -51,9 +51,9 @@ def test_show_boundaries_marks_a_start_inside_a_character():
     assert sb.char_marks(chars, [True, False, True]) == ["start", "inside"]
     row = sb.Row("r", [True, True, True], {"boundary_rate": 1.0, "bytes_per_chunk": 1.0,
                                             "word_start_precision": 0.0, "word_start_recall": 0.0})
-    assert sb.terminal([row], chars, "|").splitlines()[1] == "a|é"
+    assert sb.terminal([row], "aé".encode(), "|").splitlines()[1] == "a|é"
     row.starts = [True, False, True]
-    assert sb.terminal([row], chars, "|").splitlines()[1] == "a¦é"
+    assert sb.terminal([row], "aé".encode(), "|").splitlines()[1] == "a¦é"
 
 
 def test_show_boundaries_refuses_learned_strategies_without_a_run():
