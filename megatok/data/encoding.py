@@ -56,6 +56,12 @@ class BpeEncoding:
     def __getstate__(self):
         return {k: v for k, v in self.__dict__.items() if k != "_sp"}
 
+    def pieces(self) -> list[bytes]:
+        """The bytes each id stands for (control ids: none)."""
+        from megatok.bpe import token_bytes
+
+        return token_bytes(self._processor())
+
     def doc_ids(self, doc: bytes) -> np.ndarray:
         from megatok.bpe import encode_bytes
 

@@ -74,8 +74,9 @@ class ByteUNet(nn.Module):
 
     def forward(self, x: torch.Tensor, targets: torch.Tensor | None = None,
                 starts: torch.Tensor | None = None) -> Output:
-        """x, targets: [B, T] ids (PAD where there is nothing). ``starts`` overrides the strategy's
-        boundaries (the strategy still runs), e.g. to hold boundaries fixed in a test."""
+        """x, targets: [B, T] ids (PAD where there is nothing). ``starts`` [B, T'] (T' <= T) overrides
+        the strategy's first T' decisions (the strategy still runs), e.g. to hold boundaries fixed in a
+        test, or the ones already taken while generating (megatok.generate)."""
         B, T = x.shape
         real = x != PAD
         positions = torch.arange(T, device=x.device)
@@ -83,7 +84,9 @@ class ByteUNet(nn.Module):
         h = self.encoder(self.embed(x), positions)
         b = self.boundary(h, x, real)
         if starts is not None:
-            b.starts = finalize_starts(starts.clone(), real)
+            pinned = b.starts.clone()
+            pinned[:, :starts.shape[1]] = starts
+            b.starts = finalize_starts(pinned, real)
 
         chunks, chunk_pos, _ = downsample(h, b.starts)
         z = self.main_norm(self.main(self.down_proj(chunks), chunk_pos))

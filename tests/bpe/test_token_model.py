@@ -17,6 +17,7 @@ from megatok.data.encoding import BpeEncoding, encoding_for
 from megatok.data.documents import Document
 from megatok.data.stream import PackedByteStream, make_loader, pack_documents, resolve_shards
 from megatok.eval.bpb import evaluate_documents
+from megatok.generate import generate
 from megatok.model import build_model
 from tests.bpe.conftest import MULTILINGUAL
 from tests.conftest import run_tool
@@ -107,6 +108,22 @@ def test_stream_of_tokens_decodes_to_the_documents(tok_dir, shards):
     assert ids[0] == enc.sep
     assert b"".join(docs).startswith(spelled)  # separators spell no bytes
     assert len(spelled) > 3 * 4 * 32  # more than one byte per token
+
+
+def test_generated_tokens_have_the_log_probs_of_one_forward_pass(model_and_cfg):
+    model, cfg = model_and_cfg
+    enc = encoding_for(cfg)
+    prompt = b"The "
+    g = generate(model, prompt, seq_len=cfg.data.seq_len, max_bytes=20, seed=2, encoding=enc, stop_at_separator=False)
+    assert len(g.text) >= 20 and g.text == b"".join(enc.pieces()[i] for i in g.ids)
+    assert all(enc.byte_lengths[i] > 0 for i in g.ids)  # text pieces only: no padding or control ids
+    x = torch.tensor([[*enc.doc_ids(prompt), *g.ids]])
+    assert x.shape[1] <= cfg.data.seq_len  # one window
+    with torch.no_grad():
+        logp = torch.log_softmax(model(x).logits[0].float(), -1)
+    n = len(enc.doc_ids(prompt))
+    at = torch.arange(n - 1, n - 1 + len(g.ids))
+    torch.testing.assert_close(logp[at, torch.tensor(g.ids)], torch.tensor(g.logprobs), rtol=0, atol=1e-4)
 
 
 def test_pack_documents_pads_with_the_pad_id(tok_dir):

@@ -1,0 +1,45 @@
+"""tools/generate.py on a trained checkpoint: seeded samples repeat, chunks are marked, bad input is
+one line."""
+
+import json
+
+import pytest
+
+from tests.conftest import TINY, pretrain, run_tool
+
+
+@pytest.fixture(scope="module")
+def run(shards, tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("generate") / "run"
+    pretrain(["--config", "configs/tiny.json", "--set", *TINY, f"data.shards={shards}", f"train.run_dir={run_dir}",
+              "train.max_steps=2", "train.micro_batch_size=2", "train.global_batch_size=2"])
+    return run_dir
+
+
+def samples(*args):
+    r = run_tool("generate.py", *args)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return r
+
+
+def test_seeded_samples_repeat_and_chunks_are_marked(run):
+    common = ["--run", run, "--prompt", "def main(", "--max-bytes", "40", "--num", "2", "--json"]
+    first = [json.loads(line) for line in samples(*common).stdout.splitlines()]
+    again = [json.loads(line) for line in samples(*common).stdout.splitlines()]
+    assert first == again and len(first) == 2
+    assert [s["seed"] for s in first] == [0, 1] and first[0]["text"] != first[1]["text"]
+    for s in first:
+        assert s["prompt"] == "def main(" and (s["bytes"] == 40 or s["stopped"]) and s["bits_per_byte"] > 0
+        assert all(0 <= i < s["bytes"] for i in s["chunk_starts"])
+
+    shown = samples("--run", run, "--prompt", "Hello, world", "--max-bytes", "30", "--chunks", "--sep", "|",
+                    "--boundary", "threshold", "--temperature", "0").stdout
+    assert shown.startswith("== sample 1 (seed 0): ") and "bits/byte" in shown
+    assert shown.splitlines()[1].replace("|", "").startswith("Hello, world")
+
+
+def test_bad_input_is_one_line(run, tmp_path):
+    r = run_tool("generate.py", "--run", tmp_path / "nothing", "--prompt", "x")
+    assert r.returncode == 2 and r.stderr.strip().startswith("error:") and len(r.stderr.strip().splitlines()) == 1
+    r = run_tool("generate.py", "--run", run, "--temperature", "-1")
+    assert r.returncode == 2 and "--temperature must be >= 0" in r.stderr

@@ -1,0 +1,98 @@
+"""Sample text from a run's checkpoint: megatok's byte model or the BPE token model.
+
+    python tools/generate.py --run runs/tiny --prompt "def main(" --max-bytes 300
+    python tools/generate.py --run runs/tiny --prompt "The " --num 3 --temperature 0.8 --top-k 40 --chunks
+    python tools/generate.py --run runs/h2h/bpe --prompt-file prompt.txt --json
+
+Each sample continues the prompt (read as a new document) until --max-bytes bytes or the model's
+document separator, one byte (or token) per forward pass over the last data.seq_len ids, on the CPU
+unless --device says otherwise. --temperature 0 is greedy. Sample i uses seed --seed + i (ids and,
+for the byte model, boundaries: sampled as in validation, or p > 0.5 with --boundary threshold).
+--chunks marks where the byte model's chunks start ("│"; "¦" inside a UTF-8 character). Each sample
+is followed by its length, whether it stopped at a separator, and the model's bits per byte on its
+own sample. Method: megatok/generate.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--run", required=True, help="run directory (its latest checkpoint, or --tag)")
+    ap.add_argument("--tag", default=None, help="checkpoint tag, e.g. step00000200")
+    prompt = ap.add_mutually_exclusive_group()
+    prompt.add_argument("--prompt", default="", help="text to continue (default: none, a new document)")
+    prompt.add_argument("--prompt-file", default=None, help="read the prompt's bytes from a file")
+    ap.add_argument("--max-bytes", type=int, default=200, help="bytes to generate per sample (default 200)")
+    ap.add_argument("--num", type=int, default=1, help="samples (default 1)")
+    ap.add_argument("--temperature", type=float, default=1.0, help="0: greedy (default 1)")
+    ap.add_argument("--top-k", type=int, default=None, help="sample among the k most likely ids")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--boundary", choices=("sample", "threshold"), default="sample",
+                    help="byte model: boundaries sampled (seeded) or p > 0.5")
+    ap.add_argument("--chunks", action="store_true", help="byte model: mark chunk starts")
+    ap.add_argument("--sep", default="│", help="with --chunks: the mark before each chunk")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--json", action="store_true", help="one JSON object per sample instead of text")
+    args = ap.parse_args(argv)
+    if args.temperature < 0 or args.max_bytes < 1 or args.num < 1 or (args.top_k is not None and args.top_k < 1):
+        ap.error("--temperature must be >= 0, --max-bytes, --num and --top-k >= 1")
+
+    from tqdm import tqdm
+
+    from megatok.config import ConfigError
+    from megatok.data.encoding import encoding_for
+    from megatok.display import marked
+    from megatok.generate import generate
+    from megatok.train.checkpoint import load_model
+
+    try:
+        data = Path(args.prompt_file).read_bytes() if args.prompt_file else args.prompt.encode("utf-8")
+        model, cfg, tag = load_model(args.run, args.tag, device=args.device)
+        encoding = encoding_for(cfg)
+    except (FileNotFoundError, ConfigError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    byte_model = cfg.model.kind != "bpe"
+    if args.chunks and not byte_model:
+        print("error: --chunks needs a byte model; this run is a BPE token model", file=sys.stderr)
+        return 2
+    if byte_model and args.boundary == "sample" and getattr(model.boundary.options, "window", 1) > 1:
+        args.boundary = "threshold"
+        print("note: boundary.window > 1: boundaries are p > 0.5 (--boundary threshold)", file=sys.stderr)
+    print(f"# {args.run} ({cfg.model.kind}{', ' + cfg.boundary.strategy if byte_model else ''}, {tag}), "
+          f"temperature {args.temperature:g}{f', top-k {args.top_k}' if args.top_k else ''}", file=sys.stderr)
+    for i in range(args.num):
+        with tqdm(total=args.max_bytes, unit="B", desc=f"sample {i + 1}/{args.num}", leave=False,
+                  disable=None) as bar:
+            g = generate(model, data, seq_len=cfg.data.seq_len, max_bytes=args.max_bytes,
+                         temperature=args.temperature, top_k=args.top_k, seed=args.seed + i,
+                         boundary_mode=args.boundary, encoding=encoding, progress=bar)
+        if args.json:
+            row = {"sample": i, "seed": args.seed + i, "prompt": data.decode("utf-8", "replace"),
+                   "text": g.text.decode("utf-8", "replace"), "bytes": len(g.text), "stopped": g.stopped,
+                   "bits_per_byte": round(g.bits_per_byte, 4)}
+            if byte_model:
+                row["chunk_starts"] = [i for i, s in enumerate(g.starts) if s]
+            print(json.dumps(row, ensure_ascii=False))
+            continue
+        if args.chunks:
+            text = marked(data + g.text, g.prompt_starts + g.starts, args.sep)
+        else:
+            text = (data + g.text).decode("utf-8", "replace")
+        print(f"== sample {i + 1} (seed {args.seed + i}): {len(g.text)} bytes{', stopped at a separator' if g.stopped else ''}, "
+              f"{g.bits_per_byte:.3f} bits/byte")
+        print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
