@@ -19,6 +19,7 @@ follows live tensors. Exit status 1 if any build differs.
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import re
 import subprocess
@@ -37,6 +38,7 @@ def rss(field: str) -> int:
 
 def measured(fn):
     """(fn(), bytes of RSS the call added at its peak)."""
+    gc.collect()  # free the previous builds first (ZeRO-3 parameters sit in reference cycles)
     Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM to the current RSS
     before = rss("VmRSS")
     out = fn()
@@ -113,7 +115,13 @@ def main(argv=None) -> int:
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker:
-        return worker(args)
+        code = worker(args)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        # Skip interpreter teardown: after zero.Init, gloo's C++ objects sometimes abort in their
+        # destructors ("terminate called without an active exception", 1 run in 7 here) once all
+        # work is done and reported.
+        os._exit(code)
 
     from megatok.config import ConfigError, load_config
     from megatok.train.dist import free_port
