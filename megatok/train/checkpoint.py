@@ -43,6 +43,15 @@ def latest_tag(run_dir: str | Path) -> str | None:
     return latest.read_text().strip() if latest.is_file() else None
 
 
+def set_latest(run_dir: str | Path, tag: str | None) -> None:
+    """Point ``latest`` at a published checkpoint (None: no checkpoint)."""
+    path = checkpoint_dir(run_dir) / "latest"
+    if tag is not None:
+        _write_atomic(path, tag)
+    elif path.is_file():
+        path.unlink()
+
+
 def published_tags(run_dir: str | Path) -> list[str]:
     d = checkpoint_dir(run_dir)
     return sorted(p.name for p in d.glob("step*") if p.is_dir() and not p.name.endswith(".tmp")) if d.is_dir() else []

@@ -161,15 +161,35 @@ class StopRequest:
             signal.signal(sig, handler)
 
 
-def truncate_metrics(run_dir: Path, step: int) -> None:
-    """Resuming from step N replays the steps after N: drop their old rows so each step appears once."""
+def set_aside_abandoned(run_dir: Path, step: int, fresh: bool) -> Path | None:
+    """Rank 0 at start, resuming from ``step`` (0: a fresh start). Checkpoints after ``step`` belong to
+    a trajectory this run abandons (it resumes from an earlier checkpoint, or starts over in a used
+    directory): they move, with the metrics rows after ``step``, into RUN_DIR/superseded-<time>/, so
+    nothing is lost and the live directory holds one trajectory (``keep_checkpoints`` prunes only it,
+    ``latest`` names the resumed checkpoint). Returns that directory. Otherwise the rows after ``step``
+    are replays of what the resumed run is about to redo, and are dropped; a fresh start keeps every
+    earlier row aside too."""
+    later = [t for t in checkpoint.published_tags(run_dir) if int(t.removeprefix("step")) > step]
     path = run_dir / "metrics.jsonl"
-    if path.is_file():
-        keep = [line for line in path.read_text().splitlines(keepends=True)
-                if line.strip() and json.loads(line).get("step", 0) <= step]
+    rows = [line for line in path.read_text().splitlines(keepends=True) if line.strip()] if path.is_file() else []
+    keep, after = [], []
+    for line in rows:
+        (keep if json.loads(line).get("step", 0) <= step else after).append(line)
+    aside = None
+    if later or (fresh and rows):
+        aside = run_dir / f"superseded-{time.strftime('%Y%m%d-%H%M%S')}"
+        while aside.exists():
+            aside = aside.with_name(aside.name + "+")
+        (aside / checkpoint.CHECKPOINTS).mkdir(parents=True)
+        for tag in later:
+            os.replace(checkpoint.checkpoint_dir(run_dir) / tag, aside / checkpoint.CHECKPOINTS / tag)
+        (aside / "metrics.jsonl").write_text("".join(after))
+        checkpoint.set_latest(run_dir, checkpoint.tag_for(step) if step else None)
+    if after:
         tmp = path.with_suffix(".tmp")
         tmp.write_text("".join(keep))
         os.replace(tmp, path)
+    return aside
 
 
 def data_position(meta: dict | None, cfg: Config, world: int) -> tuple[int, int]:
@@ -225,14 +245,13 @@ def train(cfg: Config, *, resume: str = "auto") -> dict:
         factor = lr_lambda(cfg)(max(0, sched.last_epoch))
         for group in engine.optimizer.param_groups:
             group["lr"] = cfg.train.lr * factor
-        if rank == 0:
-            if tag.startswith("universal-"):
-                shutil.rmtree(checkpoint.checkpoint_dir(run_dir) / tag, ignore_errors=True)  # a derived copy
-            truncate_metrics(run_dir, meta["step"])
-    elif rank == 0 and (run_dir / "metrics.jsonl").is_file():  # a fresh start (--resume none) in a used directory
-        old = run_dir / f"metrics.before-{time.strftime('%Y%m%d-%H%M%S')}.jsonl"
-        os.replace(run_dir / "metrics.jsonl", old)
-        print(f"megatok: starting from step 0; the earlier metrics are kept in {old}", flush=True)
+        if rank == 0 and tag.startswith("universal-"):
+            shutil.rmtree(checkpoint.checkpoint_dir(run_dir) / tag, ignore_errors=True)  # a derived copy
+    if rank == 0:
+        aside = set_aside_abandoned(run_dir, meta["step"] if meta else 0, fresh=meta is None)
+        if aside:
+            where = f"resuming from step {meta['step']}" if meta else "starting from step 0"
+            print(f"megatok: {where}; the later checkpoints and metrics are kept in {aside}", flush=True)
     step = meta["step"] if meta else 0
     start_batch, start_epoch = data_position(meta, cfg, world)
     accum = cfg.train.grad_accum

@@ -251,14 +251,30 @@ def test_export_from_zero3_matches_the_live_engine(shards, tmp_path):
         torch.testing.assert_close(exported_logits(out, ref["x"]), ref["logits"], rtol=0, atol=tol, msg=dtype)
 
 
-def test_fresh_start_in_a_used_directory_sets_the_old_metrics_aside(shards, tmp_path):
-    """--resume none starts at step 0: metrics.jsonl holds only the new run, the old rows are kept beside it."""
-    args = ["--config", "configs/tiny.json", "--set", *TINY, f"data.shards={shards}", f"train.run_dir={tmp_path}",
-            "train.max_steps=2", "train.micro_batch_size=2", "train.global_batch_size=2"]
-    pretrain(args)
-    first = read_metrics(tmp_path)
-    r = pretrain(args + ["--resume", "none"])
-    assert [row["step"] for row in read_metrics(tmp_path) if row["split"] == "train"] == [1, 2]
-    (old,) = tmp_path.glob("metrics.before-*.jsonl")
-    assert [json.loads(line) for line in old.read_text().splitlines()] == first
-    assert str(old) in r.stdout
+def test_an_abandoned_trajectory_is_set_aside_not_lost(shards, tmp_path):
+    """Resuming from an earlier checkpoint, or --resume none, abandons the later checkpoints and metrics
+    rows: they move to RUN_DIR/superseded-<time>/, and the live directory holds one trajectory."""
+    run = tmp_path / "run"
+    args = ["--config", "configs/tiny.json", "--set", *TINY, f"data.shards={shards}", f"train.run_dir={run}",
+            "train.micro_batch_size=2", "train.global_batch_size=2", "train.save_every=2"]
+    tags = lambda d: sorted(p.name for p in (d / "checkpoints").glob("step*"))  # noqa: E731
+    steps = lambda rows: [r["step"] for r in rows if r["split"] == "train"]  # noqa: E731
+    pretrain(args + ["train.max_steps=6"])
+    first = read_metrics(run)
+    assert tags(run) == ["step00000002", "step00000004", "step00000006"] and steps(first) == [1, 2, 3, 4, 5, 6]
+
+    r = pretrain(args + ["train.max_steps=4", "--resume", "step00000002"])  # roll back to step 2
+    (aside,) = run.glob("superseded-*")
+    assert f"resuming from step 2; the later checkpoints and metrics are kept in {aside}" in r.stdout
+    assert tags(aside) == ["step00000004", "step00000006"]
+    assert read_metrics(aside) == [row for row in first if row["step"] > 2]
+    again = read_metrics(run)
+    assert tags(run) == ["step00000002", "step00000004"] and steps(again) == [1, 2, 3, 4]
+    assert (run / "checkpoints" / "latest").read_text().strip() == "step00000004"
+    assert again[:2] == first[:2] and again[2]["loss"] == first[2]["loss"]  # the same step 3, redone
+
+    r = pretrain(args + ["train.max_steps=2", "--resume", "none"])  # start over in the used directory
+    (fresh,) = set(run.glob("superseded-*")) - {aside}
+    assert f"starting from step 0; the later checkpoints and metrics are kept in {fresh}" in r.stdout
+    assert tags(fresh) == ["step00000002", "step00000004"] and read_metrics(fresh) == again
+    assert tags(run) == ["step00000002"] and steps(read_metrics(run)) == [1, 2]
