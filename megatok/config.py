@@ -111,8 +111,10 @@ class TrainConfig(_Section):
     grad_accum: int | None = Field(None, gt=0, description="default: global_batch_size / (micro x world), else 1")
     global_batch_size: int | None = Field(None, gt=0, description="checked: micro x accum x world size")
     lr: float = Field(1.5e-3, gt=0, description="peak AdamW learning rate")
-    min_lr_ratio: float = Field(0.1, ge=0, le=1, description="cosine decays to lr x this")
-    warmup_steps: int = Field(20, ge=0, description="linear warmup steps, then cosine decay to max_steps")
+    min_lr_ratio: float = Field(0.1, ge=0, le=1, description="the schedule decays to lr x this at max_steps")
+    warmup_steps: int = Field(20, ge=0, description="linear warmup steps, then lr_schedule")
+    lr_schedule: Literal["cosine", "wsd", "constant"] = Field("cosine", description="after warmup: cosine decay to max_steps; wsd (warmup-stable-decay) = constant, then linear decay over the last decay_steps; constant")
+    decay_steps: int | None = Field(None, gt=0, description="wsd: steps of the final decay (default: 20% of max_steps)")
     weight_decay: float = Field(0.1, ge=0, description="AdamW decay on matrices (not norms or biases)")
     betas: tuple[float, float] = Field((0.9, 0.95), description="AdamW betas")
     eps: float = Field(1e-8, gt=0, description="AdamW epsilon")
@@ -215,15 +217,26 @@ def _check_deepspeed(ds: dict[str, Any], where: str) -> None:
         raise ConfigError(f"{where}: deepspeed.fp16 is not supported (use bf16; byte-level losses overflow fp16)")
 
 
+def wsd_decay_steps(t: "TrainConfig") -> int:
+    return t.decay_steps if t.decay_steps is not None else max(1, round(0.2 * t.max_steps))
+
+
 def lr_lambda(cfg: Config):
     """Multiplier of train.lr for optimizer step s (0-based): linear warmup to 1 over warmup_steps
-    (the first step already trains, at lr / warmup_steps), then cosine down to min_lr_ratio."""
+    (the first step already trains, at lr / warmup_steps), then by train.lr_schedule: cosine down to
+    min_lr_ratio at max_steps; wsd: 1, then over the last decay_steps linear down to min_lr_ratio
+    (reached at the last step); constant: 1."""
     t = cfg.train
     warmup, total, floor = t.warmup_steps, t.max_steps, t.min_lr_ratio
+    decay_start = total - wsd_decay_steps(t)
 
     def factor(s: int) -> float:
         if s < warmup:
             return (s + 1) / warmup
+        if t.lr_schedule == "constant":
+            return 1.0
+        if t.lr_schedule == "wsd":
+            return 1 - (1 - floor) * min(1.0, max(0, s + 1 - decay_start) / (total - decay_start))
         progress = min(1.0, (s - warmup) / max(1, total - warmup))
         return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
 
@@ -407,6 +420,11 @@ def _check_derived(cfg: Config, where: str, world_size: int) -> None:
         raise ConfigError(
             f"{where}: train.global_batch_size={t.global_batch_size} but train.micro_batch_size ({t.micro_batch_size})"
             f" x train.grad_accum ({t.grad_accum}) x world size ({world_size}) = {total}")
+    if t.lr_schedule == "wsd" and wsd_decay_steps(t) > t.max_steps - t.warmup_steps:
+        raise ConfigError(f"{where}: train.decay_steps={wsd_decay_steps(t)} is more than train.max_steps "
+                          f"({t.max_steps}) - train.warmup_steps ({t.warmup_steps}): the decay would overlap the warmup")
+    if t.decay_steps is not None and t.lr_schedule != "wsd":
+        raise ConfigError(f"{where}: train.decay_steps is only for train.lr_schedule 'wsd' (it is '{t.lr_schedule}')")
     opts = cfg.boundary.options
     if opts.get("batch_baseline") and t.micro_batch_size < 2:
         raise ConfigError(f"{where}: boundary.batch_baseline needs train.micro_batch_size >= 2 "

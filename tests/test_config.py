@@ -139,3 +139,22 @@ def test_lr_schedule_warms_up_from_the_first_step_and_decays_to_the_floor(tmp_pa
     assert all(f(s) >= f(s + 1) for s in range(10, 100))
     cfg0 = load_config(None, ["train.warmup_steps=0", "train.max_steps=1"], world_size=1)
     assert lr_lambda(cfg0)(0) == pytest.approx(1.0)
+
+
+def test_wsd_and_constant_schedules():
+    from megatok.config import lr_lambda
+
+    sets = ["train.max_steps=100", "train.warmup_steps=10", "train.min_lr_ratio=0.1"]
+    f = lr_lambda(load_config(None, sets + ["train.lr_schedule=wsd", "train.decay_steps=20"], world_size=1))
+    assert f(0) == pytest.approx(0.1) and f(9) == pytest.approx(1.0)  # the same warmup
+    assert all(f(s) == 1.0 for s in range(10, 80))  # stable
+    assert f(80) == pytest.approx(1 - 0.9 / 20) and f(89) == pytest.approx(0.55) and f(99) == pytest.approx(0.1)
+    assert all(f(s) > f(s + 1) for s in range(79, 99))
+    f = lr_lambda(load_config(None, sets + ["train.lr_schedule=wsd"], world_size=1))  # default: the last 20%
+    assert f(79) == 1.0 and f(80) < 1.0 and f(99) == pytest.approx(0.1)
+    f = lr_lambda(load_config(None, sets + ["train.lr_schedule=constant"], world_size=1))
+    assert f(4) == pytest.approx(0.5) and f(10) == f(99) == 1.0
+    with pytest.raises(ConfigError, match=r"train.decay_steps=95 is more than train.max_steps \(100\) - train.warmup_steps \(10\)"):
+        load_config(None, sets + ["train.lr_schedule=wsd", "train.decay_steps=95"], world_size=1)
+    with pytest.raises(ConfigError, match="train.decay_steps is only for train.lr_schedule 'wsd'"):
+        load_config(None, sets + ["train.decay_steps=5"], world_size=1)
