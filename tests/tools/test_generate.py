@@ -7,6 +7,8 @@ import pytest
 
 from tests.conftest import TINY, pretrain, run_tool
 
+pytestmark = pytest.mark.dist  # runs the real trainer
+
 
 @pytest.fixture(scope="module")
 def run(shards, tmp_path_factory):

@@ -11,6 +11,7 @@ from megatok.metrics import read_metrics
 from tests.conftest import TINY, pretrain
 
 LR = 1e-3
+pytestmark = pytest.mark.dist  # runs the real trainer
 
 
 def rows(run):
