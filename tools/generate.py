@@ -48,12 +48,14 @@ def main(argv=None) -> int:
 
     from tqdm import tqdm
 
+    from megatok import sizing
     from megatok.config import ConfigError
     from megatok.data.encoding import encoding_for
     from megatok.display import marked
     from megatok.generate import generate
     from megatok.train.checkpoint import load_model
 
+    sizing.quiet_deepspeed_import()  # stdout carries only the samples (--json stays parseable)
     try:
         data = Path(args.prompt_file).read_bytes() if args.prompt_file else args.prompt.encode("utf-8")
         model, cfg, tag = load_model(args.run, args.tag, device=args.device)
