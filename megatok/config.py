@@ -111,9 +111,11 @@ class TrainConfig(_Section):
     grad_accum: int | None = Field(None, gt=0, description="default: global_batch_size / (micro x world), else 1")
     global_batch_size: int | None = Field(None, gt=0, description="checked: micro x accum x world size")
     lr: float = Field(1.5e-3, gt=0, description="peak AdamW learning rate")
-    min_lr_ratio: float = Field(0.1, ge=0, le=1, description="the schedule decays to lr x this at max_steps")
+    min_lr_ratio: float = Field(0.1, ge=0, le=1, description="cosine and wsd decay to lr x this at max_steps")
     warmup_steps: int = Field(20, ge=0, description="linear warmup steps, then lr_schedule")
-    lr_schedule: Literal["cosine", "wsd", "constant"] = Field("cosine", description="after warmup: cosine decay to max_steps; wsd (warmup-stable-decay) = constant, then linear decay over the last decay_steps; constant")
+    lr_schedule: Literal["cosine", "wsd", "constant"] = Field(
+        "cosine", description="after warmup: cosine decay to max_steps; wsd (warmup-stable-decay) = constant, "
+                              "then linear decay over the last decay_steps; constant")
     decay_steps: int | None = Field(None, gt=0, description="wsd: steps of the final decay (default: 20% of max_steps)")
     weight_decay: float = Field(0.1, ge=0, description="AdamW decay on matrices (not norms or biases)")
     betas: tuple[float, float] = Field((0.9, 0.95), description="AdamW betas")
@@ -125,7 +127,8 @@ class TrainConfig(_Section):
     keep_checkpoints: int = Field(3, ge=1, description="newest checkpoints kept in RUN_DIR/checkpoints")
     max_skipped_steps: int = Field(10, ge=0, description="abort after this many optimizer steps in a row skipped for non-finite gradients")
     dist_timeout_s: float = Field(600.0, gt=0, description="collectives that take longer fail instead of hanging")
-    zero_init: bool = Field(True, description="ZeRO-3: build the model already partitioned over the ranks (deepspeed.zero.Init), so no rank holds it whole")
+    zero_init: bool = Field(True, description="ZeRO-3: build the model already partitioned over the ranks "
+                                              "(deepspeed.zero.Init), so no rank holds it whole")
 
 
 class EvalConfig(_Section):
@@ -218,6 +221,7 @@ def _check_deepspeed(ds: dict[str, Any], where: str) -> None:
 
 
 def wsd_decay_steps(t: "TrainConfig") -> int:
+    """The steps of the wsd schedule's final decay: train.decay_steps, by default 20% of max_steps."""
     return t.decay_steps if t.decay_steps is not None else max(1, round(0.2 * t.max_steps))
 
 
@@ -421,8 +425,10 @@ def _check_derived(cfg: Config, where: str, world_size: int) -> None:
             f"{where}: train.global_batch_size={t.global_batch_size} but train.micro_batch_size ({t.micro_batch_size})"
             f" x train.grad_accum ({t.grad_accum}) x world size ({world_size}) = {total}")
     if t.lr_schedule == "wsd" and wsd_decay_steps(t) > t.max_steps - t.warmup_steps:
-        raise ConfigError(f"{where}: train.decay_steps={wsd_decay_steps(t)} is more than train.max_steps "
-                          f"({t.max_steps}) - train.warmup_steps ({t.warmup_steps}): the decay would overlap the warmup")
+        given = "" if t.decay_steps is not None else " (the default, 20% of max_steps)"
+        raise ConfigError(f"{where}: train.decay_steps={wsd_decay_steps(t)}{given} is more than train.max_steps "
+                          f"({t.max_steps}) - train.warmup_steps ({t.warmup_steps}): the decay would overlap "
+                          f"the warmup")
     if t.decay_steps is not None and t.lr_schedule != "wsd":
         raise ConfigError(f"{where}: train.decay_steps is only for train.lr_schedule 'wsd' (it is '{t.lr_schedule}')")
     opts = cfg.boundary.options

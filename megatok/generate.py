@@ -7,13 +7,15 @@ changes as bytes arrive) and samples the next id from the last position's distri
 temperature, optionally among the top k; a separator ends the text. Byte-model chunk boundaries
 are decided once: the strategy decides each new byte's boundary as it arrives (sampled, or p > 0.5
 with ``boundary_mode="threshold"``) and earlier decisions are held fixed (ByteUNet's ``starts``), so
-the text is chunked as one forward pass over it would be. Because the model is causal, the
-log-probability reported for every sampled id equals the one a single forward pass over the whole
-text assigns it (tests/model/test_generate.py).
+a text that fits in seq_len is chunked as one forward pass over it would be. Because the model is
+causal, the log-probability reported for every sampled id then equals the one a single forward pass
+over the whole text assigns it (tests/model/test_generate.py, tests/bpe/test_token_model.py). Past
+seq_len the model sees a sliding window, whose first byte always starts a chunk.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -33,7 +35,7 @@ class Generation:
     @property
     def bits_per_byte(self) -> float:
         """The model's own -log2 p of the generated text per byte (its surprise at what it sampled)."""
-        return -sum(self.logprobs) / max(1, len(self.text)) / 0.6931471805599453
+        return -sum(self.logprobs) / max(1, len(self.text)) / math.log(2)
 
 
 def _allowed(vocab: int, encoding, device) -> torch.Tensor:
@@ -62,7 +64,8 @@ def _pick(logits: torch.Tensor, temperature: float, top_k: int | None, gen: torc
 def generate(model, prompt: bytes, *, seq_len: int, max_bytes: int = 200, temperature: float = 1.0,
              top_k: int | None = None, seed: int = 0, boundary_mode: str = "sample", encoding=BYTES,
              stop_at_separator: bool = True, progress=None) -> Generation:
-    """Continue ``prompt`` until ``max_bytes`` bytes are generated or a separator is sampled.
+    """Continue ``prompt`` until ``max_bytes`` bytes are generated (a BPE model's last token may run
+    past it) or a separator is sampled.
     ``model``: a ByteUNet or TokenLM (megatok.model), ``encoding``: its encoding (encoding_for(cfg)).
     ``temperature`` 0 is greedy. ``seed`` fixes the samples, of ids and of boundaries."""
     if temperature < 0:
@@ -77,6 +80,7 @@ def generate(model, prompt: bytes, *, seq_len: int, max_bytes: int = 200, temper
     if byte_model:
         saved_mode, model.boundary.eval_mode = model.boundary.eval_mode, boundary_mode
     rng_state = torch.random.get_rng_state()
+    cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
     torch.manual_seed(seed)  # boundary samples
     gen = torch.Generator(device=device).manual_seed(seed)  # id samples
     ids = [int(i) for i in encoding.doc_ids(prompt)]
@@ -87,15 +91,21 @@ def generate(model, prompt: bytes, *, seq_len: int, max_bytes: int = 200, temper
     allowed = None
 
     def forward():
-        """The model over the last seq_len ids; the byte model's new boundary decisions are recorded."""
-        window = ids[-seq_len:]
-        x = torch.tensor([window], device=device)
+        """The model over the last seq_len ids. For the byte model, the ids without a boundary decision
+        yet get one, window by window (a prompt may be longer than seq_len), with the decisions already
+        taken inside each window held fixed."""
         if not byte_model:
-            return model(x)
-        pinned = starts[len(ids) - len(window):]  # the decisions already taken inside the window
-        out = model(x, starts=torch.tensor([pinned], dtype=torch.bool, device=device))
-        starts.extend(out.boundaries.starts[0, len(pinned):].tolist())
-        return out
+            return model(torch.tensor([ids[-seq_len:]], device=device))
+        while True:
+            # Each window holds at least one decided id before the undecided ones, so none of them is
+            # the window's first id (which the model always starts a chunk at).
+            end = min(len(ids), len(starts) + seq_len - 1 if starts else seq_len)
+            lo = max(0, end - seq_len)
+            pinned = torch.tensor([starts[lo:]], dtype=torch.bool, device=device)
+            out = model(torch.tensor([ids[lo:end]], device=device), starts=pinned)
+            starts.extend(out.boundaries.starts[0, pinned.shape[1]:].tolist())
+            if end == len(ids):
+                return out
 
     try:
         while len(text) < max_bytes:
@@ -115,11 +125,13 @@ def generate(model, prompt: bytes, *, seq_len: int, max_bytes: int = 200, temper
             piece = bytes([nxt]) if byte_model else encoding.pieces()[nxt]
             text += piece
             if progress is not None:
-                progress.update(len(piece))
+                progress.update(min(len(piece), max(0, max_bytes - progress.n)))
         if byte_model and len(starts) < len(ids):  # the last byte's boundary
             forward()
     finally:
         torch.random.set_rng_state(rng_state)
+        if cuda_rng is not None:
+            torch.cuda.set_rng_state_all(cuda_rng)
         model.train(was_training)
         if byte_model:
             model.boundary.eval_mode = saved_mode

@@ -154,7 +154,10 @@ def test_wsd_and_constant_schedules():
     assert f(79) == 1.0 and f(80) < 1.0 and f(99) == pytest.approx(0.1)
     f = lr_lambda(load_config(None, sets + ["train.lr_schedule=constant"], world_size=1))
     assert f(4) == pytest.approx(0.5) and f(10) == f(99) == 1.0
-    with pytest.raises(ConfigError, match=r"train.decay_steps=95 is more than train.max_steps \(100\) - train.warmup_steps \(10\)"):
+    overlap = r"train.decay_steps=95 is more than train.max_steps \(100\) - train.warmup_steps \(10\)"
+    with pytest.raises(ConfigError, match=overlap):
         load_config(None, sets + ["train.lr_schedule=wsd", "train.decay_steps=95"], world_size=1)
+    with pytest.raises(ConfigError, match=r"train.decay_steps=4 \(the default, 20% of max_steps\)"):
+        load_config(None, ["train.max_steps=20", "train.lr_schedule=wsd"], world_size=1)  # warmup 20
     with pytest.raises(ConfigError, match="train.decay_steps is only for train.lr_schedule 'wsd'"):
         load_config(None, sets + ["train.decay_steps=5"], world_size=1)

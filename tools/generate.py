@@ -31,7 +31,8 @@ def main(argv=None) -> int:
     prompt = ap.add_mutually_exclusive_group()
     prompt.add_argument("--prompt", default="", help="text to continue (default: none, a new document)")
     prompt.add_argument("--prompt-file", default=None, help="read the prompt's bytes from a file")
-    ap.add_argument("--max-bytes", type=int, default=200, help="bytes to generate per sample (default 200)")
+    ap.add_argument("--max-bytes", type=int, default=200,
+                    help="bytes to generate per sample (default 200; a BPE model's last token may run past it)")
     ap.add_argument("--num", type=int, default=1, help="samples (default 1)")
     ap.add_argument("--temperature", type=float, default=1.0, help="0: greedy (default 1)")
     ap.add_argument("--top-k", type=int, default=None, help="sample among the k most likely ids")
@@ -83,14 +84,15 @@ def main(argv=None) -> int:
                    "text": g.text.decode("utf-8", "replace"), "bytes": len(g.text), "stopped": g.stopped,
                    "bits_per_byte": round(g.bits_per_byte, 4)}
             if byte_model:
-                row["chunk_starts"] = [i for i, s in enumerate(g.starts) if s]
+                row["chunk_starts"] = [j for j, start in enumerate(g.starts) if start]
             print(json.dumps(row, ensure_ascii=False))
             continue
         if args.chunks:
             text = marked(data + g.text, g.prompt_starts + g.starts, args.sep)
         else:
             text = (data + g.text).decode("utf-8", "replace")
-        print(f"== sample {i + 1} (seed {args.seed + i}): {len(g.text)} bytes{', stopped at a separator' if g.stopped else ''}, "
+        stopped = ", stopped at a separator" if g.stopped else ""
+        print(f"== sample {i + 1} (seed {args.seed + i}): {len(g.text)} bytes{stopped}, "
               f"{g.bits_per_byte:.3f} bits/byte")
         print(text)
     return 0

@@ -80,19 +80,18 @@ def worker(args) -> int:
                 with deepspeed.zero.GatheredParameters([p]):
                     if not torch.equal(p.data, plain_params[name].data.to(p.dtype)):
                         differ.append(name)
-            for name, b in zero.named_buffers():
-                if not torch.equal(b, dict(plain.named_buffers())[name]):
-                    differ.append(name)
+            plain_buffers = dict(plain.named_buffers())
+            differ += [name for name, b in zero.named_buffers() if not torch.equal(b, plain_buffers[name])]
             bad += bool(differ)
-            del plain, plain_params
+            del plain, plain_params, plain_buffers
         peaks = torch.tensor([zero_peak, plain_peak], dtype=torch.float64)
         tdist.all_reduce(peaks, op=tdist.ReduceOp.MAX)
         name = "bpe_lm" if cfg.model.kind == "bpe" else strategy or cfg.boundary.strategy
         rows.append((name, n_params, *peaks.tolist(), differ))
         del zero
     if rank == 0:
-        print(f"{args.config}, {world} ranks, {'bf16' if deepspeed_config(cfg, world).get('bf16', {}).get('enabled') else 'fp32'}; "
-              "peak host RSS a build adds on a rank (max over ranks):")
+        precision = "bf16" if deepspeed_config(cfg, world).get("bf16", {}).get("enabled") else "fp32"
+        print(f"{args.config}, {world} ranks, {precision}; peak host RSS a build adds on a rank (max over ranks):")
         print(f"{'strategy':<12} {'params':>14} {'zero.Init MiB':>14} {'plain MiB':>10}  weights")
         for name, n, zp, pp, differ in rows:
             verdict = "not compared" if differ is None else "identical" if not differ else \

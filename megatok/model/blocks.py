@@ -91,7 +91,9 @@ def init_matrices(model: nn.Module, std: float, n_layers: int, skip: str | None 
     projections that write into the residual stream (attn.out, mlp.down); vectors keep their
     defaults. Parameters whose name starts with ``skip`` are left alone.
 
-    It runs through ``Module.apply``, one module's own parameters at a time, in the order of
+    It runs through ``Module.apply``, one module's own parameters at a time; apply visits children
+    before their parent, which is the order of named_parameters() as long as only leaf modules hold
+    parameters (true of every megatok model), so the draws are those of a loop over
     named_parameters(). DeepSpeed's ZeRO-3 construction (zero.Init) partitions each module as soon as
     it is built and gathers a module's parameters around an ``apply`` call, so the same code
     initialises a model that no rank ever holds whole, with the same random draws.

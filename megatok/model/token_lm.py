@@ -10,7 +10,6 @@ bits per byte are the summed token NLL over the UTF-8 bytes of the text, compara
 
 from __future__ import annotations
 
-
 import torch
 import torch.nn.functional as F
 from torch import nn

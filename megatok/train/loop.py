@@ -161,6 +161,14 @@ class StopRequest:
             signal.signal(sig, handler)
 
 
+def _row_step(line: str) -> float:
+    """A metrics row's step; a row cut short by a kill counts as after every step."""
+    try:
+        return json.loads(line).get("step", 0)
+    except json.JSONDecodeError:
+        return math.inf
+
+
 def set_aside_abandoned(run_dir: Path, step: int, fresh: bool) -> Path | None:
     """Rank 0 at start, resuming from ``step`` (0: a fresh start). Checkpoints after ``step`` belong to
     a trajectory this run abandons (it resumes from an earlier checkpoint, or starts over in a used
@@ -174,17 +182,18 @@ def set_aside_abandoned(run_dir: Path, step: int, fresh: bool) -> Path | None:
     rows = [line for line in path.read_text().splitlines(keepends=True) if line.strip()] if path.is_file() else []
     keep, after = [], []
     for line in rows:
-        (keep if json.loads(line).get("step", 0) <= step else after).append(line)
+        (after if fresh or _row_step(line) > step else keep).append(line)
     aside = None
     if later or (fresh and rows):
         aside = run_dir / f"superseded-{time.strftime('%Y%m%d-%H%M%S')}"
         while aside.exists():
             aside = aside.with_name(aside.name + "+")
         (aside / checkpoint.CHECKPOINTS).mkdir(parents=True)
+        (aside / "metrics.jsonl").write_text("".join(after))
+        # ``latest`` first: killed halfway, the next start resumes from it and moves the rest.
+        checkpoint.set_latest(run_dir, checkpoint.tag_for(step) if step else None)
         for tag in later:
             os.replace(checkpoint.checkpoint_dir(run_dir) / tag, aside / checkpoint.CHECKPOINTS / tag)
-        (aside / "metrics.jsonl").write_text("".join(after))
-        checkpoint.set_latest(run_dir, checkpoint.tag_for(step) if step else None)
     if after:
         tmp = path.with_suffix(".tmp")
         tmp.write_text("".join(keep))
@@ -272,8 +281,9 @@ def train(cfg: Config, *, resume: str = "auto") -> dict:
                            config=cfg.to_dict(), progress=cfg.logging.progress)
     if rank == 0:
         built = " (built partitioned)" if builds_partitioned(cfg) else ""
+        precision = "bf16" if engine.bfloat16_enabled() else "fp32"
         print(f"megatok: {n_params:,} parameters, {world} rank(s), device {device.type}, "
-              f"ZeRO stage {engine.zero_optimization_stage()}{built}, {'bf16' if engine.bfloat16_enabled() else 'fp32'}, "
+              f"ZeRO stage {engine.zero_optimization_stage()}{built}, {precision}, "
               f"start step {step}{f' from {tag}' if tag else ''}, run dir {run_dir}", flush=True)
 
     stop = StopRequest()

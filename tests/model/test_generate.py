@@ -61,9 +61,18 @@ def test_seeded_samples_repeat_differ_by_seed_and_top_1_is_greedy():
 
 
 def test_generation_slides_past_seq_len_and_stops_at_a_separator():
+    # A prompt longer than seq_len gets its boundaries window by window, each on its own bytes: the
+    # whitespace rule (which reads only the bytes) must match one pass over the whole text.
+    model = make_model("whitespace")
+    prompt = b"one two three four five six seven eight nine ten eleven twelve"
+    g = generate(model, prompt, seq_len=16, max_bytes=40, seed=0, stop_at_separator=False)
+    assert len(g.text) == 40 and len(g.starts) == 40 and len(g.prompt_starts) == len(prompt)
+    with torch.no_grad():
+        whole = model(torch.tensor([[SEP, *prompt, *g.text]])).boundaries.starts[0, 1:].tolist()
+    assert g.prompt_starts + g.starts == whole
+    assert sum(g.prompt_starts) == prompt.count(b" ") + 1
+
     model = make_model("policy")
-    g = generate(model, b"x" * 40, seq_len=32, max_bytes=50, seed=0, stop_at_separator=False)
-    assert len(g.text) == 50 and len(g.starts) == 50 and len(g.prompt_starts) == 40
     # after 5 bytes the separator becomes overwhelmingly likely
     model.head.register_forward_hook(lambda m, i, out: out + 1e4 * (torch.arange(out.shape[-1]) == SEP)
                                      * (torch.arange(out.shape[1]) >= 3 + 5)[:, None])

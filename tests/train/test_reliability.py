@@ -237,12 +237,12 @@ def test_a_killed_rank_ends_the_job_within_the_timeout(shards, tmp_path):
     assert not leftovers
 
 
-def test_export_from_zero3_matches_the_live_engine(shards, tmp_path):
+@pytest.mark.parametrize("zero_init", [True, False])  # built partitioned (the default), or whole
+def test_export_from_zero3_matches_the_live_engine(zero_init, shards, tmp_path):
     run = tmp_path / "run"
-    # The whole-model build (train.zero_init off); the default partitioned build is trained and resumed
-    # in test_distributed.py.
-    r = pretrain(args(shards, run, "train.max_steps=3", "deepspeed.zero_optimization.stage=3", "train.zero_init=false"))
-    assert "ZeRO stage 3, fp32" in r.stdout
+    r = pretrain(args(shards, run, "train.max_steps=3", "deepspeed.zero_optimization.stage=3",
+                      f"train.zero_init={str(zero_init).lower()}"))
+    assert f"ZeRO stage 3{' (built partitioned)' if zero_init else ''}, fp32" in r.stdout
     ref = live_engine_logits(run, tmp_path)
     for dtype, tol in (("fp32", 1e-5), ("bf16", 0.1)):
         out = export(run, tmp_path / f"export-{dtype}", dtype)
