@@ -17,6 +17,11 @@ It prints:
    estimate for one rank. The engine is DeepSpeed (the config's ZeRO stage and bf16, as the trainer
    runs it) when importable, else a plain torch loop (autocast bf16, fp32 weights, fused AdamW);
    --engine picks one.
+3. The trainer as users start it (with DeepSpeed): launch/pretrain.py on --trainer-config (default
+   100m) for --trainer-steps steps under ZeRO-3 (the model built partitioned), on shards built from
+   the standard library's sources; a new process resumed from the halfway checkpoint, whose losses
+   are compared with the first run's (on a GPU not necessarily bit-exact: some kernels are not
+   deterministic); tools/generate.py on the result.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import json
 import os
 import platform
 import resource
+import subprocess
 import sys
 import sysconfig
 import time
@@ -233,6 +239,87 @@ def train_check(config: str, overrides: list[str], *, device: torch.device, engi
     return row
 
 
+# ----------------------------------------------------------------------------- 3. the trainer
+
+LAUNCH_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def _run(cmd: list[str], timeout: float) -> subprocess.CompletedProcess:
+    """A child process of its own: not this process's rank or port (section 2 may have started a group)."""
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS}
+    return subprocess.run([sys.executable, *cmd], cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+                          env={**env, "WANDB_MODE": "disabled", "PYTHONUNBUFFERED": "1"})
+
+
+def _train_losses(run_dir: Path) -> dict[int, float]:
+    from megatok.metrics import read_metrics
+
+    return {r["step"]: r["loss"] for r in read_metrics(run_dir) if r.get("split") == "train"}
+
+
+def trainer_check(config: str, overrides: list[str], *, device: torch.device, steps: int, micro: int | None,
+                  timeout: float = 600) -> dict:
+    """The real trainer on the device, as users start it (launch/pretrain.py, one process): ``steps``
+    steps under ZeRO-3 (the model built partitioned) with a checkpoint halfway, a new process resumed
+    from that checkpoint, whose losses are compared with the first run's, and tools/generate.py on
+    the result. Data: shards built here from the Python standard library's sources."""
+    import shutil
+    import tempfile
+
+    from megatok.data.shards import build_shards
+
+    tmp = Path(tempfile.mkdtemp(prefix="megatok-gpu-check-"))
+    row: dict = {"config": config, "zero_stage": 3, "steps": steps}
+    try:
+        stdlib = sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py"))
+        with (tmp / "corpus.jsonl").open("w") as f:
+            for path in stdlib[:300]:
+                f.write(json.dumps({"text": path.read_text(errors="replace")[:40_000], "lang": "en",
+                                    "domain": "code"}) + "\n")
+        build_shards([str(tmp / "corpus.jsonl")], str(tmp / "shards"), val_fraction=0.05, num_shards=2,
+                     progress=False)
+        from megatok.config import load_config
+
+        mb = micro or load_config(config, overrides, world_size=1).train.micro_batch_size
+        half = steps // 2
+        sets = [*overrides, f"data.shards={tmp / 'shards'}", "data.num_workers=1", f"train.max_steps={steps}",
+                f"train.save_every={half}", "train.log_every=1", "eval.every=0", "eval.max_sequences=4",
+                f"train.micro_batch_size={mb}", "train.grad_accum=1", f"train.global_batch_size={mb}",
+                "deepspeed.zero_optimization.stage=3", "logging.wandb_mode=disabled", "logging.progress=false"]
+        first, again = tmp / "run", tmp / "resumed"
+        t = time.perf_counter()
+        r = _run(["launch/pretrain.py", "--config", config, "--set", *sets, f"train.run_dir={first}"], timeout)
+        row["train_s"] = round(time.perf_counter() - t, 1)
+        if r.returncode:
+            return {**row, "error": f"trainer exited {r.returncode}: {r.stderr.strip()[-400:]}"}
+        row["built_partitioned"] = "(built partitioned)" in r.stdout
+        a = _train_losses(first)
+        row.update(loss_first=round(a[1], 4), loss_last=round(a[steps], 4))
+
+        tag = f"step{half:08d}"
+        shutil.copytree(first / "checkpoints" / tag, again / "checkpoints" / tag)
+        r = _run(["launch/pretrain.py", "--config", str(first / "config.json"), "--set", f"train.run_dir={again}",
+                  "--resume", tag], timeout)
+        if r.returncode:
+            return {**row, "error": f"resumed trainer exited {r.returncode}: {r.stderr.strip()[-400:]}"}
+        b = _train_losses(again)
+        diffs = [abs(b[s] - a[s]) / abs(a[s]) for s in range(half + 1, steps + 1)]
+        row.update(resume_max_rel_diff=max(diffs), resume_exact=max(diffs) == 0.0)
+
+        t = time.perf_counter()
+        r = _run(["tools/generate.py", "--run", str(first), "--prompt", "def ", "--max-bytes", "64",
+                  "--device", str(device), "--json"], timeout)
+        if r.returncode:
+            return {**row, "error": f"generate exited {r.returncode}: {r.stderr.strip()[-400:]}"}
+        sample = json.loads(r.stdout.splitlines()[-1])
+        row.update(generate_bytes=sample["bytes"], generate_s=round(time.perf_counter() - t, 1))
+        return row
+    except subprocess.TimeoutExpired as e:
+        return {**row, "error": f"timed out after {e.timeout} s: {' '.join(map(str, e.cmd[1:3]))}"}
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 # ----------------------------------------------------------------------------- report
 
 def show(report: dict) -> str:
@@ -260,6 +347,18 @@ def show(report: dict) -> str:
                      f"{r['micro_batch']} x {r['seq_len']} | {r['step_s_median']} | {r['bytes_per_s']:,} | "
                      f"{r['realised_rate']} | {r['achieved_tflops']} | {mfu} | {mem} | {r.get('estimate_gib', '-')} | "
                      f"{r['loss_first']} -> {r['loss_last']} |")
+    if report.get("trainer"):
+        r = report["trainer"]
+        lines += ["", "trainer (launch/pretrain.py, ZeRO-3 built partitioned; resumed from the halfway checkpoint "
+                      "in a new process; tools/generate.py on the result)"]
+        if "error" in r:
+            lines.append(f"{r['config']}: error: {r['error']}")
+        else:
+            lines.append(f"{r['config']}: {r['steps']} steps in {r['train_s']} s (start-up included), built "
+                         f"partitioned: {r['built_partitioned']}, loss {r['loss_first']} -> {r['loss_last']}; "
+                         f"resumed losses: max relative difference {r['resume_max_rel_diff']:.2e} "
+                         f"({'bit-exact' if r['resume_exact'] else 'not bit-exact'}); generated "
+                         f"{r['generate_bytes']} bytes in {r['generate_s']} s (start-up included)")
     return "\n".join(lines)
 
 
@@ -275,6 +374,9 @@ def main(argv=None) -> int:
     ap.add_argument("--peak-tflops", type=float, default=None, help="dense bf16 peak of the device (default: by name)")
     ap.add_argument("--attn-iters", type=int, default=20)
     ap.add_argument("--json-out", default=None, help="also write the report as JSON here")
+    ap.add_argument("--trainer-config", default="configs/100m.json",
+                    help="the config of the trainer check (section 3; 'none' skips it)")
+    ap.add_argument("--trainer-steps", type=int, default=6, help="steps of the trainer check (even)")
     ap.add_argument("--cpu-smoke", action="store_true", help="tiny config on the CPU, 2 steps: tests the code paths")
     args = ap.parse_args(argv)
 
@@ -285,6 +387,8 @@ def main(argv=None) -> int:
         device = torch.device("cpu")
         configs, overrides = ["configs/tiny.json"], SMOKE_SETS + args.overrides
         steps, warmup, micro = min(args.steps, 2), min(args.warmup, 1), args.micro or 2
+        trainer_config = None if args.trainer_config == "none" else "configs/tiny.json"
+        trainer_steps = 2
         shapes = [(1, 2, 128, 32), (1, 2, 32, 32)]
     else:
         if not torch.cuda.is_available():
@@ -293,6 +397,8 @@ def main(argv=None) -> int:
         device = torch.device("cuda", 0)
         torch.cuda.set_device(device)
         configs, overrides, steps, warmup, micro = args.configs, args.overrides, args.steps, args.warmup, args.micro
+        trainer_config = None if args.trainer_config == "none" else args.trainer_config
+        trainer_steps = args.trainer_steps
         shapes = [(8, 16, 4096, 64), (8, 16, 820, 128)]  # byte rate at seq_len 4096; main rate at rho = 0.2
     engine = args.engine
     if engine == "auto":
@@ -311,6 +417,10 @@ def main(argv=None) -> int:
             report["training"].append({"config": config, "engine": engine, "error": f"out of memory: {e}"[:300]})
             gc.collect()
             torch.cuda.empty_cache()
+    if trainer_config and engine == "deepspeed":
+        report["trainer"] = trainer_check(str(ROOT / trainer_config), overrides, device=device,
+                                          steps=max(2, trainer_steps // 2 * 2), micro=micro)
+        report["trainer"]["config"] = trainer_config
     print(show(report), flush=True)
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(report, indent=2) + "\n")

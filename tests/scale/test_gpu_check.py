@@ -1,5 +1,6 @@
 """tools/gpu_check.py in its CPU smoke mode: the code paths the GPU check runs (attention comparison,
-DeepSpeed and plain-torch training steps, FLOPs, memory), on a tiny config, without a GPU."""
+DeepSpeed and plain-torch training steps, FLOPs, memory, the trainer with a resume and generation), on
+a tiny config, without a GPU."""
 
 import importlib.util
 import json
@@ -25,6 +26,11 @@ def test_cpu_smoke_deepspeed_engine(tmp_path):
     assert row["engine"] == "deepspeed" and row["precision"] == "fp32" and row["zero_stage"] == 1
     assert row["bytes_per_s"] > 0 and 0 < row["realised_rate"] < 1 and math.isfinite(row["loss_last"])
     assert row["mfu"] is None and row["estimate_gib"] > 0  # no peak known for a CPU
+    # section 3: the real trainer under ZeRO-3, resumed in a new process, then generation
+    t = rep["trainer"]
+    assert "error" not in t, t
+    assert t["built_partitioned"] and t["resume_exact"] and t["generate_bytes"] == 64  # fp32 on a CPU: exact
+    assert "resumed losses: max relative difference 0.00e+00 (bit-exact)" in r.stdout
 
 
 def test_cpu_smoke_torch_engine(capsys):
