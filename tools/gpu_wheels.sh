@@ -2,11 +2,12 @@
 # Wheels that tools/gpu_check.py needs on a GPU machine whose image has torch but not megatok's other
 # requirements, and no network: run this here (where pip reaches the registry), carry .whl/ there, and
 # install it there with --no-index. Pinned to requirements.txt; Python 3.12, x86-64 Linux by default.
-#   bash tools/gpu_wheels.sh                 # -> .whl/ (about 6 MB), ignored by git
+#   bash tools/gpu_wheels.sh                 # -> .whl/ (about 7 MB), ignored by git
 #   there: python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && PYTHONPATH=/tmp/site \
 #          python3 tools/gpu_check.py --json-out gpu_check.json
-# (einops, msgpack, ninja, numpy, packaging, psutil, py-cpuinfo, pyyaml and tqdm are usually in CUDA
-#  images already; add them to EXTRA if yours lacks them, e.g. EXTRA="einops==0.8.1".)
+# DeepSpeed's own dependencies (einops, msgpack, ninja, packaging, psutil, py-cpuinfo, pyyaml, tqdm) come
+# too, pinned to the versions tested here: an image may lack any of them. numpy is not carried (torch's
+# own must stay). EXTRA="name==version ..." adds more.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
@@ -22,6 +23,8 @@ for n in 2_17 2_27 2_28 2_31 2_34 2_35; do platforms+=(--platform "manylinux_${n
 $PY -m pip download -q --no-deps --only-binary=:all: --python-version "$PYVER" --implementation cp \
   "${platforms[@]}" --platform manylinux2014_x86_64 -d "$OUT" \
   "$(pin pydantic)" pydantic-core==2.46.4 annotated-types==0.8.0 typing-inspection==0.4.5 \
-  "$(pin webdataset)" braceexpand==0.1.7 hjson==3.1.0 ${EXTRA:-}
+  "$(pin webdataset)" braceexpand==0.1.7 hjson==3.1.0 \
+  einops==0.8.2 msgpack==1.2.4 ninja==1.13.2 packaging==26.4 psutil==7.2.2 py-cpuinfo==9.0.0 PyYAML==6.0.4 \
+  tqdm==4.70.1 ${EXTRA:-}
 ls -1 "$OUT"
 du -sh "$OUT"
