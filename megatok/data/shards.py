@@ -61,15 +61,33 @@ def _choose_val(scores: np.ndarray, val_fraction: float) -> np.ndarray:
     return is_val
 
 
-def _write_shard(path: str, indices, spill, offsets, text_lens, meta_lens, bar) -> dict:
-    """Copy the given documents out of the spill file into one tar; return its manifest entry."""
+def _bytes_by(labels: list, lens: np.ndarray, indices) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for i in indices:
+        key = str(labels[i])  # "None" for documents without one
+        out[key] = out.get(key, 0) + int(lens[i])
+    return dict(sorted(out.items()))
+
+
+def _copies(weights: np.ndarray, seed: int) -> np.ndarray:
+    """Copies of each document for mixture weights: floor(w), plus one more with probability w - floor(w)
+    (decided by (seed, document index) alone, like the val split)."""
+    base = np.floor(weights)
+    extra = np.array([_val_score(seed + 7919, i) for i in range(len(weights))]) < weights - base
+    return (base + extra).astype(np.int64)
+
+
+def _write_shard(path: str, indices, spill, offsets, text_lens, meta_lens, bar, copies=None) -> dict:
+    """Copy the given documents out of the spill file into one tar; return its manifest entry. A document's
+    repeat c > 0 (mixture weights) gets the key "<index>_<c>"."""
     n_bytes = 0
     with open(path, "wb") as f, wds.TarWriter(f, encoder=False, mtime=0) as writer:  # mtime=0: reproducible tars
-        for i in indices:
+        for k, i in enumerate(indices):
             spill.seek(offsets[i])
             text = spill.read(text_lens[i])
             meta = spill.read(meta_lens[i])
-            writer.write({"__key__": "%010d" % i, "bin": text, "json": meta})
+            c = copies[k] if copies is not None else 0
+            writer.write({"__key__": "%010d" % i + (f"_{c}" if c else ""), "bin": text, "json": meta})
             n_bytes += len(text)
             bar.update(len(text))
     return {"name": os.path.basename(path), "documents": len(indices), "bytes": n_bytes,
@@ -77,11 +95,12 @@ def _write_shard(path: str, indices, spill, offsets, text_lens, meta_lens, bar) 
 
 
 def _build(inputs, files, tmp, *, val_fraction, num_shards, shard_bytes, min_shards, val_shards,
-           seed, lang, domain, max_doc_bytes, progress) -> dict:
+           seed, lang, domain, max_doc_bytes, progress, weights) -> dict:
     """Both passes of the build, writing into the (existing, empty) directory tmp."""
     estimate = _estimate_bytes(files)
     stats = {}
     offsets, text_lens, meta_lens, scores = array("q"), array("q"), array("q"), array("d")
+    doc_weights, doc_langs, seen = array("d"), [], {"lang": set(), "domain": set()}
     spill_path = os.path.join(tmp, "documents.spill")
     with open(spill_path, "w+b") as spill:
         # pass 1: read every input once
@@ -93,6 +112,10 @@ def _build(inputs, files, tmp, *, val_fraction, num_shards, shard_bytes, min_sha
                 text_lens.append(len(doc.text))
                 meta_lens.append(len(meta))
                 scores.append(_val_score(seed, i))
+                seen["lang"].add(doc.lang)
+                doc_langs.append(doc.lang)
+                seen["domain"].add(doc.domain)
+                doc_weights.append(weights["lang"].get(doc.lang, 1.0) * weights["domain"].get(doc.domain, 1.0))
                 spill.write(doc.text)
                 spill.write(meta)
                 bar.update(len(doc.text))
@@ -101,18 +124,37 @@ def _build(inputs, files, tmp, *, val_fraction, num_shards, shard_bytes, min_sha
             raise DataError(f"no documents in {', '.join(inputs)} "
                             f"({stats.get('empty_documents', 0)} empty documents skipped)")
 
-        # pass 2: split, shuffle, cut into shards, write
+        for key, table in weights.items():
+            for value in table:
+                if value not in seen[key]:
+                    raise DataError(f"{key} weight {value}={table[value]:g}: no document has {key} {value!r} "
+                                    f"(found: {', '.join(sorted(map(str, seen[key] - {None}))) or 'none'})")
+
+        # pass 2: split, shuffle (train: with each document's copies for the mixture weights), cut, write
         is_val = _choose_val(np.frombuffer(scores, dtype=np.float64), val_fraction)
         lens = np.frombuffer(text_lens, dtype=np.int64)
+        n_copies = _copies(np.frombuffer(doc_weights, dtype=np.float64), seed) if any(weights.values()) else None
         rng = np.random.default_rng(seed)
-        splits = {}
+        splits, repeat = {}, {}
         for split, mask in (("train", ~is_val), ("val", is_val)):
-            idx = rng.permutation(np.flatnonzero(mask))
+            docs = np.flatnonzero(mask)
+            nth = np.zeros(len(docs), dtype=np.int64)  # which copy of its document each entry is
+            order = rng.permutation(len(docs))  # drawn as without weights, so the val split is unchanged
+            if split == "train" and n_copies is not None:
+                counts = n_copies[docs]
+                docs = np.repeat(docs, counts)
+                nth = np.arange(len(docs)) - np.repeat(np.cumsum(counts) - counts, counts)
+                if not len(docs):
+                    raise DataError("the mixture weights leave no training document")
+                order = np.random.default_rng([seed, 1]).permutation(len(docs))
+            idx, nth = docs[order], nth[order]
             if split == "train":
                 wanted = num_shards or max(min_shards, math.ceil(estimate / shard_bytes))
             else:
                 wanted = val_shards or max(1, min(4, math.ceil(lens[idx].sum() / shard_bytes)))
-            splits[split] = np.array_split(idx, min(wanted, len(idx))) if len(idx) else []
+            n_parts = min(wanted, len(idx))
+            splits[split] = np.array_split(idx, n_parts) if len(idx) else []
+            repeat[split] = np.array_split(nth, n_parts) if len(idx) else []
         manifest = {
             "format": FORMAT, "version": VERSION,
             "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -121,12 +163,15 @@ def _build(inputs, files, tmp, *, val_fraction, num_shards, shard_bytes, min_sha
             "bytes": {s: int(sum(lens[c].sum() for c in chunks)) for s, chunks in splits.items()},
             "empty_documents_skipped": stats["empty_documents"],
             "split_documents": stats["split_documents"],
+            "weights": weights,
+            "bytes_by_lang": {s: _bytes_by(doc_langs, lens, np.concatenate(c) if len(c) else c)
+                              for s, c in splits.items()},
         }
         with tqdm(total=int(lens.sum()), unit="B", unit_scale=True, desc="writing", disable=not progress) as bar:
             for split, chunks in splits.items():
                 manifest[split] = [
                     _write_shard(os.path.join(tmp, f"{split}-{k:05d}.tar"), chunk.tolist(), spill,
-                                 offsets, text_lens, meta_lens, bar)
+                                 offsets, text_lens, meta_lens, bar, repeat[split][k].tolist())
                     for k, chunk in enumerate(chunks)]
     os.remove(spill_path)
     with open(os.path.join(tmp, MANIFEST), "w") as f:
@@ -153,13 +198,25 @@ def _replace_dir(tmp: str, out_dir: str) -> None:
 def build_shards(inputs: list[str], out_dir: str, *, val_fraction: float = 0.01, num_shards: int | None = None,
                  shard_bytes: int = 64 << 20, min_shards: int = 8, val_shards: int | None = None, seed: int = 0,
                  overwrite: bool = False, lang: str | None = None, domain: str | None = None,
-                 max_doc_bytes: int = 1 << 20, progress: bool = True) -> dict:
+                 max_doc_bytes: int = 1 << 20, progress: bool = True, lang_weights: dict[str, float] | None = None,
+                 domain_weights: dict[str, float] | None = None) -> dict:
     """Build train/val WebDataset shards and manifest.json from the inputs; return the manifest.
 
     num_shards defaults to max(min_shards, input bytes / shard_bytes) so that there are enough
     shards for every (rank, dataloader worker) reader; val_shards to between 1 and 4. Either is
     reduced to the number of documents so that no shard is empty.
+
+    Mixture weights: a training document whose lang has weight w (times its domain's weight; 1 when
+    not listed) appears floor(w) times, plus once more with probability w - floor(w), seeded per
+    document: 3 triples a language, 0.5 keeps about half of it, 0 drops it. The val split keeps the
+    natural mix, so validation figures stay comparable across mixtures. The manifest records the
+    weights and the resulting bytes per language of each split.
     """
+    weights = {"lang": dict(lang_weights or {}), "domain": dict(domain_weights or {})}
+    for key, table in weights.items():
+        for name, w in table.items():
+            if not (isinstance(w, (int, float)) and math.isfinite(w) and w >= 0):
+                raise ValueError(f"{key} weight {name}={w}: must be a finite number >= 0")
     if isinstance(inputs, str):
         inputs = [inputs]
     if not 0 <= val_fraction < 1:
@@ -182,7 +239,7 @@ def build_shards(inputs: list[str], out_dir: str, *, val_fraction: float = 0.01,
     try:
         manifest = _build(inputs, files, tmp, val_fraction=val_fraction, num_shards=num_shards,
                           shard_bytes=shard_bytes, min_shards=min_shards, val_shards=val_shards, seed=seed,
-                          lang=lang, domain=domain, max_doc_bytes=max_doc_bytes, progress=progress)
+                          lang=lang, domain=domain, max_doc_bytes=max_doc_bytes, progress=progress, weights=weights)
         _replace_dir(tmp, out_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

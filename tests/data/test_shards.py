@@ -160,3 +160,47 @@ def test_cli(tmp_path):
     assert result.stderr.startswith("error: ") and result.stderr.count("\n") == 1 and "missing.jsonl" in result.stderr
     result = run_cli(*inputs, "--out", out)  # exists
     assert result.returncode == 2 and "not empty" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_mixture_weights_repeat_or_thin_training_documents_only(tmp_path):
+    inputs = make_inputs(tmp_path / "in", n_jsonl=200)
+    plain = build_shards(inputs, str(tmp_path / "plain"), val_fraction=0.1, num_shards=4, progress=False)
+    out = str(tmp_path / "mixed")
+    m = build_shards(inputs, out, val_fraction=0.1, num_shards=4, progress=False, lang_weights={"fr": 3, "en": 0.5},
+                     domain_weights={"web": 1.0})
+    assert m["weights"] == {"lang": {"fr": 3, "en": 0.5}, "domain": {"web": 1.0}}
+    assert [e["sha256"] for e in m["val"]] == [e["sha256"] for e in plain["val"]]  # the val split is untouched
+    assert m["bytes_by_lang"]["val"] == plain["bytes_by_lang"]["val"]
+
+    docs = list(iter_shard_documents([os.path.join(out, e["name"]) for e in m["train"]]))
+    base = Counter((d.text, d.lang) for d in iter_shard_documents([os.path.join(str(tmp_path / "plain"), e["name"])
+                                                                  for e in plain["train"]]))
+    got = Counter((d.text, d.lang) for d in docs)
+    assert all(got[k] == 3 for k in base if k[1] == "fr")  # every French document three times
+    en_kept = [got[k] for k in base if k[1] == "en"]
+    assert set(en_kept) <= {0, 1} and 0.35 < sum(en_kept) / len(en_kept) < 0.65  # about half of the English
+    assert all(got[k] == 1 for k in base if k[1] is None)  # no weight: as before
+    assert sum(m["bytes_by_lang"]["train"].values()) == m["bytes"]["train"] == sum(e["bytes"] for e in m["train"])
+    assert m["bytes_by_lang"]["train"]["fr"] == 3 * plain["bytes_by_lang"]["train"]["fr"]
+    # every copy is its own sample: unique keys, all read back
+    keys = [k for e in m["train"] for k in _keys(os.path.join(out, e["name"]))]
+    assert len(keys) == len(set(keys)) == len(docs) == m["documents"]["train"]
+    assert build_shards(inputs, str(tmp_path / "again"), val_fraction=0.1, num_shards=4, progress=False,
+                        lang_weights={"fr": 3, "en": 0.5}, domain_weights={"web": 1.0})["train"] == m["train"]
+
+    with pytest.raises(DataError, match=r"lang weight de=2: no document has lang 'de' \(found: en, fr\)"):
+        build_shards(inputs, str(tmp_path / "x"), progress=False, lang_weights={"de": 2})
+    with pytest.raises(ValueError, match="lang weight fr=-1: must be a finite number >= 0"):
+        build_shards(inputs, str(tmp_path / "x"), progress=False, lang_weights={"fr": -1})
+    r = run_cli(*inputs, "--out", str(tmp_path / "cli"), "--num-shards", "2", "--no-progress", "--lang-weight", "fr=3")
+    assert r.returncode == 0, r.stderr
+    assert "train bytes by lang after the weights: " in r.stdout and "fr " in r.stdout
+    r = run_cli(*inputs, "--out", str(tmp_path / "bad"), "--lang-weight", "fr:3")
+    assert r.returncode == 2 and r.stderr.strip() == "error: --lang-weight fr:3: expected NAME=WEIGHT, e.g. ru=3"
+
+
+def _keys(path):
+    import tarfile
+
+    with tarfile.open(path) as tar:
+        return sorted({m.name.split(".")[0] for m in tar.getmembers()})
