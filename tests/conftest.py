@@ -43,6 +43,16 @@ def shards(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.fixture(scope="session")
+def tiny_run(shards, tmp_path_factory) -> Path:
+    """A run directory named "tiny": 3 steps of configs/tiny.json (TINY) on one rank, checkpoint at the
+    end. Shared by the tools' tests that only read a trained run."""
+    run_dir = tmp_path_factory.mktemp("runs") / "tiny"
+    pretrain(["--config", "configs/tiny.json", "--set", *TINY, f"data.shards={shards}", f"train.run_dir={run_dir}",
+              "train.max_steps=3", "train.micro_batch_size=2", "train.global_batch_size=2"])
+    return run_dir
+
+
 # The same two sentences in three languages and scripts: a tiny parallel held-out set.
 PARALLEL = {
     "en": ["All human beings are born free and equal in dignity and rights.",

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from megatok import bpe
-from tests.conftest import PARALLEL, ROOT, TINY, pretrain, run_tool, stdlib_texts
+from tests.conftest import PARALLEL, ROOT, run_tool, stdlib_texts
 
 # Loaded from its path: tools/ is not a package (and tests/tools deliberately has no __init__.py).
 _spec = importlib.util.spec_from_file_location("compare", ROOT / "tools" / "compare.py")
@@ -96,15 +96,7 @@ def test_bad_input_is_one_error_line(tmp_path):
     assert r.returncode == 2 and "missing.jsonl" in r.stderr and "Traceback" not in r.stderr
 
 
-@pytest.fixture(scope="module")
-def real_run(shards, tmp_path_factory):
-    run_dir = tmp_path_factory.mktemp("compare") / "tiny"
-    pretrain(["--config", "configs/tiny.json", "--set", *TINY, f"data.shards={shards}", f"train.run_dir={run_dir}",
-              "train.max_steps=3", "train.micro_batch_size=2", "train.global_batch_size=2"])
-    return run_dir
-
-
-def test_real_run_per_language(real_run, tmp_path):
+def test_real_run_per_language(tiny_run, tmp_path):
     heldout = tmp_path / "parallel.jsonl"
     with heldout.open("w") as f:
         for lang, texts in PARALLEL.items():
@@ -118,7 +110,7 @@ def test_real_run_per_language(real_run, tmp_path):
     (token / "checkpoints" / "latest").write_text("step00000015")  # a checkpoint of a kind compare can't load
     (token / "config.json").write_text(json.dumps({"model": {"kind": "mystery"}, "data": {"seq_len": 64}}))
     out = tmp_path / "cmp"
-    r = run_tool("compare.py", real_run, token, "--out", out, "--heldout", heldout, "--tokenizer", tok / "tokenizer.model")
+    r = run_tool("compare.py", tiny_run, token, "--out", out, "--heldout", heldout, "--tokenizer", tok / "tokenizer.model")
     assert r.returncode == 0, r.stderr[-3000:]
     md = (out / "compare.md").read_text()
     assert "| tiny | unet/policy | 3 |" in md
@@ -134,7 +126,7 @@ def test_real_run_per_language(real_run, tmp_path):
     assert megatok_sys["name"] == "tiny" and megatok_sys["unit"] == "chunk"
     assert bpe_sys["name"] == "BPE" and bpe_sys["unit"] == "token"
     # the per-language figures are tools/evaluate.py's on the same file (same seed and rule)
-    ev = run_tool("evaluate.py", "--run", real_run, "--data", heldout)
+    ev = run_tool("evaluate.py", "--run", tiny_run, "--data", heldout)
     assert ev.returncode == 0, ev.stderr[-2000:]
     ev = json.loads(ev.stdout)
     for lang in PARALLEL:

@@ -5,17 +5,9 @@ import json
 
 import pytest
 
-from tests.conftest import TINY, pretrain, run_tool
+from tests.conftest import run_tool
 
 pytestmark = pytest.mark.dist  # runs the real trainer
-
-
-@pytest.fixture(scope="module")
-def run(shards, tmp_path_factory):
-    run_dir = tmp_path_factory.mktemp("generate") / "run"
-    pretrain(["--config", "configs/tiny.json", "--set", *TINY, f"data.shards={shards}", f"train.run_dir={run_dir}",
-              "train.max_steps=2", "train.micro_batch_size=2", "train.global_batch_size=2"])
-    return run_dir
 
 
 def samples(*args):
@@ -24,8 +16,8 @@ def samples(*args):
     return r
 
 
-def test_seeded_samples_repeat_and_chunks_are_marked(run):
-    common = ["--run", run, "--prompt", "def main(", "--max-bytes", "40", "--num", "2", "--json"]
+def test_seeded_samples_repeat_and_chunks_are_marked(tiny_run):
+    common = ["--run", tiny_run, "--prompt", "def main(", "--max-bytes", "40", "--num", "2", "--json"]
     first = [json.loads(line) for line in samples(*common).stdout.splitlines()]
     again = [json.loads(line) for line in samples(*common).stdout.splitlines()]
     assert first == again and len(first) == 2
@@ -34,14 +26,14 @@ def test_seeded_samples_repeat_and_chunks_are_marked(run):
         assert s["prompt"] == "def main(" and (s["bytes"] == 40 or s["stopped"]) and s["bits_per_byte"] > 0
         assert all(0 <= i < s["bytes"] for i in s["chunk_starts"])
 
-    shown = samples("--run", run, "--prompt", "Hello, world", "--max-bytes", "30", "--chunks", "--sep", "|",
+    shown = samples("--run", tiny_run, "--prompt", "Hello, world", "--max-bytes", "30", "--chunks", "--sep", "|",
                     "--boundary", "threshold", "--temperature", "0").stdout
     assert shown.startswith("== sample 1 (seed 0): ") and "bits/byte" in shown
     assert shown.splitlines()[1].replace("|", "").startswith("Hello, world")
 
 
-def test_bad_input_is_one_line(run, tmp_path):
+def test_bad_input_is_one_line(tiny_run, tmp_path):
     r = run_tool("generate.py", "--run", tmp_path / "nothing", "--prompt", "x")
     assert r.returncode == 2 and r.stderr.strip().startswith("error:") and len(r.stderr.strip().splitlines()) == 1
-    r = run_tool("generate.py", "--run", run, "--temperature", "-1")
+    r = run_tool("generate.py", "--run", tiny_run, "--temperature", "-1")
     assert r.returncode == 2 and "--temperature must be >= 0" in r.stderr
