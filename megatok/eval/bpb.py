@@ -50,16 +50,18 @@ class _Seeded:
 
 
 @torch.no_grad()
-def evaluate_batches(model, batches: Iterable[torch.Tensor], *, mode: str, seed: int, device) -> dict[str, float]:
-    """Sum statistics over batches of packed sequences. ``model`` may be a DeepSpeed engine."""
+def evaluate_batches(model, batches: Iterable[tuple[int, torch.Tensor]], *, mode: str, seed: int,
+                     device) -> dict[str, float]:
+    """Sum statistics over (index, batch of packed sequences) pairs; a batch's boundary samples are
+    seeded by its index, not by its place in this list. ``model`` may be a DeepSpeed engine."""
     module = getattr(model, "module", model)
     was_training = module.training
     module.eval()
     _set_eval_mode(module, mode)
     totals = defaultdict(float)
     try:
-        for i, tokens in enumerate(batches):
-            with _Seeded(seed * 1_000_003 + i):
+        for index, tokens in batches:
+            with _Seeded(seed * 1_000_003 + index):
                 rows = row_sums(model, tokens.to(device))
             for k, v in rows.items():
                 totals[k] += float(v.sum())

@@ -63,9 +63,12 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
     return [{"params": decay, "weight_decay": weight_decay}, {"params": rest, "weight_decay": 0.0}]
 
 
-def validation_batches(cfg: Config, rank: int, world: int, encoding) -> list[torch.Tensor]:
-    """This rank's share of the validation sequences, as the same number of batches on every rank
-    (a rank with fewer sequences gets all-padding batches: ZeRO-3 needs every rank in every forward)."""
+def validation_batches(cfg: Config, rank: int, world: int, encoding) -> list[tuple[int, torch.Tensor]]:
+    """This rank's share of the validation batches, each with its global index (which seeds its boundary
+    samples). The sequences are cut into global batches the same way at every world size and batch i
+    goes to rank i % world, so the figure does not depend on the number of ranks. Every rank gets the
+    same number of batches (all-padding ones, index -1, where it runs out: ZeRO-3 needs every rank in
+    every forward)."""
     seq_len, n_seq = cfg.data.seq_len, cfg.eval.max_sequences
     urls = resolve_shards(cfg.data.val_shards or cfg.data.shards, "val")
     need = n_seq * seq_len + 1
@@ -77,10 +80,10 @@ def validation_batches(cfg: Config, rank: int, world: int, encoding) -> list[tor
             break
     seqs = pack_documents(docs, seq_len, encoding)[:n_seq]
     bs = cfg.eval.batch_size or cfg.train.micro_batch_size
-    n_batches = max(1, math.ceil(math.ceil(len(seqs) / world) / bs))
-    mine = seqs[rank::world]
+    n_global = math.ceil(len(seqs) / bs)
     pad = torch.full((1, seq_len + 1), encoding.pad, dtype=torch.long)
-    return [mine[i * bs:(i + 1) * bs] if i * bs < len(mine) else pad for i in range(n_batches)]
+    mine = [(i, seqs[i * bs:(i + 1) * bs]) for i in range(rank, n_global, world)]
+    return mine + [(-1, pad)] * (max(1, math.ceil(n_global / world)) - len(mine))
 
 
 def validate(engine, cfg: Config, batches, device, step: int, logger: MetricsLogger) -> dict:

@@ -20,8 +20,8 @@ STEPS = 6
 REL_TOL = 2e-4
 
 
-def read_rows(run_dir):
-    return {r["step"]: r for r in read_metrics(run_dir) if r.get("split") == "train"}
+def read_rows(run_dir, split="train"):
+    return {r["step"]: r for r in read_metrics(run_dir) if r.get("split") == split}
 
 
 def losses(run_dir):
@@ -34,7 +34,7 @@ def one_rank(shards, tmp_path_factory):
     pretrain(["--config", "configs/tiny.json", "--set", *TINY, f"data.shards={shards}", f"train.run_dir={run}",
               f"train.max_steps={STEPS}", "train.micro_batch_size=4", "train.global_batch_size=8",
               "data.num_workers=2", "deepspeed.zero_optimization.stage=1", "train.grad_clip=0"])
-    return read_rows(run)
+    return read_rows(run), read_rows(run, "val")
 
 
 @pytest.mark.parametrize("stage", [2, 3])
@@ -44,6 +44,7 @@ def test_two_ranks_match_one_rank_and_resume_continues(stage, one_rank, shards, 
               f"train.max_steps={STEPS}", "train.micro_batch_size=4", "train.global_batch_size=8",
               "data.num_workers=1", f"deepspeed.zero_optimization.stage={stage}", "train.save_every=3",
               "train.grad_clip=0"]  # no clipping: a wrong gradient scale would not be normalised away
+    one_rank, one_rank_val = one_rank
     r = pretrain(common + [f"train.run_dir={run}"], nproc=2)
     # ZeRO-3 builds the model partitioned (train.zero_init, default on), ZeRO-2 whole.
     assert ("(built partitioned)" in r.stdout) == (stage == 3), r.stdout[-2000:]
@@ -54,6 +55,11 @@ def test_two_ranks_match_one_rank_and_resume_continues(stage, one_rank, shards, 
         for key in ("loss", "grad_norm", "bpb", "boundary_rate"):
             assert rows[step][key] == pytest.approx(one_rank[step][key], rel=REL_TOL), (step, key)
     assert two[STEPS] < two[1]
+    # Validation (sampled boundaries) at the end: the same global batches and seeds at either world size.
+    val = read_rows(run, "val")[STEPS]
+    assert val["val_bytes"] == one_rank_val[STEPS]["val_bytes"]
+    for key in ("val_bpb", "val_boundary_rate"):
+        assert val[key] == pytest.approx(one_rank_val[STEPS][key], rel=REL_TOL), key
 
     # A new process group resumes from the step-3 checkpoint and must reproduce steps 4..6 exactly.
     resumed = tmp_path / "resumed"
