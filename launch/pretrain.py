@@ -40,11 +40,14 @@ def check_data(cfg) -> None:
     """Everything a run reads besides the config, checked before any process group starts."""
     from megatok.data.documents import list_input_files
     from megatok.data.encoding import encoding_for
-    from megatok.data.stream import check_readers, resolve_shards
+    from megatok.data.stream import check_readers, resolve_sources
 
-    train = resolve_shards(cfg.data.shards, "train")
-    resolve_shards(cfg.data.val_shards or cfg.data.shards, "val")
-    check_readers(len(train), int(os.environ.get("WORLD_SIZE", "1")), max(1, cfg.data.num_workers))
+    sources, weights = resolve_sources(cfg.data.shards, "train")
+    resolve_sources(cfg.data.val_shards or cfg.data.shards, "val")
+    names = list(cfg.data.shards) if weights else [""]
+    for urls, name in zip(sources, names):
+        check_readers(len(urls), int(os.environ.get("WORLD_SIZE", "1")), max(1, cfg.data.num_workers),
+                      f"data.shards source {name}" if name else "")
     encoding_for(cfg)  # the tokenizer of a bpe model exists, keeps the contract and fits model.vocab_size
     e = cfg.eval
     if e.heldout is not None:

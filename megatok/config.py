@@ -20,7 +20,7 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 
 class ConfigError(ValueError):
@@ -97,11 +97,25 @@ class BoundaryConfig(_Section):
 
 
 class DataConfig(_Section):
-    shards: str | list[str] = Field("data/shards", description="build_shards directory or WebDataset URLs")
-    val_shards: str | list[str] | None = Field(None, description="default: the val split of data.shards")
+    shards: str | list[str] | dict[str, float] = Field(
+        "data/shards", description="build_shards directory or WebDataset URLs; or a mixture {shards: weight}, "
+                                   "read in proportion to the weights by bytes")
+    val_shards: str | list[str] | dict[str, float] | None = Field(
+        None, description="default: the val split of data.shards (of each source of a mixture, by weight)")
     seq_len: int = Field(512, gt=1, description="bytes per training sequence (tokens for model.kind bpe)")
     num_workers: int = Field(1, ge=0, description="dataloader worker processes per rank (0: read in the training process)")
     on_bad_shard: Literal["warn", "error"] = Field("warn", description="a corrupt/empty shard: skip it with a warning, or stop")
+
+    @field_validator("shards", "val_shards", mode="before")
+    @classmethod
+    def _mixture(cls, v):
+        if isinstance(v, dict):
+            if not v:
+                raise ValueError("a mixture needs at least one source")
+            for source, w in v.items():
+                if isinstance(w, bool) or not isinstance(w, (int, float)) or not w > 0:
+                    raise ValueError(f"the weight of source {source!r} must be a positive number, not {w!r}")
+        return v
 
 
 class TrainConfig(_Section):

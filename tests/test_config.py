@@ -103,6 +103,27 @@ def test_deepspeed_section_is_checked(tmp_path):
     assert "deepspeed.zero_optimization.stag" in msg
 
 
+def test_mixture_weights_are_checked(tmp_path):
+    cfg = load_config(write(tmp_path, "ok.json", {"data": {"shards": {"data/web": 3, "data/code": 0.5}}}))
+    assert cfg.data.shards == {"data/web": 3.0, "data/code": 0.5}
+    msg = error_of(write(tmp_path, "zero.json", {"data": {"shards": {"data/web": 3, "data/code": 0}}}))
+    assert "data.shards" in msg and "'data/code' must be a positive number, not 0" in msg
+    msg = error_of(write(tmp_path, "text.json", {"data": {"val_shards": {"data/web": "half"}}}))
+    assert "data.val_shards" in msg and "'data/web'" in msg
+    assert "at least one source" in error_of(write(tmp_path, "empty.json", {"data": {"shards": {}}}))
+
+
+def test_launcher_names_the_mixture_source_short_of_shards(tmp_path, shards):
+    p = write(tmp_path, "c.json", {"extends": str(ROOT / "configs/tiny.json"),
+                                   "data": {"shards": {str(shards): 1}, "num_workers": 3}})
+    env = {**os.environ, "WORLD_SIZE": "2", "RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}
+    r = subprocess.run([sys.executable, str(ROOT / "launch/pretrain.py"), "--config", str(p)],
+                       capture_output=True, text=True, env=env, timeout=120)
+    lines = [ln for ln in r.stderr.splitlines() if "[WARNING]" not in ln and ln.strip()]
+    assert r.returncode == 2 and len(lines) == 1, r.stderr
+    assert f"data.shards source {shards}: 4 shards for 6 readers" in lines[0]
+
+
 def test_baseline_needs_two_sequences_per_micro_batch(tmp_path):
     msg = error_of(write(tmp_path, "c.json", {"train": {"micro_batch_size": 1}}), world_size=1)
     assert "batch_baseline" in msg and "micro_batch_size" in msg

@@ -46,7 +46,8 @@ def fixed_batch(cfg, data: str | None, batch_size: int, seq_len: int) -> torch.T
     from megatok.data.stream import iter_shard_documents, pack_documents, resolve_shards
 
     spec = data or cfg.data.val_shards or cfg.data.shards
-    if isinstance(spec, str) and (Path(spec, "manifest.json").is_file() or not Path(spec).exists()):
+    if isinstance(spec, dict) or (isinstance(spec, str) and (Path(spec, "manifest.json").is_file()
+                                                             or not Path(spec).exists())):  # shards
         docs = iter_shard_documents(resolve_shards(spec, "val"))
     else:
         docs = iter_documents([spec] if isinstance(spec, str) else spec)

@@ -7,9 +7,14 @@ once per epoch across the job. A reader turns its documents into one continuous 
 token, so every token is a prediction target exactly once. The stream never ends: ranks that
 own more data simply reach the next epoch later, and no rank ever waits for another.
 
-Everything a reader produces is a pure function of (urls, seed, seq_len, batch_size, reader, R),
-which is what makes resuming exact: a restarted reader regenerates and discards what it had
-already produced (start_batch).
+A mixture (``data.shards`` = {shard spec: weight}) gives each reader one such document stream per
+source, every source with its own epochs, and takes its next document from the source furthest
+below its share of the bytes read so far (weight / sum of weights): each reader's bytes, and so the
+job's, follow the weights to within one document, with no randomness to replay.
+
+Everything a reader produces is a pure function of (urls, weights, seed, seq_len, batch_size,
+reader, R), which is what makes resuming exact: a restarted reader regenerates and discards what it
+had already produced (start_batch).
 """
 
 import itertools
@@ -36,8 +41,19 @@ class BadShardWarning(UserWarning):
     """A shard could not be read completely and was skipped (after the documents read before the damage)."""
 
 
-def resolve_shards(spec: str | list[str], split: str = "train") -> list[str]:
-    """Turn a shard directory, a brace pattern ("data/train-{00000..00063}.tar") or a list into shard URLs."""
+def resolve_sources(spec: str | list[str] | dict[str, float], split: str = "train"
+                    ) -> tuple[list[list[str]], list[float] | None]:
+    """(shard URLs per source, weights): one source and no weights unless spec is a {spec: weight} mixture."""
+    if isinstance(spec, dict):
+        return [resolve_shards(s, split) for s in spec], [float(w) for w in spec.values()]
+    return [resolve_shards(spec, split)], None
+
+
+def resolve_shards(spec: str | list[str] | dict[str, float], split: str = "train") -> list[str]:
+    """Turn a shard directory, a brace pattern ("data/train-{00000..00063}.tar") or a list into shard
+    URLs; a mixture ({spec: weight}) gives the URLs of all its sources, in order."""
+    if isinstance(spec, dict):
+        return [u for s in spec for u in resolve_shards(s, split)]
     if isinstance(spec, str) and os.path.isdir(spec):
         manifest = read_manifest(spec)
         if split not in ("train", "val"):
@@ -57,12 +73,13 @@ def resolve_shards(spec: str | list[str], split: str = "train") -> list[str]:
     return urls
 
 
-def check_readers(n_shards: int, world_size: int, num_workers: int) -> int:
-    """Fail early if some (rank, worker) reader would get no shard; return the number of readers."""
+def check_readers(n_shards: int, world_size: int, num_workers: int, source: str = "") -> int:
+    """Fail early if some (rank, worker) reader would get no shard; return the number of readers.
+    ``source`` names the mixture source in the message."""
     workers = max(1, num_workers)
     readers = world_size * workers
     if n_shards < readers:
-        raise DataError(f"{n_shards} shards for {readers} readers ({world_size} ranks x {workers} dataloader "
+        raise DataError(f"{source}{': ' if source else ''}{n_shards} shards for {readers} readers ({world_size} ranks x {workers} dataloader "
                         f"workers): every reader needs a shard; use at most {max(1, n_shards // world_size)} "
                         f"dataloader workers or build more shards (--num-shards)")
     return readers
@@ -202,44 +219,60 @@ def _pack_batches(docs: Iterable[bytes], seq_len: int, batch_size: int, skip_tok
 
 
 class PackedByteStream(IterableDataset):
-    """An endless stream of {"tokens": LongTensor[batch_size, seq_len + 1], "epoch", "bad_shards"} batches.
+    """An endless stream of {"tokens": LongTensor[batch_size, seq_len + 1], "epoch", "epochs", "bad_shards"}
+    batches. ``epochs`` lists each source's epoch (one source unless ``weights``); ``epoch`` is the largest.
 
+    ``urls`` are the shard URLs, or with ``weights`` one list of URLs per source of the mixture.
     Use it through make_loader so a rank's batches come round-robin from its workers: that order
     is what start_batch (batches this rank has already consumed) refers to. Resuming is exact as
-    long as urls, seed, seq_len, batch_size, world_size and the number of workers are unchanged.
-    start_epoch begins the stream at a later epoch (a resume with a different layout starts the
-    next epoch: see megatok/train/loop.py).
+    long as urls, weights, seed, seq_len, batch_size, world_size and the number of workers are
+    unchanged. start_epoch (one per source, or one for all) begins the stream at a later epoch (a
+    resume with a different layout starts the next epoch: see megatok/train/loop.py).
     """
 
-    def __init__(self, urls: list[str], *, seq_len: int, batch_size: int, rank: int = 0, world_size: int = 1,
-                 seed: int = 0, start_batch: int = 0, start_epoch: int = 0, on_bad_shard: str = "warn",
-                 num_workers_hint: int | None = None, encoding=BYTES):
+    def __init__(self, urls: list[str] | list[list[str]], *, seq_len: int, batch_size: int, rank: int = 0,
+                 world_size: int = 1, seed: int = 0, start_batch: int = 0, start_epoch: int | list[int] = 0,
+                 on_bad_shard: str = "warn", num_workers_hint: int | None = None, encoding=BYTES,
+                 weights: list[float] | None = None):
         super().__init__()
-        if not urls:
+        sources = [list(urls)] if weights is None else [list(u) for u in urls]
+        if not urls or not all(sources):
             raise DataError("no shards given")
+        if weights is not None and (len(weights) != len(sources) or not all(w > 0 for w in weights)):
+            raise ValueError(f"need one positive weight per source, got {weights} for {len(sources)} sources")
         if seq_len < 1 or batch_size < 1 or start_batch < 0 or seed < 0:
             raise ValueError("seq_len and batch_size must be positive, start_batch and seed non-negative")
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is not in [0, {world_size})")
         if on_bad_shard not in ("warn", "error"):
             raise ValueError(f"on_bad_shard must be 'warn' or 'error', got {on_bad_shard!r}")
+        start_epochs = [start_epoch] * len(sources) if isinstance(start_epoch, int) else list(start_epoch)
+        if len(start_epochs) != len(sources):
+            raise ValueError(f"{len(start_epochs)} start epochs for {len(sources)} sources")
         if num_workers_hint is not None:
-            check_readers(len(urls), world_size, num_workers_hint)
-        self.urls, self.seq_len, self.batch_size = list(urls), seq_len, batch_size
+            for i, u in enumerate(sources):
+                check_readers(len(u), world_size, num_workers_hint, f"source {i}" if len(sources) > 1 else "")
+        self.sources, self.weights = sources, weights or [1.0]
+        self.urls = sources[0]
+        self.seq_len, self.batch_size = seq_len, batch_size
         self.rank, self.world_size, self.seed = rank, world_size, seed
-        self.start_batch, self.start_epoch, self.on_bad_shard = start_batch, start_epoch, on_bad_shard
+        self.start_batch, self.start_epochs, self.on_bad_shard = start_batch, start_epochs, on_bad_shard
         self.encoding = encoding
 
-    def epoch_shards(self, epoch: int, reader: int, n_readers: int) -> list[str]:
-        """The shards a reader reads in an epoch: the same shuffle on every rank, then every n_readers-th."""
-        order = np.random.default_rng([self.seed, epoch]).permutation(len(self.urls))
-        return [self.urls[i] for i in order[reader::n_readers]]
+    def epoch_shards(self, epoch: int, reader: int, n_readers: int, source: int = 0) -> list[str]:
+        """The shards a reader reads of a source in an epoch: the same shuffle on every rank, then every
+        n_readers-th. (A single source shuffles with (seed, epoch), as before mixtures existed.)"""
+        urls = self.sources[source]
+        key = [self.seed, epoch] if len(self.sources) == 1 else [self.seed, source, epoch]
+        order = np.random.default_rng(key).permutation(len(urls))
+        return [urls[i] for i in order[reader::n_readers]]
 
-    def _documents(self, reader: int, n_readers: int, state: dict) -> Iterator[bytes]:
-        """This reader's documents, epoch after epoch; updates state["epoch"] and state["bad_shards"]."""
-        for epoch in itertools.count(self.start_epoch):
-            state["epoch"] = epoch
-            shards, n_docs = self.epoch_shards(epoch, reader, n_readers), 0
+    def _source_documents(self, source: int, reader: int, n_readers: int, state: dict) -> Iterator[bytes]:
+        """This reader's documents of one source, epoch after epoch; updates state["epochs"][source]
+        and state["bad_shards"]."""
+        for epoch in itertools.count(self.start_epochs[source]):
+            state["epochs"][source] = epoch
+            shards, n_docs = self.epoch_shards(epoch, reader, n_readers, source), 0
             for url in shards:
                 problems, n_before = [], n_docs
                 for sample in _shard_samples(url, problems):
@@ -255,20 +288,36 @@ class PackedByteStream(IterableDataset):
                 raise DataError(f"reader {reader} of {n_readers} read no documents in epoch {epoch} from its "
                                 f"shards: {', '.join(shards)}")
 
+    def _documents(self, reader: int, n_readers: int, state: dict) -> Iterator[bytes]:
+        """This reader's documents: one source's as they come, or a mixture's by deficit (the next document
+        comes from the source with the fewest bytes read relative to its weight; ties to the first)."""
+        streams = [self._source_documents(i, reader, n_readers, state) for i in range(len(self.sources))]
+        if len(streams) == 1:
+            yield from streams[0]
+            return
+        read = [0] * len(streams)
+        while True:
+            i = min(range(len(streams)), key=lambda j: (read[j] / self.weights[j], j))
+            doc = next(streams[i])
+            read[i] += len(doc) + 1  # + the separator, so empty documents still count
+            yield doc
+
     def __iter__(self):
         info = get_worker_info()
         num_workers, worker = (1, 0) if info is None else (info.num_workers, info.id)
-        n_readers = check_readers(len(self.urls), self.world_size, num_workers)
+        for i, u in enumerate(self.sources):
+            n_readers = check_readers(len(u), self.world_size, num_workers, f"source {i}" if len(self.sources) > 1 else "")
         # The loader's first batch after a restart is batch start_batch of the rank, which came from worker
         # start_batch % W in the original run: rotate the workers so each continues the right stream.
         logical = (worker + self.start_batch) % num_workers
         reader = self.rank * num_workers + logical
         done = len(range(logical, self.start_batch, num_workers))  # batches this reader had produced
-        state = {"epoch": self.start_epoch, "bad_shards": 0}
+        state = {"epochs": list(self.start_epochs), "bad_shards": 0}
         docs = self._documents(reader, n_readers, state)
         for tokens in _pack_batches(docs, self.seq_len, self.batch_size, done * self.batch_size * self.seq_len,
                                     self.encoding):
-            yield {"tokens": tokens, "epoch": state["epoch"], "bad_shards": state["bad_shards"]}
+            yield {"tokens": tokens, "epoch": max(state["epochs"]), "epochs": list(state["epochs"]),
+                   "bad_shards": state["bad_shards"]}
 
 
 def make_loader(dataset: PackedByteStream, num_workers: int) -> DataLoader:

@@ -50,21 +50,25 @@ class _Seeded:
 
 
 @torch.no_grad()
-def evaluate_batches(model, batches: Iterable[tuple[int, torch.Tensor]], *, mode: str, seed: int,
-                     device) -> dict[str, float]:
-    """Sum statistics over (index, batch of packed sequences) pairs; a batch's boundary samples are
-    seeded by its index, not by its place in this list. ``model`` may be a DeepSpeed engine."""
+def evaluate_batches(model, batches: Iterable[tuple], *, mode: str, seed: int, device,
+                     groups: int = 0) -> dict[str, float]:
+    """Sum statistics over (index, batch of packed sequences[, group of each row]) tuples; a batch's
+    boundary samples are seeded by its index, not by its place in this list. With ``groups`` > 0
+    (e.g. a mixture's sources) every statistic is also summed per group, as "<key>/<group>", all keys
+    present even where a group has no rows. ``model`` may be a DeepSpeed engine."""
     module = getattr(model, "module", model)
     was_training = module.training
     module.eval()
     _set_eval_mode(module, mode)
     totals = defaultdict(float)
     try:
-        for index, tokens in batches:
+        for index, tokens, *labels in batches:
             with _Seeded(seed * 1_000_003 + index):
                 rows = row_sums(model, tokens.to(device))
             for k, v in rows.items():
                 totals[k] += float(v.sum())
+                for g in range(groups):
+                    totals[f"{k}/{g}"] += float(v[labels[0].to(v.device) == g].sum())
     finally:
         module.train(was_training)
     return dict(totals)

@@ -23,6 +23,7 @@ baseline (fp32, on the training device) and writes the row.
 
 from __future__ import annotations
 
+import itertools
 import time
 from pathlib import Path
 
@@ -43,12 +44,16 @@ def read_documents(spec: str | list[str]):
 
 
 def heldout_documents(cfg: Config) -> list[Document]:
-    """The head-to-head documents: whole documents until eval.heldout_max_bytes is reached."""
-    spec = cfg.eval.heldout or cfg.data.val_shards
-    if spec is None:
-        from megatok.data.stream import iter_shard_documents, resolve_shards
+    """The head-to-head documents: whole documents until eval.heldout_max_bytes is reached (taken in
+    turn from each source of a mixture, so every source is represented)."""
+    from megatok.data.stream import iter_shard_documents, resolve_shards, resolve_sources
 
+    spec = cfg.eval.heldout or cfg.data.val_shards
+    if spec is None and not isinstance(cfg.data.shards, dict):
         docs = iter_shard_documents(resolve_shards(cfg.data.shards, "val"))
+    elif isinstance(spec or cfg.data.shards, dict):
+        streams = [iter_shard_documents(u) for u in resolve_sources(spec or cfg.data.shards, "val")[0]]
+        docs = (d for group in itertools.zip_longest(*streams) for d in group if d is not None)
     else:
         docs = read_documents(spec)
     out, n = [], 0

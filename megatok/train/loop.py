@@ -21,7 +21,8 @@ import torch.distributed as tdist
 
 from megatok.config import Config, builds_partitioned, deepspeed_config, lr_lambda
 from megatok.data.encoding import encoding_for
-from megatok.data.stream import PackedByteStream, iter_shard_documents, make_loader, pack_documents, resolve_shards
+from megatok.data.stream import (PackedByteStream, iter_shard_documents, make_loader, pack_documents,
+                                 resolve_sources)
 from megatok.eval.bpb import boundary_rule, evaluate_batches
 from megatok.eval.head_to_head import HeadToHead
 from megatok.flops import flops_per_byte
@@ -63,34 +64,58 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
     return [{"params": decay, "weight_decay": weight_decay}, {"params": rest, "weight_decay": 0.0}]
 
 
-def validation_batches(cfg: Config, rank: int, world: int, encoding) -> list[tuple[int, torch.Tensor]]:
+def validation_batches(cfg: Config, rank: int, world: int, encoding) -> list[tuple]:
     """This rank's share of the validation batches, each with its global index (which seeds its boundary
     samples). The sequences are cut into global batches the same way at every world size and batch i
     goes to rank i % world, so the figure does not depend on the number of ranks. Every rank gets the
     same number of batches (all-padding ones, index -1, where it runs out: ZeRO-3 needs every rank in
-    every forward)."""
-    seq_len, n_seq = cfg.data.seq_len, cfg.eval.max_sequences
-    urls = resolve_shards(cfg.data.val_shards or cfg.data.shards, "val")
-    need = n_seq * seq_len + 1
-    docs, have = [], 0
-    for d in iter_shard_documents(urls):  # read only as much as the validation budget needs
-        docs.append(d.text)
-        have += len(d.text) + 1 if encoding.byte_lengths is None else len(encoding.doc_ids(d.text))
-        if have >= need:
-            break
-    seqs = pack_documents(docs, seq_len, encoding)[:n_seq]
+    every forward). With a mixture each batch also carries the source of each row."""
+    seq_len = cfg.data.seq_len
+    sources, weights = resolve_sources(cfg.data.val_shards or cfg.data.shards, "val")
+    seqs, labels = [], []
+    for source, (urls, n_seq) in enumerate(zip(sources, mixture_shares(cfg.eval.max_sequences, weights))):
+        need, docs, have = n_seq * seq_len + 1, [], 0
+        for d in iter_shard_documents(urls):  # read only as much as the validation budget needs
+            docs.append(d.text)
+            have += len(d.text) + 1 if encoding.byte_lengths is None else len(encoding.doc_ids(d.text))
+            if have >= need:
+                break
+        seqs.append(pack_documents(docs, seq_len, encoding)[:n_seq])
+        labels.append(torch.full((len(seqs[-1]),), source))
+    seqs, labels = torch.cat(seqs), torch.cat(labels)
     bs = cfg.eval.batch_size or cfg.train.micro_batch_size
     n_global = math.ceil(len(seqs) / bs)
-    pad = torch.full((1, seq_len + 1), encoding.pad, dtype=torch.long)
-    mine = [(i, seqs[i * bs:(i + 1) * bs]) for i in range(rank, n_global, world)]
-    return mine + [(-1, pad)] * (max(1, math.ceil(n_global / world)) - len(mine))
+    pad = (-1, torch.full((1, seq_len + 1), encoding.pad, dtype=torch.long), torch.tensor([-1]))
+    mine = [(i, seqs[i * bs:(i + 1) * bs], labels[i * bs:(i + 1) * bs]) for i in range(rank, n_global, world)]
+    mine += [pad] * (max(1, math.ceil(n_global / world)) - len(mine))
+    return mine if weights else [b[:2] for b in mine]
+
+
+def mixture_shares(n: int, weights: list[float] | None) -> list[int]:
+    """n split over a mixture's sources in proportion to the weights (largest remainders; at least 1 each)."""
+    if weights is None:
+        return [n]
+    exact = [n * w / sum(weights) for w in weights]
+    shares = [max(1, math.floor(x)) for x in exact]
+    for i in sorted(range(len(exact)), key=lambda i: shares[i] - exact[i])[:max(0, n - sum(shares))]:
+        shares[i] += 1
+    return shares
 
 
 def validate(engine, cfg: Config, batches, device, step: int, logger: MetricsLogger) -> dict:
-    sums = evaluate_batches(engine, batches, mode=cfg.eval.boundary_mode, seed=cfg.eval.seed, device=device)
+    """Validation row: figures over all sequences, and with a mixture also per source ("by_source")."""
+    spec = cfg.data.val_shards or cfg.data.shards
+    sources = list(spec) if isinstance(spec, dict) else []
+    sums = evaluate_batches(engine, batches, mode=cfg.eval.boundary_mode, seed=cfg.eval.seed, device=device,
+                            groups=len(sources))
     sums = sum_over_ranks({k: torch.tensor(v, dtype=torch.float64) for k, v in sums.items()}, device)
     row = {"step": step, "split": "val", **{f"val_{k}": v for k, v in ratios(sums).items()},
            "val_bytes": sums["targets"]}
+    if sources:
+        row["by_source"] = {}
+        for g, name in enumerate(sources):
+            part = {k.rpartition("/")[0]: v for k, v in sums.items() if k.rpartition("/")[2] == str(g)}
+            row["by_source"][name] = {**{f"val_{k}": v for k, v in ratios(part).items()}, "val_bytes": part["targets"]}
     if cfg.model.kind == "unet":
         row["boundary_rule"] = boundary_rule(cfg.eval.boundary_mode, cfg.eval.seed)
     logger.log(row)
@@ -107,8 +132,11 @@ def interval_flops(cfg: Config, s: dict[str, float]) -> float:
 
 def layout(cfg: Config, world: int) -> dict:
     """What the data position of a checkpoint depends on (batches consumed per rank = step x accum)."""
-    return {"world_size": world, "micro_batch_size": cfg.train.micro_batch_size, "grad_accum": cfg.train.grad_accum,
-            "num_workers": max(1, cfg.data.num_workers), "seq_len": cfg.data.seq_len, "seed": cfg.train.seed}
+    out = {"world_size": world, "micro_batch_size": cfg.train.micro_batch_size, "grad_accum": cfg.train.grad_accum,
+           "num_workers": max(1, cfg.data.num_workers), "seq_len": cfg.data.seq_len, "seed": cfg.train.seed}
+    if isinstance(cfg.data.shards, dict):  # a mixture: its sources and weights
+        out["mixture"] = [[k, v] for k, v in cfg.data.shards.items()]
+    return out
 
 
 class Totals:
@@ -204,20 +232,23 @@ def set_aside_abandoned(run_dir: Path, step: int, fresh: bool) -> Path | None:
     return aside
 
 
-def data_position(meta: dict | None, cfg: Config, world: int) -> tuple[int, int]:
-    """(start_batch, start_epoch) for this rank's stream after resuming from ``meta``.
+def data_position(meta: dict | None, cfg: Config, world: int) -> tuple[int, list[int]]:
+    """(start_batch, start epoch per source) for this rank's stream after resuming from ``meta``.
 
     Same layout: continue exactly where each reader stopped. A different layout (world size,
-    workers, batch split) cannot continue the same readers, so the documented rule is: start the
-    next epoch. Documents of the interrupted epoch not yet read are skipped for that epoch; none is
-    read twice within an epoch."""
+    workers, batch split, mixture) cannot continue the same readers, so the documented rule is:
+    start the next epoch (of each source of a mixture). Documents of the interrupted epoch not yet
+    read are skipped for that epoch; none is read twice within an epoch."""
+    n_sources = len(cfg.data.shards) if isinstance(cfg.data.shards, dict) else 1
     if meta is None:
-        return 0, 0
+        return 0, [0] * n_sources
     if meta["layout"] == layout(cfg, world):
-        return meta["step"] * cfg.train.grad_accum, 0
+        return meta["step"] * cfg.train.grad_accum, [0] * n_sources
+    epochs = meta.get("epochs", [meta["epoch"]])
+    start = [e + 1 for e in epochs] if len(epochs) == n_sources else [max(epochs) + 1] * n_sources
     print(f"megatok: resuming with layout {layout(cfg, world)} instead of {meta['layout']}: the data stream "
-          f"starts epoch {meta['epoch'] + 1}", flush=True)
-    return 0, meta["epoch"] + 1
+          f"starts epoch {start[0] if n_sources == 1 else start}", flush=True)
+    return 0, start
 
 
 def train(cfg: Config, *, resume: str = "auto") -> dict:
@@ -265,12 +296,13 @@ def train(cfg: Config, *, resume: str = "auto") -> dict:
             where = f"resuming from step {meta['step']}" if meta else "starting from step 0"
             print(f"megatok: {where}; the later checkpoints and metrics are kept in {aside}", flush=True)
     step = meta["step"] if meta else 0
-    start_batch, start_epoch = data_position(meta, cfg, world)
+    start_batch, start_epochs = data_position(meta, cfg, world)
     accum = cfg.train.grad_accum
 
-    stream = PackedByteStream(resolve_shards(cfg.data.shards, "train"), seq_len=cfg.data.seq_len,
+    sources, weights = resolve_sources(cfg.data.shards, "train")
+    stream = PackedByteStream(sources if weights else sources[0], weights=weights, seq_len=cfg.data.seq_len,
                               batch_size=cfg.train.micro_batch_size, rank=rank, world_size=world,
-                              seed=cfg.train.seed, start_batch=start_batch, start_epoch=start_epoch,
+                              seed=cfg.train.seed, start_batch=start_batch, start_epoch=start_epochs,
                               on_bad_shard=cfg.data.on_bad_shard, encoding=encoding)
     batches = iter(make_loader(stream, cfg.data.num_workers))
     val = validation_batches(cfg, rank, world, encoding)
@@ -293,7 +325,7 @@ def train(cfg: Config, *, resume: str = "auto") -> dict:
     watchdog = dist.Watchdog(cfg.train.dist_timeout_s,
                              lambda: f"last good checkpoint: {checkpoint.latest_tag(run_dir)}")
     totals = Totals(device)
-    skipped_in_row, t_last, paused, last_row, epoch = 0, time.time(), 0.0, {}, start_epoch
+    skipped_in_row, t_last, paused, last_row, epochs = 0, time.time(), 0.0, {}, start_epochs
     engine.train()
     while step < cfg.train.max_steps:
         watchdog.beat()
@@ -311,7 +343,7 @@ def train(cfg: Config, *, resume: str = "auto") -> dict:
             engine.step()  # DeepSpeed updates only at the accumulation boundary
             finite &= totals.add_output(out)
         step += 1
-        epoch = batch["epoch"]
+        epochs = batch["epochs"]
 
         # One small collective per step: did any rank see a non-finite loss, or get a stop signal?
         flags = torch.stack([(~finite).float(), torch.tensor(float(stop.requested), device=device)])
@@ -344,8 +376,10 @@ def train(cfg: Config, *, resume: str = "auto") -> dict:
                         "lr": lr, "grad_norm": engine.get_global_grad_norm(),
                         "bytes_per_s": s["targets"] / (now - t_last - paused),
                         "bytes_seen": bytes_seen, "flops": flops_seen,
-                        "epoch": epoch, "bad_shards": int(s["bad_shards"]),
+                        "epoch": max(epochs), "bad_shards": int(s["bad_shards"]),
                         "nonfinite_losses": int(s["nonfinite_losses"]), "skipped_steps": int(s["skipped_steps"] / world)}
+            if isinstance(cfg.data.shards, dict):  # a mixture: each source's epoch
+                last_row["epochs"] = dict(zip(cfg.data.shards, epochs))
             logger.log(last_row)
             logger.progress(step, loss=last_row["loss"], bpb=last_row["bpb"],
                             **({"rate": last_row["boundary_rate"]} if "boundary_rate" in last_row else {}),
@@ -362,9 +396,11 @@ def train(cfg: Config, *, resume: str = "auto") -> dict:
             engine.train()
             watchdog.beat()
         if step % cfg.train.save_every == 0 or last or stopping:
-            top_epoch = torch.tensor(float(epoch), device=device)
-            tdist.all_reduce(top_epoch, op=tdist.ReduceOp.MAX)
-            checkpoint.save(engine, run_dir, step, {"step": step, "epoch": int(top_epoch.item()),
+            top = torch.tensor([float(e) for e in epochs], device=device)
+            tdist.all_reduce(top, op=tdist.ReduceOp.MAX)
+            top_epochs = [int(e) for e in top.tolist()]
+            checkpoint.save(engine, run_dir, step, {"step": step, "epoch": max(top_epochs),
+                                                   **({"epochs": top_epochs} if len(top_epochs) > 1 else {}),
                                                    "layout": layout(cfg, world), "bytes_seen": bytes_seen,
                                                    "flops": flops_seen}, keep=cfg.train.keep_checkpoints)
         paused += time.time() - t_pause

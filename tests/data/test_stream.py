@@ -17,16 +17,18 @@ from megatok.data import stream
 from megatok.data.documents import DataError
 from megatok.data.shards import build_shards
 from megatok.data.stream import (BadShardWarning, PackedByteStream, check_readers, iter_shard_documents,
-                                 make_loader, pack_documents, resolve_shards)
+                                 make_loader, pack_documents, resolve_shards, resolve_sources)
 from megatok.vocab import PAD, SEP
 
 SEQ_LEN, BATCH = 32, 4
 
 
-def make_shards(tmp_path, n_docs=40, num_shards=8, seed=0):
-    """n_docs unique documents of 10-100 bytes (every byte value allowed) in num_shards equal shards."""
+def make_shards(tmp_path, n_docs=40, num_shards=8, seed=0, tag=""):
+    """n_docs unique documents of 10-100 bytes (every byte value allowed) in num_shards equal shards;
+    each starts with "<" + tag + its number."""
     rng = random.Random(seed)
-    docs = [f"<{i:04d}>".encode() + bytes(rng.randrange(256) for _ in range(rng.randint(4, 94)))
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    docs = [f"<{tag}{i:04d}>".encode() + bytes(rng.randrange(256) for _ in range(rng.randint(4, 94)))
             for i in range(n_docs)]
     with open(tmp_path / "docs.jsonl", "w") as f:
         for d in docs:  # latin-1 maps every byte to one code point; the shards get its UTF-8 encoding
@@ -184,6 +186,40 @@ def test_reader_with_only_bad_or_empty_shards_raises_instead_of_hanging(tmp_path
         assert all(u in str(info.value) for u in bad)
 
 
+def test_mixture_follows_the_weights_by_bytes_and_resumes_exactly(tmp_path):
+    a, docs_a = make_shards(tmp_path / "a", n_docs=40, num_shards=4, seed=1, tag="A")
+    b, docs_b = make_shards(tmp_path / "b", n_docs=8, num_shards=4, seed=2, tag="B")
+    kw = dict(seq_len=SEQ_LEN, batch_size=BATCH, rank=1, world_size=2, seed=5, weights=[3.0, 1.0])
+    batches = take(PackedByteStream([a, b], **kw), 30)  # reader 1 of 2: 2 shards of each source per epoch
+    docs = split_docs(reader_stream(batches))
+    assert set(d for d in docs if d.startswith(b"<A")) <= set(docs_a)
+    assert set(d for d in docs if d.startswith(b"<B")) <= set(docs_b)
+    read = {tag: sum(len(d) + 1 for d in docs if d.startswith(b"<" + tag)) for tag in (b"A", b"B")}
+    assert sum(read.values()) > 3000
+    # Deficit rule: A's bytes / 3 and B's stay within a document (<= 101 bytes) of each other, plus the
+    # partial documents cut off at both ends of the window.
+    assert abs(read[b"A"] / 3 - read[b"B"]) < 3 * 101, read
+    # B (4 documents per reader per epoch) cycles faster than A (20): epochs are counted per source
+    epochs = batches[-1]["epochs"]
+    assert epochs[1] > epochs[0] >= 0 and batches[-1]["epoch"] == epochs[1]
+    # Resume through 2 workers from an odd batch: the same batches as the uninterrupted run
+    with time_limit(60):
+        full = take(PackedByteStream([a, b], **kw), 12, num_workers=2)
+        resumed = take(PackedByteStream([a, b], start_batch=5, **kw), 7, num_workers=2)
+    for x, y in zip(full[5:], resumed):
+        assert torch.equal(x["tokens"], y["tokens"]) and x["epochs"] == y["epochs"]
+    # A mixture of one source is the plain stream
+    one = take(PackedByteStream([a], **{**kw, "weights": [2.0]}), 5)
+    plain = take(PackedByteStream(a, **{**kw, "weights": None}), 5)
+    assert all(torch.equal(x["tokens"], y["tokens"]) for x, y in zip(one, plain))
+    with pytest.raises(ValueError, match="one positive weight per source"):
+        PackedByteStream([a, b], **{**kw, "weights": [1.0]})
+    with pytest.raises(ValueError, match="one positive weight per source"):
+        PackedByteStream([a, b], **{**kw, "weights": [1.0, 0.0]})
+    with pytest.raises(DataError, match="source 1: 2 shards for 4 readers"):
+        PackedByteStream([a, b[:2]], num_workers_hint=2, **kw)
+
+
 def test_too_few_shards_for_the_readers(tmp_path, monkeypatch):
     urls, _ = make_shards(tmp_path, n_docs=12, num_shards=3)
     assert check_readers(3, 1, 3) == 3
@@ -213,6 +249,10 @@ def test_resolve_shards(tmp_path):
         resolve_shards(str(tmp_path))
     with pytest.raises(DataError, match="no shards"):
         resolve_shards([])
+    # a mixture: its sources' URLs, in order (resolve_sources keeps them apart, with the weights)
+    assert resolve_shards({shard_dir: 2, urls[0]: 1}) == urls + urls[:1]
+    assert resolve_sources({shard_dir: 2, urls[0]: 1}) == ([urls, urls[:1]], [2.0, 1.0])
+    assert resolve_sources(shard_dir) == ([urls], None)
     os.remove(urls[1])
     with pytest.raises(DataError, match="train-00001.tar: shard file not found"):
         resolve_shards(shard_dir)
