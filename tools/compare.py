@@ -12,6 +12,8 @@ does not know, e.g. a BPE token model: the same metric keys are read) and writes
 - ``val_bpb_vs_bytes.png``: validation bpb against training bytes seen, one line per run.
 - ``val_bpb_vs_flops.png`` when some run's FLOPs are known: from ``flops`` (cumulative training FLOPs)
   in its training rows, else from megatok.flops (FLOPs per byte at the realised boundary rate x bytes).
+- for runs trained on a data mixture (validation rows with ``by_source``): a table of the final
+  validation bpb per source and ``val_bpb_by_source.png`` (one panel per source, one line per run).
 - ``compare.json``: every number above.
 
 With ``--heldout FILE`` (documents with "lang", e.g. the parallel UDHR set of ``tools/make_corpus.py
@@ -119,7 +121,8 @@ def load_run(run_dir: str | Path) -> dict:
         return fpb * b if fpb and b is not None else None
 
     curve = [{"step": r["step"], "bytes": bytes_for(r["step"]), "flops": flops_for(r["step"]),
-              "val_bpb": r["val_bpb"]} for r in val]
+              "val_bpb": r["val_bpb"],
+              "by_source": {k: v.get("val_bpb") for k, v in (r.get("by_source") or {}).items()}} for r in val]
     last_val = val[-1] if val else {}
     unit = "token" if "val_bytes_per_token" in last_val or kind == "bpe" else "chunk"
     last_step = train[-1]["step"] if train else (val[-1]["step"] if val else 0)
@@ -132,6 +135,7 @@ def load_run(run_dir: str | Path) -> dict:
         "unit": unit, "bytes_per_unit": last_val.get(f"val_bytes_per_{unit}"),
         "boundary_rate": last_val.get("val_boundary_rate", mean_rate),
         "boundary_rule": last_val.get("boundary_rule"), "curve": curve,
+        "by_source": {k: v.get("val_bpb") for k, v in (last_val.get("by_source") or {}).items()},
         "has_checkpoint": (run_dir / "checkpoints" / "latest").is_file(),
     }
     return out
@@ -146,6 +150,14 @@ def runs_table(runs: list[dict]) -> str:
                      f"{_fmt(r['flops'], '.3g')} | {_fmt(r['val_bpb'], '.4f')} | "
                      f"{_fmt(r['bytes_per_unit'], '.2f')}" + (f" ({r['unit']})" if _num(r['bytes_per_unit']) else "")
                      + f" | {_fmt(r['boundary_rate'], '.3f')} |")
+    return "\n".join(lines)
+
+
+def sources_table(runs: list[dict], sources: list[str]) -> str:
+    """Final validation bpb per data source (runs trained on a mixture report each source)."""
+    lines = ["| run | " + " | ".join(sources) + " |", "|---|" + "---:|" * len(sources)]
+    for r in runs:
+        lines.append(f"| {r['name']} | " + " | ".join(_fmt(r["by_source"].get(s), ".4f") for s in sources) + " |")
     return "\n".join(lines)
 
 
@@ -172,6 +184,31 @@ def plot(runs: list[dict], x: str, path: Path, xlabel: str) -> bool:
     ax.set_title(f"validation bpb against {xlabel}")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
+def plot_sources(runs: list[dict], sources: list[str], path: Path) -> bool:
+    """One panel per data source: its validation bpb against training bytes, one line per run."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(sources), figsize=(4.5 * len(sources), 4), squeeze=False)
+    for ax, source in zip(axes[0], sources):
+        for r in runs:
+            pts = [(p["bytes"], p["by_source"][source]) for p in r["curve"]
+                   if _num(p["bytes"]) and _num(p["by_source"].get(source))]
+            if pts:
+                ax.plot(*zip(*pts), "o-", markersize=3, label=r["name"])
+        ax.set_title(source if len(source) <= 40 else "..." + source[-37:], fontsize=9)
+        ax.set_xlabel("training bytes seen")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
+    axes[0][0].set_ylabel("validation bits per byte")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -312,6 +349,12 @@ def main(argv=None) -> int:
         if plot(runs, "flops", out / "val_bpb_vs_flops.png", "training FLOPs"):
             plots.append("val_bpb_vs_flops.png")
         md += [f"![{p[:-4]}]({p})" for p in plots] + [""]
+        sources = list(dict.fromkeys(s for r in runs for s in r["by_source"]))
+        if sources:  # runs trained on a data mixture
+            md += ["## Validation bpb by data source", "", sources_table(runs, sources), ""]
+            if plot_sources(runs, sources, out / "val_bpb_by_source.png"):
+                plots.append("val_bpb_by_source.png")
+                md += ["![val_bpb_by_source](val_bpb_by_source.png)", ""]
         for r in runs:
             if not r["curve"]:
                 md.append(f"- {r['name']}: no validation rows yet")

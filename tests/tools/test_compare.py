@@ -71,6 +71,28 @@ def test_fake_runs_table_and_plots(tmp_path):
     assert tok["flops_source"] == "logged" and [p["flops"] for p in tok["curve"]] == [1.5e9, 4.5e9]
 
 
+def test_mixture_runs_get_a_table_and_plot_by_source(tmp_path):
+    def mixture_run(name, web_bpb):
+        val = [{"step": s, "split": "val", "val_bpb": 5 - s / 10,
+                "by_source": {"data/web": {"val_bpb": web_bpb - s / 10}, "data/code": {"val_bpb": 3 - s / 10}}}
+               for s in (10, 20)]
+        return fake_run(tmp_path / name, {"model": {"kind": "unet"}, "data": {"seq_len": 64}},
+                        [{"step": s, "split": "train", "bytes_seen": s * 100} for s in (10, 20)] + val)
+
+    policy, token = fake_runs(tmp_path)  # no mixture: blank cells
+    out = tmp_path / "cmp"
+    assert compare.main([str(mixture_run("web-heavy", 4)), str(mixture_run("code-heavy", 6)), str(policy),
+                         "--out", str(out)]) == 0
+    md = (out / "compare.md").read_text()
+    assert "| run | data/web | data/code |" in md
+    assert "| web-heavy | 2.0000 | 1.0000 |" in md and "| code-heavy | 4.0000 | 1.0000 |" in md
+    assert "| policy | - | - |" in md
+    assert (out / "val_bpb_by_source.png").read_bytes().startswith(PNG)
+    saved = json.loads((out / "compare.json").read_text())
+    assert saved["runs"][0]["curve"][0]["by_source"] == {"data/web": 3.0, "data/code": 2.0}
+    assert "val_bpb_by_source.png" in saved["plots"]
+
+
 def test_runs_without_flops_or_val_rows(tmp_path):
     odd = fake_run(tmp_path / "odd", {"model": {"kind": "mystery"}},
                    [{"step": 2, "split": "train", "bytes_seen": 100}])
