@@ -202,9 +202,9 @@ def memory_table(cfg, world: int) -> dict[str, Any]:
         shards = w * P / world + w * largest_layer_params(cfg)
         init_host, init_gpu = (shards, 0.0) if _offload(zero, "offload_param") else (0.0, shards)
     else:
-        # Every rank builds the whole model in fp32 on the host; the engine moves a full working copy
-        # to its device before ZeRO partitions it.
-        init_host, init_gpu = 4 * P, w * P
+        # Every rank builds the whole model in fp32 on its GPU (megatok/train/loop.py build), which the
+        # engine then casts to the working precision one parameter at a time.
+        init_host, init_gpu = 0.0, 4 * P
     return {"world": world, "bf16": bf16, "stages": rows, "activations": act, "configured": {
         "stage": zero_stage(cfg), "model_states_gpu_bytes": configured["device"], "host_bytes": configured["host"],
         "activation_bytes": act["configured"]["total"],
@@ -279,8 +279,8 @@ def format_report(r: dict[str, Any]) -> str:
               (f"at start-up the model is built already partitioned (ZeRO-3, train.zero_init): at most "
                f"{max(c['init_gpu_bytes'], c['init_host_bytes']) / GIB:.2f} GiB per rank on the "
                f"{'host' if c['init_host_bytes'] else 'GPU'}, never the whole model" if c.get("init_partitioned") else
-               f"at start-up each rank builds the model in fp32 on the host ({c['init_host_bytes'] / GIB:.2f} GiB) and "
-               f"moves a full copy to its GPU ({c['init_gpu_bytes'] / GIB:.2f} GiB) before ZeRO partitions it")]
+               f"at start-up each rank builds the whole model in fp32 on its GPU ({c['init_gpu_bytes'] / GIB:.2f} GiB), "
+               f"then casts it to the working precision")]
     return "\n".join(lines)
 
 

@@ -39,15 +39,20 @@ def step_seed(seed: int, step: int, index: int) -> int:
     return ((seed * 1_000_003 + step) * 10_007 + index) % (2**63)
 
 
-def build(cfg: Config, ds_config: dict) -> torch.nn.Module:
+def build(cfg: Config, ds_config: dict, device: torch.device | None = None) -> torch.nn.Module:
     """The model, built under ``deepspeed.zero.Init`` for ZeRO-3 (unless train.zero_init is off): each
     module is partitioned over the ranks as soon as it is built, so no rank, and no host, ever holds
     the whole model. The random draws are those of a plain build (tests/train/test_zero_init.py); on a
-    GPU they are made on the device."""
+    GPU they are made on the device. Under ZeRO 0-2 every rank holds the whole working copy anyway: on
+    a GPU it is built there directly (fp32, then cast by the engine), not on the host first, so a node
+    needs no host RAM for 8 whole fp32 models at start-up."""
     import deepspeed
 
     if builds_partitioned(cfg):
         with deepspeed.zero.Init(config_dict_or_path=ds_config):
+            return build_model(cfg)
+    if device is not None and device.type != "cpu":
+        with torch.device(device):
             return build_model(cfg)
     return build_model(cfg)
 
@@ -275,7 +280,7 @@ def train(cfg: Config, *, resume: str = "auto") -> dict:
 
     torch.manual_seed(cfg.train.seed)  # identical initial weights on every rank
     encoding = encoding_for(cfg)
-    model = build(cfg, ds_config)
+    model = build(cfg, ds_config, device)
     n_params = sum(full_shape(p).numel() for p in model.parameters())
     engine, _, _, _ = deepspeed.initialize(model=model, config=ds_config,
                                            model_parameters=param_groups(model, cfg.train.weight_decay),

@@ -130,17 +130,18 @@ def test_every_gpu_config_fits_an_80gb_gpu_as_configured():
 
 def test_start_up_memory_whole_or_partitioned():
     """ZeRO-3 builds partitioned (train.zero_init): its partition plus one layer on the GPU, nothing whole
-    on the host. Otherwise each rank first builds the whole model in fp32 on the host."""
+    on the host. Otherwise each rank builds the whole model in fp32 on its GPU, nothing on the host."""
     cfg = load_config(ROOT / "configs/13b.json", world_size=8)
     P = flops.param_counts(cfg)["total"]
     m = sizing.memory_table(cfg, 8)["configured"]
     assert m["init_partitioned"] and m["init_host_bytes"] == 0
     assert m["init_gpu_bytes"] == pytest.approx(2 * P / 8 + 2 * sizing.largest_layer_params(cfg))
     whole = sizing.memory_table(load_config(ROOT / "configs/13b.json", ["train.zero_init=false"], world_size=8), 8)
-    assert not whole["configured"]["init_partitioned"] and whole["configured"]["init_host_bytes"] == 4 * P
+    assert not whole["configured"]["init_partitioned"] and whole["configured"]["init_host_bytes"] == 0
+    assert whole["configured"]["init_gpu_bytes"] == 4 * P
     seven = sizing.memory_table(load_config(ROOT / "configs/7b.json", world_size=8), 8)["configured"]
-    assert not seven["init_partitioned"] and seven["init_gpu_bytes"] == 2 * flops.param_counts(
-        load_config(ROOT / "configs/7b.json", world_size=8))["total"]
+    assert not seven["init_partitioned"] and seven["init_host_bytes"] == 0
+    assert seven["init_gpu_bytes"] == 4 * flops.param_counts(load_config(ROOT / "configs/7b.json", world_size=8))["total"]
 
 
 def _load_tool(name):

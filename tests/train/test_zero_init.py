@@ -48,3 +48,24 @@ def test_partitioned_build_equals_the_plain_build_in_half_the_memory():
 
     rows = check("--strategies", "policy", "--set", "boundary.window=3")  # the windowed policy's extra head
     assert rows["policy"][3] == "identical"
+
+
+@pytest.mark.parametrize("strategy", ["policy", "hnet"])
+def test_whole_build_is_made_on_the_training_device(strategy):
+    """Under ZeRO 0-2 the trainer builds the whole model on its device (on a GPU: no fp32 copy on the host).
+    The meta device stands in for a GPU here: every parameter and buffer must land on it, and the CPU
+    build is the plain one."""
+    import torch
+
+    from megatok.config import deepspeed_config
+    from megatok.train.loop import build
+
+    cfg = load_config("configs/tiny.json", ["deepspeed.zero_optimization.stage=2", f"boundary.strategy={strategy}"])
+    ds = deepspeed_config(cfg, 1)
+    on_meta = build(cfg, ds, torch.device("meta"))
+    assert {t.device.type for t in [*on_meta.parameters(), *on_meta.buffers()]} == {"meta"}
+    torch.manual_seed(0)
+    on_cpu = build(cfg, ds, torch.device("cpu"))
+    torch.manual_seed(0)
+    plain = build(cfg, ds)
+    assert all(torch.equal(a, b) for a, b in zip(on_cpu.state_dict().values(), plain.state_dict().values()))
