@@ -113,8 +113,8 @@ class DataConfig(_Section):
             if not v:
                 raise ValueError("a mixture needs at least one source")
             for source, w in v.items():
-                if isinstance(w, bool) or not isinstance(w, (int, float)) or not w > 0:
-                    raise ValueError(f"the weight of source {source!r} must be a positive number, not {w!r}")
+                if isinstance(w, bool) or not isinstance(w, (int, float)) or not 0 < w < math.inf:
+                    raise ValueError(f"the weight of source {source!r} must be a positive finite number, not {w!r}")
         return v
 
 

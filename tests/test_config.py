@@ -107,7 +107,8 @@ def test_mixture_weights_are_checked(tmp_path):
     cfg = load_config(write(tmp_path, "ok.json", {"data": {"shards": {"data/web": 3, "data/code": 0.5}}}))
     assert cfg.data.shards == {"data/web": 3.0, "data/code": 0.5}
     msg = error_of(write(tmp_path, "zero.json", {"data": {"shards": {"data/web": 3, "data/code": 0}}}))
-    assert "data.shards" in msg and "'data/code' must be a positive number, not 0" in msg
+    assert "data.shards" in msg and "'data/code' must be a positive finite number, not 0" in msg
+    assert "not inf" in error_of(write(tmp_path, "inf.json", '{"data": {"shards": {"data/web": Infinity}}}'))
     msg = error_of(write(tmp_path, "text.json", {"data": {"val_shards": {"data/web": "half"}}}))
     assert "data.val_shards" in msg and "'data/web'" in msg
     assert "at least one source" in error_of(write(tmp_path, "empty.json", {"data": {"shards": {}}}))

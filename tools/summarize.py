@@ -41,7 +41,7 @@ def compressor_bpb(text: bytes) -> dict[str, float]:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--run", required=True)
-    ap.add_argument("--data", default=None, help="shard directory (default: the run's data.shards)")
+    ap.add_argument("--data", default=None, help="shard directory (default: the run's data.shards; a mixture's sources one after another)")
     ap.add_argument("--eval", default=None, help="tools/evaluate.py output (default: RUN/eval.json if present)")
     args = ap.parse_args(argv)
     run = Path(args.run)

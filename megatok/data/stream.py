@@ -9,8 +9,8 @@ own more data simply reach the next epoch later, and no rank ever waits for anot
 
 A mixture (``data.shards`` = {shard spec: weight}) gives each reader one such document stream per
 source, every source with its own epochs, and takes its next document from the source furthest
-below its share of the bytes read so far (weight / sum of weights): each reader's bytes, and so the
-job's, follow the weights to within one document, with no randomness to replay.
+below its share of the bytes it has read (weight / sum of weights): each reader's bytes follow
+the weights to within one document (the job's to within one per reader), with no randomness to replay.
 
 Everything a reader produces is a pure function of (urls, weights, seed, seq_len, batch_size,
 reader, R), which is what makes resuming exact: a restarted reader regenerates and discards what it
@@ -235,6 +235,8 @@ class PackedByteStream(IterableDataset):
                  on_bad_shard: str = "warn", num_workers_hint: int | None = None, encoding=BYTES,
                  weights: list[float] | None = None):
         super().__init__()
+        if weights is not None and not all(isinstance(u, (list, tuple)) for u in urls):
+            raise ValueError("with weights, urls must be one list of shard URLs per source")
         sources = [list(urls)] if weights is None else [list(u) for u in urls]
         if not urls or not all(sources):
             raise DataError("no shards given")

@@ -60,18 +60,27 @@ def evaluate_batches(model, batches: Iterable[tuple], *, mode: str, seed: int, d
     was_training = module.training
     module.eval()
     _set_eval_mode(module, mode)
-    totals = defaultdict(float)
+    totals: dict[str, torch.Tensor] = {}  # float64 on the device: one host sync at the end
     try:
         for index, tokens, *labels in batches:
             with _Seeded(seed * 1_000_003 + index):
                 rows = row_sums(model, tokens.to(device))
             for k, v in rows.items():
-                totals[k] += float(v.sum())
-                for g in range(groups):
-                    totals[f"{k}/{g}"] += float(v[labels[0].to(v.device) == g].sum())
+                totals[k] = totals.get(k, 0) + v.sum().double()
+                if groups:
+                    g = labels[0].to(v.device)
+                    real = g >= 0  # padding rows carry -1
+                    part = torch.zeros(groups, dtype=torch.float64, device=v.device)
+                    totals[f"{k}/"] = totals.get(f"{k}/", 0) + part.index_add_(0, g[real], v[real].double())
     finally:
         module.train(was_training)
-    return dict(totals)
+    out = {}
+    for k, v in totals.items():
+        if k.endswith("/"):
+            out.update({f"{k}{i}": x for i, x in enumerate(v.tolist())})
+        else:
+            out[k] = v.item()
+    return out
 
 
 def document_windows(text: bytes, seq_len: int, encoding=BYTES) -> list[torch.Tensor]:

@@ -135,12 +135,18 @@ def interval_flops(cfg: Config, s: dict[str, float]) -> float:
     return flops_per_byte(cfg, rate=s["chunks"] / max(1.0, s["positions"]))["training"] * s["positions"]
 
 
+def by_source(cfg: Config, values: list, key: str) -> dict:
+    """{key: {source: value}} for a data mixture, {} for a single source."""
+    return {key: dict(zip(cfg.data.shards, values))} if isinstance(cfg.data.shards, dict) else {}
+
+
 def layout(cfg: Config, world: int) -> dict:
     """What the data position of a checkpoint depends on (batches consumed per rank = step x accum)."""
     out = {"world_size": world, "micro_batch_size": cfg.train.micro_batch_size, "grad_accum": cfg.train.grad_accum,
            "num_workers": max(1, cfg.data.num_workers), "seq_len": cfg.data.seq_len, "seed": cfg.train.seed}
-    if isinstance(cfg.data.shards, dict):  # a mixture: its sources and weights
-        out["mixture"] = [[k, v] for k, v in cfg.data.shards.items()]
+    if isinstance(cfg.data.shards, dict):  # a mixture: its sources and (normalised) weights
+        total = sum(cfg.data.shards.values())
+        out["mixture"] = [[k, round(v / total, 12)] for k, v in cfg.data.shards.items()]
     return out
 
 
@@ -237,23 +243,33 @@ def set_aside_abandoned(run_dir: Path, step: int, fresh: bool) -> Path | None:
     return aside
 
 
-def data_position(meta: dict | None, cfg: Config, world: int) -> tuple[int, list[int]]:
-    """(start_batch, start epoch per source) for this rank's stream after resuming from ``meta``.
+def data_position(meta: dict | None, cfg: Config, world: int) -> tuple[int, list[int], dict]:
+    """(start_batch, start epoch per source, origin) for this rank's stream after resuming from ``meta``.
 
     Same layout: continue exactly where each reader stopped. A different layout (world size,
     workers, batch split, mixture) cannot continue the same readers, so the documented rule is:
-    start the next epoch (of each source of a mixture). Documents of the interrupted epoch not yet
-    read are skipped for that epoch; none is read twice within an epoch."""
-    n_sources = len(cfg.data.shards) if isinstance(cfg.data.shards, dict) else 1
+    start the next epoch (of each source of a mixture, matched by name; a new source starts at 0).
+    Documents of the interrupted epoch not yet read are skipped for that epoch; none is read twice
+    within an epoch. The stream then restarts from its first batch; ``origin`` ({"step", "epochs"}:
+    where and at which epochs it restarted) goes into every later checkpoint, so that resuming one
+    of those with the same layout continues the restarted stream, not the original one."""
+    names = list(cfg.data.shards) if isinstance(cfg.data.shards, dict) else None
+    n = len(names) if names else 1
     if meta is None:
-        return 0, [0] * n_sources
-    if meta["layout"] == layout(cfg, world):
-        return meta["step"] * cfg.train.grad_accum, [0] * n_sources
-    epochs = meta.get("epochs", [meta["epoch"]])
-    start = [e + 1 for e in epochs] if len(epochs) == n_sources else [max(epochs) + 1] * n_sources
-    print(f"megatok: resuming with layout {layout(cfg, world)} instead of {meta['layout']}: the data stream "
-          f"starts epoch {start[0] if n_sources == 1 else start}", flush=True)
-    return 0, start
+        origin = {"step": 0, "epochs": [0] * n}
+    elif meta["layout"] == layout(cfg, world):
+        origin = meta.get("stream_origin", {"step": 0, "epochs": [0] * n})
+    else:
+        epochs = meta.get("epochs", meta["epoch"])  # {source: epoch} for a mixture, else one epoch
+        if names and isinstance(epochs, dict):
+            start = [epochs[name] + 1 if name in epochs else 0 for name in names]
+        else:
+            start = [(max(epochs.values()) if isinstance(epochs, dict) else epochs) + 1] * n
+        print(f"megatok: resuming with layout {layout(cfg, world)} instead of {meta['layout']}: the data stream "
+              f"starts epoch {start[0] if names is None else dict(zip(names, start))}", flush=True)
+        origin = {"step": meta["step"], "epochs": start}
+    start_batch = (meta["step"] - origin["step"]) * cfg.train.grad_accum if meta else 0
+    return start_batch, origin["epochs"], origin
 
 
 def train(cfg: Config, *, resume: str = "auto") -> dict:
@@ -301,7 +317,7 @@ def train(cfg: Config, *, resume: str = "auto") -> dict:
             where = f"resuming from step {meta['step']}" if meta else "starting from step 0"
             print(f"megatok: {where}; the later checkpoints and metrics are kept in {aside}", flush=True)
     step = meta["step"] if meta else 0
-    start_batch, start_epochs = data_position(meta, cfg, world)
+    start_batch, start_epochs, stream_origin = data_position(meta, cfg, world)
     accum = cfg.train.grad_accum
 
     sources, weights = resolve_sources(cfg.data.shards, "train")
@@ -383,8 +399,7 @@ def train(cfg: Config, *, resume: str = "auto") -> dict:
                         "bytes_seen": bytes_seen, "flops": flops_seen,
                         "epoch": max(epochs), "bad_shards": int(s["bad_shards"]),
                         "nonfinite_losses": int(s["nonfinite_losses"]), "skipped_steps": int(s["skipped_steps"] / world)}
-            if isinstance(cfg.data.shards, dict):  # a mixture: each source's epoch
-                last_row["epochs"] = dict(zip(cfg.data.shards, epochs))
+            last_row.update(by_source(cfg, epochs, "epochs"))  # this rank's; the checkpoint's are the maxima
             logger.log(last_row)
             logger.progress(step, loss=last_row["loss"], bpb=last_row["bpb"],
                             **({"rate": last_row["boundary_rate"]} if "boundary_rate" in last_row else {}),
@@ -405,7 +420,8 @@ def train(cfg: Config, *, resume: str = "auto") -> dict:
             tdist.all_reduce(top, op=tdist.ReduceOp.MAX)
             top_epochs = [int(e) for e in top.tolist()]
             checkpoint.save(engine, run_dir, step, {"step": step, "epoch": max(top_epochs),
-                                                   **({"epochs": top_epochs} if len(top_epochs) > 1 else {}),
+                                                   **by_source(cfg, top_epochs, "epochs"),
+                                                   "stream_origin": stream_origin,
                                                    "layout": layout(cfg, world), "bytes_seen": bytes_seen,
                                                    "flops": flops_seen}, keep=cfg.train.keep_checkpoints)
         paused += time.time() - t_pause

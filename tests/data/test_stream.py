@@ -208,10 +208,15 @@ def test_mixture_follows_the_weights_by_bytes_and_resumes_exactly(tmp_path):
         resumed = take(PackedByteStream([a, b], start_batch=5, **kw), 7, num_workers=2)
     for x, y in zip(full[5:], resumed):
         assert torch.equal(x["tokens"], y["tokens"]) and x["epochs"] == y["epochs"]
-    # A mixture of one source is the plain stream
-    one = take(PackedByteStream([a], **{**kw, "weights": [2.0]}), 5)
-    plain = take(PackedByteStream(a, **{**kw, "weights": None}), 5)
-    assert all(torch.equal(x["tokens"], y["tokens"]) for x, y in zip(one, plain))
+    # A mixture of one source is the plain stream, whose shuffle is keyed (seed, epoch) as before mixtures
+    one = PackedByteStream([a], **{**kw, "weights": [2.0]})
+    plain = PackedByteStream(a, **{**kw, "weights": None})
+    for epoch in (0, 1):
+        want = [a[i] for i in np.random.default_rng([5, epoch]).permutation(len(a))[1::2]]
+        assert one.epoch_shards(epoch, 1, 2) == plain.epoch_shards(epoch, 1, 2) == want
+    assert all(torch.equal(x["tokens"], y["tokens"]) for x, y in zip(take(one, 5), take(plain, 5)))
+    with pytest.raises(ValueError, match="one list of shard URLs per source"):
+        PackedByteStream(a, **kw)
     with pytest.raises(ValueError, match="one positive weight per source"):
         PackedByteStream([a, b], **{**kw, "weights": [1.0]})
     with pytest.raises(ValueError, match="one positive weight per source"):

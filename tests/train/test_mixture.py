@@ -45,14 +45,43 @@ def test_validation_takes_each_source_by_weight(shards, second_source):
     assert [i for i, _, _ in batches] == [0, 1, 2, 3]
 
 
+def test_a_rank_with_only_padding_reports_every_source_key(shards, second_source):
+    """Ranks all-reduce the validation sums key by key: a rank whose share is one padding batch must
+    produce the same keys as one with real rows of both sources."""
+    import torch
+
+    from megatok.eval.bpb import evaluate_batches
+    from megatok.model import build_model
+
+    cfg = load_config("configs/tiny.json", [*TINY, mixture(shards, second_source, 1, 1), "eval.max_sequences=2",
+                                            "eval.batch_size=2"])
+    model = build_model(cfg)
+    full, padding_only = validation_batches(cfg, 0, 2, BYTES), validation_batches(cfg, 1, 2, BYTES)
+    assert [i for i, _, _ in full] == [0] and [i for i, _, _ in padding_only] == [-1]
+    real = evaluate_batches(model, full, mode="sample", seed=1, device=torch.device("cpu"), groups=2)
+    pad = evaluate_batches(model, padding_only, mode="sample", seed=1, device=torch.device("cpu"), groups=2)
+    assert sorted(real) == sorted(pad) and {"targets/0", "targets/1"} <= set(real)
+    assert real["targets/0"] > 0 and real["targets/1"] > 0 and real["targets"] == real["targets/0"] + real["targets/1"]
+    assert pad["targets"] == pad["targets/0"] == pad["targets/1"] == 0
+
+
+def test_head_to_head_default_documents_take_the_sources_in_turn(shards, second_source):
+    from megatok.eval.head_to_head import heldout_documents
+
+    cfg = load_config("configs/tiny.json", [*TINY, mixture(shards, second_source, 3, 1)])
+    docs = heldout_documents(cfg)
+    langs = [d.lang for d in docs[:6]]  # first source (en), second (ru or zh), first, ...
+    assert set(langs[0::2]) == {"en"} and set(langs[1::2]) <= {"ru", "zh"}
+
+
 def test_mixture_trains_resumes_exactly_and_reweights(shards, second_source, tmp_path):
     run = tmp_path / "run"
     common = ["--config", "configs/tiny.json", "--set", *TINY, "train.max_steps=4", "train.save_every=2",
               "train.micro_batch_size=2", "train.global_batch_size=2", "data.num_workers=1"]
     pretrain(common + [mixture(shards, second_source, 3, 1), f"train.run_dir={run}"])
     meta = checkpoint.read_meta(run, "step00000004")
-    assert meta["layout"]["mixture"] == [[str(shards), 3.0], [str(second_source), 1.0]]
-    assert len(meta["epochs"]) == 2 and meta["epoch"] == max(meta["epochs"])
+    assert meta["layout"]["mixture"] == [[str(shards), 0.75], [str(second_source), 0.25]]
+    assert list(meta["epochs"]) == [str(shards), str(second_source)] and meta["epoch"] == max(meta["epochs"].values())
     rows = {r["step"]: r for r in read_metrics(run) if r.get("split") == "train"}
     assert sorted(rows) == [1, 2, 3, 4] and all(len(r["epochs"]) == 2 for r in rows.values())
     val = [r for r in read_metrics(run) if r.get("split") == "val"][-1]
@@ -68,8 +97,19 @@ def test_mixture_trains_resumes_exactly_and_reweights(shards, second_source, tmp
     again = {r["step"]: r["loss"] for r in read_metrics(resumed) if r.get("split") == "train"}
     assert again == {3: rows[3]["loss"], 4: rows[4]["loss"]}  # bit for bit
 
-    # New weights cannot continue the same readers: each source starts its next epoch.
+    # New weights cannot continue the same readers: each source starts its next epoch, and the stream
+    # restarts there. A run that stops after that and resumes with the new weights must continue the
+    # restarted stream exactly (the checkpoint records where it restarted).
     epochs = checkpoint.read_meta(run, "step00000002")["epochs"]
-    r = pretrain(common + [mixture(shards, second_source, 1, 1), f"train.run_dir={resumed}", "train.max_steps=3",
-                           "--resume", "step00000002"])
-    assert f"starts epoch {[e + 1 for e in epochs]}" in r.stdout
+    straight = tmp_path / "straight"
+    shutil.copytree(run, straight)
+    r = pretrain(common + [mixture(shards, second_source, 1, 1), f"train.run_dir={straight}", "--resume", "step00000002"])
+    assert f"starts epoch {({k: v + 1 for k, v in epochs.items()})}" in r.stdout
+    pretrain(common + [mixture(shards, second_source, 1, 1), f"train.run_dir={resumed}", "train.max_steps=3",
+                       "--resume", "step00000002"])
+    pretrain(common + [mixture(shards, second_source, 1, 1), f"train.run_dir={resumed}"])  # from step 3
+    want = {r["step"]: r["loss"] for r in read_metrics(straight) if r.get("split") == "train"}
+    got = {r["step"]: r["loss"] for r in read_metrics(resumed) if r.get("split") == "train"}
+    assert got[4] == want[4] and got[3] == want[3]
+    assert checkpoint.read_meta(resumed, "step00000004")["stream_origin"] == {
+        "step": 2, "epochs": [e + 1 for e in epochs.values()]}
