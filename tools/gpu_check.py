@@ -21,7 +21,8 @@ It prints:
    100m) for --trainer-steps steps under ZeRO-3 (the model built partitioned), on shards built from
    the standard library's sources; a new process resumed from the halfway checkpoint, whose losses
    are compared with the first run's (on a GPU not necessarily bit-exact: some kernels are not
-   deterministic); tools/generate.py on the result.
+   deterministic); tools/generate.py on the result; then 2 steps under ZeRO-2, whose model is built
+   whole directly on the GPU.
 """
 
 from __future__ import annotations
@@ -313,6 +314,16 @@ def trainer_check(config: str, overrides: list[str], *, device: torch.device, st
             return {**row, "error": f"generate exited {r.returncode}: {r.stderr.strip()[-400:]}"}
         sample = json.loads(r.stdout.splitlines()[-1])
         row.update(generate_bytes=sample["bytes"], generate_s=round(time.perf_counter() - t, 1))
+
+        # ZeRO-2: the whole model built directly on the GPU (megatok/train/loop.py build), 2 steps
+        t = time.perf_counter()
+        r = _run(["launch/pretrain.py", "--config", config, "--set", *sets, "deepspeed.zero_optimization.stage=2",
+                  "train.max_steps=2", "train.save_every=2", f"train.run_dir={tmp / 'zero2'}"], timeout)
+        if r.returncode:
+            return {**row, "error": f"ZeRO-2 trainer exited {r.returncode}: {r.stderr.strip()[-400:]}"}
+        z = _train_losses(tmp / "zero2")
+        row.update(zero2_s=round(time.perf_counter() - t, 1), zero2_loss_first=round(z[1], 4),
+                   zero2_loss_last=round(z[2], 4))
         return row
     except subprocess.TimeoutExpired as e:
         return {**row, "error": f"timed out after {e.timeout} s: {' '.join(map(str, e.cmd[1:3]))}"}
@@ -358,7 +369,9 @@ def show(report: dict) -> str:
                          f"partitioned: {r['built_partitioned']}, loss {r['loss_first']} -> {r['loss_last']}; "
                          f"resumed losses: max relative difference {r['resume_max_rel_diff']:.2e} "
                          f"({'bit-exact' if r['resume_exact'] else 'not bit-exact'}); generated "
-                         f"{r['generate_bytes']} bytes in {r['generate_s']} s (start-up included)")
+                         f"{r['generate_bytes']} bytes in {r['generate_s']} s (start-up included); ZeRO-2 (built "
+                         f"on the device): 2 steps in {r['zero2_s']} s, loss {r['zero2_loss_first']} -> "
+                         f"{r['zero2_loss_last']}")
     return "\n".join(lines)
 
 

@@ -31,6 +31,7 @@ def test_cpu_smoke_deepspeed_engine(tmp_path):
     assert "error" not in t, t
     assert t["built_partitioned"] and t["resume_exact"] and t["generate_bytes"] == 64  # fp32 on a CPU: exact
     assert "resumed losses: max relative difference 0.00e+00 (bit-exact)" in r.stdout
+    assert math.isfinite(t["zero2_loss_last"]) and "ZeRO-2 (built on the device): 2 steps" in r.stdout
 
 
 def test_cpu_smoke_torch_engine(capsys):
