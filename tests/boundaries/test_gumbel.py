@@ -90,6 +90,26 @@ def test_strategy_starts_at_the_target_rate_forces_b1_and_gates_with_value_one()
     assert b.starts.sum().item() == 64
 
 
+def test_gate_gradient_follows_the_decision_and_the_forced_first_decision_has_none():
+    """The gate is straight-through max(y, 1 - y) of the relaxed sample: raising the logit raises it
+    where a chunk starts and lowers it where none does; b_1 is forced, so neither the gate nor the
+    prior's count gives its logit a gradient."""
+    torch.manual_seed(0)
+    strat = build_strategy("gumbel", d_model=8, target_rate=0.3, options={"temperature": 1.0}).train()
+    h = torch.randn(4, 50, 8)
+    b = strat(h, None, torch.ones(4, 50, dtype=torch.bool))
+    logits = b.extra["logits"]
+    logits.retain_grad()
+    b.gate.sum().backward(retain_graph=True)
+    g, starts = logits.grad, b.starts
+    assert (g[:, 0] == 0).all()
+    assert (g[:, 1:][starts[:, 1:]] > 0).all() and (g[:, 1:][~starts[:, 1:]] < 0).all()
+    assert starts[:, 1:].any() and (~starts[:, 1:]).any()
+    logits.grad = None
+    strat.loss(b, None, None, torch.ones(4, 50, dtype=torch.bool))["rate_loss"].backward()
+    assert (logits.grad[:, 0] == 0).all() and logits.grad[:, 1:].abs().sum() > 0
+
+
 def test_the_lm_loss_reaches_the_boundary_head():
     model = small_model("gumbel")
     x = torch.randint(0, 256, (2, 40))
