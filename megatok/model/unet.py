@@ -76,7 +76,10 @@ class ByteUNet(nn.Module):
                 starts: torch.Tensor | None = None) -> Output:
         """x, targets: [B, T] ids (PAD where there is nothing). ``starts`` [B, T'] (T' <= T) overrides
         the strategy's first T' decisions (the strategy still runs), e.g. to hold boundaries fixed in a
-        test, or the ones already taken while generating (megatok.generate)."""
+        test, or the ones already taken while generating (megatok.generate). Not with ``targets``: the
+        strategy's log-probabilities, gate and losses would still describe its own decisions."""
+        if starts is not None and targets is not None:
+            raise ValueError("starts pins boundaries for inference only; it cannot be combined with targets")
         B, T = x.shape
         real = x != PAD
         positions = torch.arange(T, device=x.device)

@@ -57,3 +57,10 @@ def test_smoothing_is_read_at_each_chunk_start():
     plain = with_smooth(None)
     assert torch.allclose(with_smooth(1.0), plain, atol=1e-6)
     assert not torch.allclose(with_smooth(0.5), plain, atol=1e-3)
+
+
+def test_pinned_boundaries_are_for_inference_only():
+    model = make_model("policy")
+    x = torch.randint(0, 256, (1, 12))
+    with pytest.raises(ValueError, match="inference only"):
+        model(x, x, starts=torch.ones(1, 4, dtype=torch.bool))
