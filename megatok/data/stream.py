@@ -219,8 +219,9 @@ def _pack_batches(docs: Iterable[bytes], seq_len: int, batch_size: int, skip_tok
 
 
 class PackedByteStream(IterableDataset):
-    """An endless stream of {"tokens": LongTensor[batch_size, seq_len + 1], "epoch", "epochs", "bad_shards"}
-    batches. ``epochs`` lists each source's epoch (one source unless ``weights``); ``epoch`` is the largest.
+    """An endless stream of {"tokens": LongTensor[batch_size, seq_len + 1], "epoch", "epochs", "bad_shards",
+    "reader"} batches: ``epochs`` lists each source's epoch of the reader that made the batch (one source
+    unless ``weights``), ``epoch`` is the largest, ``bad_shards`` that reader's count so far.
 
     ``urls`` are the shard URLs, or with ``weights`` one list of URLs per source of the mixture.
     Use it through make_loader so a rank's batches come round-robin from its workers: that order
@@ -319,7 +320,7 @@ class PackedByteStream(IterableDataset):
         for tokens in _pack_batches(docs, self.seq_len, self.batch_size, done * self.batch_size * self.seq_len,
                                     self.encoding):
             yield {"tokens": tokens, "epoch": max(state["epochs"]), "epochs": list(state["epochs"]),
-                   "bad_shards": state["bad_shards"]}
+                   "bad_shards": state["bad_shards"], "reader": reader}
 
 
 def make_loader(dataset: PackedByteStream, num_workers: int) -> DataLoader:

@@ -203,6 +203,23 @@ class StopRequest:
             signal.signal(sig, handler)
 
 
+class StreamPosition:
+    """What this rank's readers have reached, from the batches it consumed: each source's furthest
+    epoch over all its readers (batches come round-robin from the workers, so the last batch alone
+    would speak for one worker), and the bad shards counted by every reader."""
+
+    def __init__(self, start_epochs: list[int]):
+        self.epochs, self._bad = list(start_epochs), {}
+
+    def update(self, batch: dict) -> None:
+        self.epochs = [max(a, b) for a, b in zip(self.epochs, batch["epochs"])]
+        self._bad[batch["reader"]] = batch["bad_shards"]
+
+    @property
+    def bad_shards(self) -> int:
+        return sum(self._bad.values())
+
+
 def _row_step(line: str) -> float:
     """A metrics row's step; a row cut short by a kill counts as after every step."""
     try:
@@ -346,7 +363,8 @@ def train(cfg: Config, *, resume: str = "auto") -> dict:
     watchdog = dist.Watchdog(cfg.train.dist_timeout_s,
                              lambda: f"last good checkpoint: {checkpoint.latest_tag(run_dir)}")
     totals = Totals(device)
-    skipped_in_row, t_last, paused, last_row, epochs = 0, time.time(), 0.0, {}, start_epochs
+    skipped_in_row, t_last, paused, last_row = 0, time.time(), 0.0, {}
+    position = StreamPosition(start_epochs)
     engine.train()
     while step < cfg.train.max_steps:
         watchdog.beat()
@@ -355,6 +373,7 @@ def train(cfg: Config, *, resume: str = "auto") -> dict:
         finite = torch.ones((), dtype=torch.bool, device=device)
         for micro in range(accum):
             batch = next(batches)
+            position.update(batch)
             tokens = batch["tokens"].to(device)
             torch.manual_seed(step_seed(cfg.train.seed, step, micro * world + rank))
             out = engine(tokens[:, :-1], tokens[:, 1:])
@@ -364,7 +383,6 @@ def train(cfg: Config, *, resume: str = "auto") -> dict:
             engine.step()  # DeepSpeed updates only at the accumulation boundary
             finite &= totals.add_output(out)
         step += 1
-        epochs = batch["epochs"]
 
         # One small collective per step: did any rank see a non-finite loss, or get a stop signal?
         flags = torch.stack([(~finite).float(), torch.tensor(float(stop.requested), device=device)])
@@ -386,7 +404,7 @@ def train(cfg: Config, *, resume: str = "auto") -> dict:
         # (every checkpoint step is logged too, so the cumulative bytes and FLOPs it saves are complete)
         if step % cfg.train.log_every == 0 or step % cfg.train.save_every == 0 or step == cfg.train.max_steps \
                 or stopping:
-            totals.add("bad_shards", torch.tensor(float(batch["bad_shards"])))  # this rank's running count
+            totals.add("bad_shards", torch.tensor(float(position.bad_shards)))  # this rank's running count
             s = totals.all_sum()
             now = time.time()
             n = max(1.0, s["micro_batches"])
@@ -397,9 +415,9 @@ def train(cfg: Config, *, resume: str = "auto") -> dict:
                         "lr": lr, "grad_norm": engine.get_global_grad_norm(),
                         "bytes_per_s": s["targets"] / (now - t_last - paused),
                         "bytes_seen": bytes_seen, "flops": flops_seen,
-                        "epoch": max(epochs), "bad_shards": int(s["bad_shards"]),
+                        "epoch": max(position.epochs), "bad_shards": int(s["bad_shards"]),
                         "nonfinite_losses": int(s["nonfinite_losses"]), "skipped_steps": int(s["skipped_steps"] / world)}
-            last_row.update(by_source(cfg, epochs, "epochs"))  # this rank's; the checkpoint's are the maxima
+            last_row.update(by_source(cfg, position.epochs, "epochs"))  # rank 0's; the checkpoint's: all ranks
             logger.log(last_row)
             logger.progress(step, loss=last_row["loss"], bpb=last_row["bpb"],
                             **({"rate": last_row["boundary_rate"]} if "boundary_rate" in last_row else {}),
@@ -416,7 +434,7 @@ def train(cfg: Config, *, resume: str = "auto") -> dict:
             engine.train()
             watchdog.beat()
         if step % cfg.train.save_every == 0 or last or stopping:
-            top = torch.tensor([float(e) for e in epochs], device=device)
+            top = torch.tensor([float(e) for e in position.epochs], device=device)
             tdist.all_reduce(top, op=tdist.ReduceOp.MAX)
             top_epochs = [int(e) for e in top.tolist()]
             checkpoint.save(engine, run_dir, step, {"step": step, "epoch": max(top_epochs),

@@ -225,6 +225,25 @@ def test_mixture_follows_the_weights_by_bytes_and_resumes_exactly(tmp_path):
         PackedByteStream([a, b[:2]], num_workers_hint=2, **kw)
 
 
+def test_stream_position_counts_every_reader_not_the_last_batch(tmp_path):
+    """The trainer records the furthest epoch over all of a rank's readers (and every reader's bad
+    shards): batches come round-robin from the workers, so the step's last batch speaks for one."""
+    from megatok.train.loop import StreamPosition
+
+    urls, _ = make_shards(tmp_path, n_docs=16, num_shards=2, seed=4)  # 2 workers, one shard each
+    batches = take(PackedByteStream(urls, seq_len=SEQ_LEN, batch_size=BATCH), 40, num_workers=2)
+    position, behind = StreamPosition([0]), 0
+    for b in batches:
+        position.update(b)
+        behind += b["epoch"] < position.epochs[0]  # the last batch alone would have recorded less
+    assert position.epochs == [max(b["epoch"] for b in batches)]
+    assert behind > 0 and {b["reader"] for b in batches} == {0, 1}
+    position.update({"epochs": [0], "reader": 0, "bad_shards": 2})
+    position.update({"epochs": [0], "reader": 1, "bad_shards": 1})
+    position.update({"epochs": [0], "reader": 0, "bad_shards": 3})  # running counts per reader
+    assert position.bad_shards == 4 and position.epochs == [max(b["epoch"] for b in batches)]
+
+
 def test_too_few_shards_for_the_readers(tmp_path, monkeypatch):
     urls, _ = make_shards(tmp_path, n_docs=12, num_shards=3)
     assert check_readers(3, 1, 3) == 3
