@@ -103,7 +103,7 @@ def run(cfg, resume: str) -> int:
                        f"{str(e).splitlines()[0][:200]}); last good checkpoint: "
                        f"{checkpoint.latest_tag(cfg.train.run_dir)}")
     if row.get("stopped") and rank == "0":
-        print(f"megatok: stopped by signal at step {row['step']}; checkpoint written; run the same command to "
+        print(f"megatok: {row['stopped']} at step {row['step']}; checkpoint written; run the same command to "
               f"resume", flush=True)
     return 0
 

@@ -108,9 +108,11 @@ def weights_finite(engine) -> bool:
 
 
 def remove_stale(run_dir: str | Path) -> None:
-    """Rank 0 at start: drop half-written ``*.tmp`` checkpoints left by a killed run."""
+    """Rank 0 at start: drop half-written ``*.tmp`` checkpoints left by a killed run, and ``universal-*``
+    conversions a killed run did not get to remove (derived copies: a later resume converts afresh,
+    and must not load one made from an earlier checkpoint of the same step)."""
     d = checkpoint_dir(run_dir)
-    for p in d.glob("*.tmp") if d.is_dir() else []:
+    for p in [*d.glob("*.tmp"), *d.glob("universal-*")] if d.is_dir() else []:
         shutil.rmtree(p, ignore_errors=True)
 
 

@@ -8,6 +8,7 @@ index), so a resumed run and a run with a different rank/accumulation split draw
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -187,16 +188,25 @@ def sum_over_ranks(values: dict[str, torch.Tensor], device) -> dict[str, float]:
 
 
 class StopRequest:
-    """SIGTERM/SIGINT (a scheduler's pre-emption, Ctrl-C) asks for a checkpoint and a clean exit at the
-    end of the current step. Ranks may be signalled at different times; the loop agrees on stopping
-    through a collective, so every rank stops at the same step and the checkpoint is complete."""
+    """SIGTERM/SIGINT (a scheduler's pre-emption, Ctrl-C), or a file RUN_DIR/STOP, asks for a
+    checkpoint and a clean exit at the end of the current step. Ranks may see the request at
+    different times; the loop agrees on stopping through a collective, so every rank stops at the
+    same step and the checkpoint is complete. The file works with any launcher and from any machine
+    that sees the run directory; rank 0 removes it once the run has stopped."""
 
-    def __init__(self):
-        self.requested = False
+    def __init__(self, run_dir: Path):
+        self.signalled, self.file = False, run_dir / "STOP"
         self.previous = {sig: signal.signal(sig, self._handle) for sig in (signal.SIGTERM, signal.SIGINT)}
 
     def _handle(self, signum, frame):
-        self.requested = True
+        self.signalled = True
+
+    @property
+    def requested(self) -> bool:
+        return self.signalled or self.file.exists()
+
+    def reason(self) -> str:
+        return f"stopped by {self.file}" if not self.signalled and self.file.exists() else "stopped by signal"
 
     def restore(self):
         for sig, handler in self.previous.items():
@@ -292,7 +302,7 @@ def data_position(meta: dict | None, cfg: Config, world: int) -> tuple[int, list
 def train(cfg: Config, *, resume: str = "auto") -> dict:
     """Run training as configured. ``resume``: "auto" (latest checkpoint of the run directory, if any),
     "none", or a checkpoint tag. Returns the last logged training row (rank 0; {} elsewhere), with
-    "stopped": True when a signal ended the run early."""
+    "stopped": why, when a signal or RUN_DIR/STOP ended the run early."""
     import deepspeed
     from torch.optim.lr_scheduler import LambdaLR
 
@@ -343,6 +353,12 @@ def train(cfg: Config, *, resume: str = "auto") -> dict:
                               seed=cfg.train.seed, start_batch=start_batch, start_epoch=start_epochs,
                               on_bad_shard=cfg.data.on_bad_shard, encoding=encoding)
     batches = iter(make_loader(stream, cfg.data.num_workers))
+    if start_batch:  # a resume: the readers regenerate and skip what they had produced, before the watchdog
+        t = time.time()
+        batches = itertools.chain([next(batches)], batches)
+        if rank == 0:
+            print(f"megatok: data stream fast-forwarded past {start_batch} batches per rank in "
+                  f"{time.time() - t:.1f} s", flush=True)
     val = validation_batches(cfg, rank, world, encoding)
     h2h = HeadToHead(cfg, rank, world) if cfg.eval.head_to_head else None
     # cumulative text bytes (UTF-8 bytes predicted) and model FLOPs, carried across resumes
@@ -359,7 +375,7 @@ def train(cfg: Config, *, resume: str = "auto") -> dict:
               f"ZeRO stage {engine.zero_optimization_stage()}{built}, {precision}, "
               f"start step {step}{f' from {tag}' if tag else ''}, run dir {run_dir}", flush=True)
 
-    stop = StopRequest()
+    stop = StopRequest(run_dir)
     watchdog = dist.Watchdog(cfg.train.dist_timeout_s,
                              lambda: f"last good checkpoint: {checkpoint.latest_tag(run_dir)}")
     totals = Totals(device)
@@ -444,9 +460,11 @@ def train(cfg: Config, *, resume: str = "auto") -> dict:
                                                    "flops": flops_seen}, keep=cfg.train.keep_checkpoints)
         paused += time.time() - t_pause
         if stopping:
-            logger.log({"step": step, "split": "event", "event": "stopped by signal",
+            logger.log({"step": step, "split": "event", "event": stop.reason(),
                         "checkpoint": checkpoint.tag_for(step)})
-            last_row = {**last_row, "stopped": True}
+            last_row = {**last_row, "stopped": stop.reason()}
+            if rank == 0:
+                stop.file.unlink(missing_ok=True)  # else the resumed run would stop again at once
             break
 
     watchdog.stop()

@@ -93,7 +93,8 @@ def test_mixture_trains_resumes_exactly_and_reweights(shards, second_source, tmp
     resumed = tmp_path / "resumed"
     shutil.copytree(run, resumed)
     (resumed / "metrics.jsonl").unlink()
-    pretrain(common + [mixture(shards, second_source, 3, 1), f"train.run_dir={resumed}", "--resume", "step00000002"])
+    r = pretrain(common + [mixture(shards, second_source, 3, 1), f"train.run_dir={resumed}", "--resume", "step00000002"])
+    assert "data stream fast-forwarded past 2 batches per rank" in r.stdout
     again = {r["step"]: r["loss"] for r in read_metrics(resumed) if r.get("split") == "train"}
     assert again == {3: rows[3]["loss"], 4: rows[4]["loss"]}  # bit for bit
 

@@ -117,8 +117,9 @@ def test_killed_while_writing_a_checkpoint_resumes_from_the_previous_one(shards,
     assert r.returncode == -signal.SIGKILL
     assert checkpoint.latest_tag(run) == "step00000002"
     assert (run / "checkpoints" / "step00000004.tmp").is_dir()  # the half-written one, never published
+    (run / "checkpoints" / "universal-step00000002").mkdir()  # as left by a run killed after converting
     pretrain(args(shards, run, *base))
-    assert not list((run / "checkpoints").glob("*.tmp"))
+    assert not list((run / "checkpoints").glob("*.tmp")) and not list((run / "checkpoints").glob("universal-*"))
     got, want = train_rows(run), train_rows(ref)
     assert [got[s]["loss"] for s in range(3, 7)] == [want[s]["loss"] for s in range(3, 7)]
 
@@ -191,6 +192,21 @@ def test_sigterm_checkpoints_and_exits_cleanly(shards, tmp_path):
     tag = checkpoint.latest_tag(run)
     assert tag == events[-1]["checkpoint"]
     assert checkpoint.read_meta(run, tag)["step"] == events[-1]["step"] >= 3
+
+
+def test_a_stop_file_checkpoints_and_exits_cleanly(shards, tmp_path):
+    """RUN_DIR/STOP stops a run like SIGTERM does, with any launcher; it is removed, so the same
+    command resumes and runs on."""
+    run = tmp_path / "run"
+    argv = args(shards, run, "train.max_steps=100000", "train.global_batch_size=8", "train.save_every=100000")
+    with background_run(argv, 2, {}) as proc:
+        wait_for(lambda: (run / "metrics.jsonl").is_file() and len(train_rows(run)) >= 2)
+        (run / "STOP").touch()
+        out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out[-3000:]
+    event = [r for r in read_metrics(run) if r.get("split") == "event"][-1]
+    assert event["event"] == f"stopped by {run / 'STOP'}" and not (run / "STOP").exists()
+    assert checkpoint.latest_tag(run) == event["checkpoint"] and f"stopped by {run / 'STOP'} at step" in out
 
 
 def test_two_ranks_to_one_rank_and_export_matches_the_live_engine(shards, reference, tmp_path):
