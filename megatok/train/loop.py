@@ -375,6 +375,14 @@ def train(cfg: Config, *, resume: str = "auto") -> dict:
               f"ZeRO stage {engine.zero_optimization_stage()}{built}, {precision}, "
               f"start step {step}{f' from {tag}' if tag else ''}, run dir {run_dir}", flush=True)
 
+    def evaluate(at_step: int) -> None:
+        validate(engine, cfg, val, device, at_step, logger)
+        if h2h is not None:
+            h2h.run(engine, at_step, device, logger)
+        engine.train()
+
+    if meta and meta.get("eval_pending"):  # a stop request ended the run at an evaluation step before it ran
+        evaluate(step)
     stop = StopRequest(run_dir)
     watchdog = dist.Watchdog(cfg.train.dist_timeout_s,
                              lambda: f"last good checkpoint: {checkpoint.latest_tag(run_dir)}")
@@ -443,11 +451,9 @@ def train(cfg: Config, *, resume: str = "auto") -> dict:
         t_pause = time.time()
         watchdog.beat()
         last = step == cfg.train.max_steps
-        if ((cfg.eval.every and step % cfg.eval.every == 0) or last) and not stopping:
-            validate(engine, cfg, val, device, step, logger)
-            if h2h is not None:
-                h2h.run(engine, step, device, logger)
-            engine.train()
+        eval_due = bool(cfg.eval.every and step % cfg.eval.every == 0) or last
+        if eval_due and not stopping:
+            evaluate(step)
             watchdog.beat()
         if step % cfg.train.save_every == 0 or last or stopping:
             top = torch.tensor([float(e) for e in position.epochs], device=device)
@@ -456,6 +462,7 @@ def train(cfg: Config, *, resume: str = "auto") -> dict:
             checkpoint.save(engine, run_dir, step, {"step": step, "epoch": max(top_epochs),
                                                    **by_source(cfg, top_epochs, "epochs"),
                                                    "stream_origin": stream_origin,
+                                                   "eval_pending": eval_due and bool(stopping),
                                                    "layout": layout(cfg, world), "bytes_seen": bytes_seen,
                                                    "flops": flops_seen}, keep=cfg.train.keep_checkpoints)
         paused += time.time() - t_pause

@@ -209,6 +209,20 @@ def test_a_stop_file_checkpoints_and_exits_cleanly(shards, tmp_path):
     assert checkpoint.latest_tag(run) == event["checkpoint"] and f"stopped by {run / 'STOP'} at step" in out
 
 
+def test_an_evaluation_skipped_by_a_stop_runs_when_the_run_resumes(shards, tmp_path):
+    """A stop request at an evaluation step checkpoints without evaluating; the resumed run evaluates
+    that step first, so no validation row is lost (not even the final one)."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "STOP").touch()  # seen at the first step, which is an evaluation step
+    argv = args(shards, run, "train.max_steps=2", "train.global_batch_size=4", "eval.every=1")
+    pretrain(argv)
+    assert checkpoint.latest_tag(run) == "step00000001" and checkpoint.read_meta(run, "step00000001")["eval_pending"]
+    assert not [r for r in read_metrics(run) if r.get("split") == "val"]
+    pretrain(argv)
+    assert [r["step"] for r in read_metrics(run) if r.get("split") == "val"] == [1, 2]
+
+
 def test_two_ranks_to_one_rank_and_export_matches_the_live_engine(shards, reference, tmp_path):
     run = tmp_path / "run"
     shutil.copytree(reference, run)
