@@ -141,6 +141,17 @@ def by_source(cfg: Config, values: list, key: str) -> dict:
     return {key: dict(zip(cfg.data.shards, values))} if isinstance(cfg.data.shards, dict) else {}
 
 
+def data_digest(cfg: Config) -> str:
+    """What the stream reads: the training shards (URL, and size where it is a local file) and the
+    encoding. A resume that reads other data cannot continue the same position."""
+    import hashlib
+
+    shards = [[u, os.path.getsize(u) if os.path.isfile(u) else None]
+              for urls in resolve_sources(cfg.data.shards, "train")[0] for u in urls]
+    text = json.dumps([shards, cfg.model.kind, cfg.model.tokenizer if cfg.model.kind == "bpe" else None])
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
 def layout(cfg: Config, world: int) -> dict:
     """What the data position of a checkpoint depends on (batches consumed per rank = step x accum)."""
     out = {"world_size": world, "micro_batch_size": cfg.train.micro_batch_size, "grad_accum": cfg.train.grad_accum,
@@ -317,6 +328,11 @@ def train(cfg: Config, *, resume: str = "auto") -> dict:
     tag = None if resume == "none" else checkpoint.latest_tag(run_dir) if resume == "auto" else resume
     meta = checkpoint.read_meta(run_dir, tag) if tag else None
     same_layout = meta is None or meta["layout"] == layout(cfg, world)
+    digest = data_digest(cfg)
+    if meta is not None and same_layout and meta.get("data_digest", digest) != digest and rank == 0:
+        print(f"megatok: warning: {tag} was trained on other shards or another tokenizer than data.shards / "
+              f"model.tokenizer now give (shard list, sizes or encoding changed): the data position is resumed "
+              f"as recorded, so documents may be repeated or skipped", flush=True)
     ds_config = deepspeed_config(cfg, world)
     if not same_layout and meta["layout"]["world_size"] != world:
         tag = checkpoint.universal(run_dir, tag, ds_config)  # re-partition ZeRO states for the new world size
@@ -463,6 +479,7 @@ def train(cfg: Config, *, resume: str = "auto") -> dict:
                                                    **by_source(cfg, top_epochs, "epochs"),
                                                    "stream_origin": stream_origin,
                                                    "eval_pending": eval_due and bool(stopping),
+                                                   "data_digest": digest,
                                                    "layout": layout(cfg, world), "bytes_seen": bytes_seen,
                                                    "flops": flops_seen}, keep=cfg.train.keep_checkpoints)
         paused += time.time() - t_pause

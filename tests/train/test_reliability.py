@@ -223,6 +223,16 @@ def test_an_evaluation_skipped_by_a_stop_runs_when_the_run_resumes(shards, tmp_p
     assert [r["step"] for r in read_metrics(run) if r.get("split") == "val"] == [1, 2]
 
 
+def test_resuming_on_other_shards_warns(shards, tmp_path):
+    run, moved = tmp_path / "run", tmp_path / "moved"
+    pretrain(args(shards, run, "train.max_steps=1", "train.global_batch_size=4"))
+    shutil.copytree(shards, moved)
+    r = pretrain(args(moved, run, "train.max_steps=2", "train.global_batch_size=4"))
+    assert "step00000001 was trained on other shards or another tokenizer" in r.stdout
+    r = pretrain(args(moved, run, "train.max_steps=3", "train.global_batch_size=4"))
+    assert "other shards" not in r.stdout  # step 2 was saved with the new shards
+
+
 def test_two_ranks_to_one_rank_and_export_matches_the_live_engine(shards, reference, tmp_path):
     run = tmp_path / "run"
     shutil.copytree(reference, run)
