@@ -228,7 +228,7 @@ class PackedByteStream(IterableDataset):
     is what start_batch (batches this rank has already consumed) refers to. Resuming is exact as
     long as urls, weights, seed, seq_len, batch_size, world_size and the number of workers are
     unchanged. start_epoch (one per source, or one for all) begins the stream at a later epoch (a
-    resume with a different layout starts the next epoch: see megatok/train/loop.py).
+    resume with a different layout starts the next epoch: see megatok/train/position.py).
     """
 
     def __init__(self, urls: list[str] | list[list[str]], *, seq_len: int, batch_size: int, rank: int = 0,

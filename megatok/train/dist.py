@@ -102,3 +102,14 @@ class Watchdog:
                       f"(train.dist_timeout_s={self.timeout_s:g}): a rank died, hung or was killed; stopping the "
                       f"job; {self.describe()}", file=sys.stderr, flush=True)
                 os._exit(4)
+
+
+def sum_over_ranks(values: dict[str, torch.Tensor], device) -> dict[str, float]:
+    """One all-reduce for a dict of scalars (every rank must pass the same keys)."""
+    import torch
+    import torch.distributed as tdist
+
+    keys = sorted(values)
+    t = torch.stack([values[k].to(device, torch.float64) for k in keys])
+    tdist.all_reduce(t)
+    return dict(zip(keys, t.tolist()))

@@ -22,15 +22,16 @@ import torch.distributed as tdist
 
 from megatok.config import Config, builds_partitioned, deepspeed_config, lr_lambda
 from megatok.data.encoding import encoding_for
-from megatok.data.stream import (PackedByteStream, iter_shard_documents, make_loader, pack_documents,
-                                 resolve_sources)
-from megatok.eval.bpb import boundary_rule, evaluate_batches
+from megatok.data.stream import PackedByteStream, make_loader, resolve_sources
 from megatok.eval.head_to_head import HeadToHead
 from megatok.flops import flops_per_byte
 from megatok.metrics import MetricsLogger
 from megatok.model import build_model
 from megatok.stats import ratios
 from megatok.train import checkpoint, dist, faults
+from megatok.train.dist import sum_over_ranks
+from megatok.train.position import StreamPosition, by_source, data_digest, data_position, layout
+from megatok.train.validation import validate, validation_batches
 
 LOSS_TERMS = ("loss", "lm_loss", "policy_loss", "rate_loss")
 
@@ -70,96 +71,12 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
     return [{"params": decay, "weight_decay": weight_decay}, {"params": rest, "weight_decay": 0.0}]
 
 
-def validation_batches(cfg: Config, rank: int, world: int, encoding) -> list[tuple]:
-    """This rank's share of the validation batches, each with its global index (which seeds its boundary
-    samples). The sequences are cut into global batches the same way at every world size and batch i
-    goes to rank i % world, so the figure does not depend on the number of ranks. Every rank gets the
-    same number of batches (all-padding ones, index -1, where it runs out: ZeRO-3 needs every rank in
-    every forward). With a mixture each batch also carries the source of each row."""
-    seq_len = cfg.data.seq_len
-    sources, weights = resolve_sources(cfg.data.val_shards or cfg.data.shards, "val")
-    seqs, labels = [], []
-    for source, (urls, n_seq) in enumerate(zip(sources, mixture_shares(cfg.eval.max_sequences, weights))):
-        need, docs, have = n_seq * seq_len + 1, [], 0
-        for d in iter_shard_documents(urls):  # read only as much as the validation budget needs
-            docs.append(d.text)
-            have += len(d.text) + 1 if encoding.byte_lengths is None else len(encoding.doc_ids(d.text))
-            if have >= need:
-                break
-        seqs.append(pack_documents(docs, seq_len, encoding)[:n_seq])
-        labels.append(torch.full((len(seqs[-1]),), source))
-    seqs, labels = torch.cat(seqs), torch.cat(labels)
-    bs = cfg.eval.batch_size or cfg.train.micro_batch_size
-    n_global = math.ceil(len(seqs) / bs)
-    pad = (-1, torch.full((1, seq_len + 1), encoding.pad, dtype=torch.long), torch.tensor([-1]))
-    mine = [(i, seqs[i * bs:(i + 1) * bs], labels[i * bs:(i + 1) * bs]) for i in range(rank, n_global, world)]
-    mine += [pad] * (max(1, math.ceil(n_global / world)) - len(mine))
-    return mine if weights else [b[:2] for b in mine]
-
-
-def mixture_shares(n: int, weights: list[float] | None) -> list[int]:
-    """n split over a mixture's sources in proportion to the weights (largest remainders; at least 1 each)."""
-    if weights is None:
-        return [n]
-    exact = [n * w / sum(weights) for w in weights]
-    shares = [max(1, math.floor(x)) for x in exact]
-    for i in sorted(range(len(exact)), key=lambda i: shares[i] - exact[i])[:max(0, n - sum(shares))]:
-        shares[i] += 1
-    return shares
-
-
-def validate(engine, cfg: Config, batches, device, step: int, logger: MetricsLogger) -> dict:
-    """Validation row: figures over all sequences, and with a mixture also per source ("by_source")."""
-    spec = cfg.data.val_shards or cfg.data.shards
-    sources = list(spec) if isinstance(spec, dict) else []
-    sums = evaluate_batches(engine, batches, mode=cfg.eval.boundary_mode, seed=cfg.eval.seed, device=device,
-                            groups=len(sources))
-    sums = sum_over_ranks({k: torch.tensor(v, dtype=torch.float64) for k, v in sums.items()}, device)
-    row = {"step": step, "split": "val", **{f"val_{k}": v for k, v in ratios(sums).items()},
-           "val_bytes": sums["targets"]}
-    if sources:
-        row["by_source"] = {}
-        for g, name in enumerate(sources):
-            part = {k.rpartition("/")[0]: v for k, v in sums.items() if k.rpartition("/")[2] == str(g)}
-            row["by_source"][name] = {**{f"val_{k}": v for k, v in ratios(part).items()}, "val_bytes": part["targets"]}
-    if cfg.model.kind == "unet":
-        row["boundary_rule"] = boundary_rule(cfg.eval.boundary_mode, cfg.eval.seed)
-    logger.log(row)
-    return row
-
-
 def interval_flops(cfg: Config, s: dict[str, float]) -> float:
     """Model FLOPs (megatok.flops, training = 3 x forward) of the positions a log interval processed,
     at the realised rate: chunks per position for the byte model, tokens per byte for the token model."""
     if cfg.model.kind == "bpe":
         return flops_per_byte(cfg, rate=s["positions"] / max(1.0, s["targets"]))["training"] * s["targets"]
     return flops_per_byte(cfg, rate=s["chunks"] / max(1.0, s["positions"]))["training"] * s["positions"]
-
-
-def by_source(cfg: Config, values: list, key: str) -> dict:
-    """{key: {source: value}} for a data mixture, {} for a single source."""
-    return {key: dict(zip(cfg.data.shards, values))} if isinstance(cfg.data.shards, dict) else {}
-
-
-def data_digest(cfg: Config) -> str:
-    """What the stream reads: the training shards (URL, and size where it is a local file) and the
-    encoding. A resume that reads other data cannot continue the same position."""
-    import hashlib
-
-    shards = [[u, os.path.getsize(u) if os.path.isfile(u) else None]
-              for urls in resolve_sources(cfg.data.shards, "train")[0] for u in urls]
-    text = json.dumps([shards, cfg.model.kind, cfg.model.tokenizer if cfg.model.kind == "bpe" else None])
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-def layout(cfg: Config, world: int) -> dict:
-    """What the data position of a checkpoint depends on (batches consumed per rank = step x accum)."""
-    out = {"world_size": world, "micro_batch_size": cfg.train.micro_batch_size, "grad_accum": cfg.train.grad_accum,
-           "num_workers": max(1, cfg.data.num_workers), "seq_len": cfg.data.seq_len, "seed": cfg.train.seed}
-    if isinstance(cfg.data.shards, dict):  # a mixture: its sources and (normalised) weights
-        total = sum(cfg.data.shards.values())
-        out["mixture"] = [[k, round(v / total, 12)] for k, v in cfg.data.shards.items()]
-    return out
 
 
 class Totals:
@@ -190,14 +107,6 @@ class Totals:
         return sums
 
 
-def sum_over_ranks(values: dict[str, torch.Tensor], device) -> dict[str, float]:
-    """One all-reduce for a dict of scalars (every rank must pass the same keys)."""
-    keys = sorted(values)
-    t = torch.stack([values[k].to(device, torch.float64) for k in keys])
-    tdist.all_reduce(t)
-    return dict(zip(keys, t.tolist()))
-
-
 class StopRequest:
     """SIGTERM/SIGINT (a scheduler's pre-emption, Ctrl-C), or a file RUN_DIR/STOP, asks for a
     checkpoint and a clean exit at the end of the current step. Ranks may see the request at
@@ -222,23 +131,6 @@ class StopRequest:
     def restore(self):
         for sig, handler in self.previous.items():
             signal.signal(sig, handler)
-
-
-class StreamPosition:
-    """What this rank's readers have reached, from the batches it consumed: each source's furthest
-    epoch over all its readers (batches come round-robin from the workers, so the last batch alone
-    would speak for one worker), and the bad shards counted by every reader."""
-
-    def __init__(self, start_epochs: list[int]):
-        self.epochs, self._bad = list(start_epochs), {}
-
-    def update(self, batch: dict) -> None:
-        self.epochs = [max(a, b) for a, b in zip(self.epochs, batch["epochs"])]
-        self._bad[batch["reader"]] = batch["bad_shards"]
-
-    @property
-    def bad_shards(self) -> int:
-        return sum(self._bad.values())
 
 
 def _row_step(line: str) -> float:
@@ -279,35 +171,6 @@ def set_aside_abandoned(run_dir: Path, step: int, fresh: bool) -> Path | None:
         tmp.write_text("".join(keep))
         os.replace(tmp, path)
     return aside
-
-
-def data_position(meta: dict | None, cfg: Config, world: int) -> tuple[int, list[int], dict]:
-    """(start_batch, start epoch per source, origin) for this rank's stream after resuming from ``meta``.
-
-    Same layout: continue exactly where each reader stopped. A different layout (world size,
-    workers, batch split, mixture) cannot continue the same readers, so the documented rule is:
-    start the next epoch (of each source of a mixture, matched by name; a new source starts at 0).
-    Documents of the interrupted epoch not yet read are skipped for that epoch; none is read twice
-    within an epoch. The stream then restarts from its first batch; ``origin`` ({"step", "epochs"}:
-    where and at which epochs it restarted) goes into every later checkpoint, so that resuming one
-    of those with the same layout continues the restarted stream, not the original one."""
-    names = list(cfg.data.shards) if isinstance(cfg.data.shards, dict) else None
-    n = len(names) if names else 1
-    if meta is None:
-        origin = {"step": 0, "epochs": [0] * n}
-    elif meta["layout"] == layout(cfg, world):
-        origin = meta.get("stream_origin", {"step": 0, "epochs": [0] * n})
-    else:
-        epochs = meta.get("epochs", meta["epoch"])  # {source: epoch} for a mixture, else one epoch
-        if names and isinstance(epochs, dict):
-            start = [epochs[name] + 1 if name in epochs else 0 for name in names]
-        else:
-            start = [(max(epochs.values()) if isinstance(epochs, dict) else epochs) + 1] * n
-        print(f"megatok: resuming with layout {layout(cfg, world)} instead of {meta['layout']}: the data stream "
-              f"starts epoch {start[0] if names is None else dict(zip(names, start))}", flush=True)
-        origin = {"step": meta["step"], "epochs": start}
-    start_batch = (meta["step"] - origin["step"]) * cfg.train.grad_accum if meta else 0
-    return start_batch, origin["epochs"], origin
 
 
 def train(cfg: Config, *, resume: str = "auto") -> dict:

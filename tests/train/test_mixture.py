@@ -12,7 +12,7 @@ from megatok.data.encoding import BYTES
 from megatok.data.shards import build_shards
 from megatok.metrics import read_metrics
 from megatok.train import checkpoint
-from megatok.train.loop import validation_batches
+from megatok.train.validation import validation_batches
 from tests.conftest import PARALLEL, TINY, pretrain
 
 pytestmark = pytest.mark.dist

@@ -1,0 +1,81 @@
+"""Where the data stream of a run stands: what a checkpoint's data position depends on (the layout
+and a digest of the data), where a resumed stream starts, and what a rank's readers have reached."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+
+from megatok.config import Config
+from megatok.data.stream import resolve_sources
+
+
+def by_source(cfg: Config, values: list, key: str) -> dict:
+    """{key: {source: value}} for a data mixture, {} for a single source."""
+    return {key: dict(zip(cfg.data.shards, values))} if isinstance(cfg.data.shards, dict) else {}
+
+
+def data_digest(cfg: Config) -> str:
+    """What the stream reads: the training shards (URL, and size where it is a local file) and the
+    encoding. A resume that reads other data cannot continue the same position."""
+    shards = [[u, os.path.getsize(u) if os.path.isfile(u) else None]
+              for urls in resolve_sources(cfg.data.shards, "train")[0] for u in urls]
+    text = json.dumps([shards, cfg.model.kind, cfg.model.tokenizer if cfg.model.kind == "bpe" else None])
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def layout(cfg: Config, world: int) -> dict:
+    """What the data position of a checkpoint depends on (batches consumed per rank = step x accum)."""
+    out = {"world_size": world, "micro_batch_size": cfg.train.micro_batch_size, "grad_accum": cfg.train.grad_accum,
+           "num_workers": max(1, cfg.data.num_workers), "seq_len": cfg.data.seq_len, "seed": cfg.train.seed}
+    if isinstance(cfg.data.shards, dict):  # a mixture: its sources and (normalised) weights
+        total = sum(cfg.data.shards.values())
+        out["mixture"] = [[k, round(v / total, 12)] for k, v in cfg.data.shards.items()]
+    return out
+
+
+class StreamPosition:
+    """What this rank's readers have reached, from the batches it consumed: each source's furthest
+    epoch over all its readers (batches come round-robin from the workers, so the last batch alone
+    would speak for one worker), and the bad shards counted by every reader."""
+
+    def __init__(self, start_epochs: list[int]):
+        self.epochs, self._bad = list(start_epochs), {}
+
+    def update(self, batch: dict) -> None:
+        self.epochs = [max(a, b) for a, b in zip(self.epochs, batch["epochs"])]
+        self._bad[batch["reader"]] = batch["bad_shards"]
+
+    @property
+    def bad_shards(self) -> int:
+        return sum(self._bad.values())
+
+
+def data_position(meta: dict | None, cfg: Config, world: int) -> tuple[int, list[int], dict]:
+    """(start_batch, start epoch per source, origin) for this rank's stream after resuming from ``meta``.
+
+    Same layout: continue exactly where each reader stopped. A different layout (world size,
+    workers, batch split, mixture) cannot continue the same readers, so the documented rule is:
+    start the next epoch (of each source of a mixture, matched by name; a new source starts at 0).
+    Documents of the interrupted epoch not yet read are skipped for that epoch; none is read twice
+    within an epoch. The stream then restarts from its first batch; ``origin`` ({"step", "epochs"}:
+    where and at which epochs it restarted) goes into every later checkpoint, so that resuming one
+    of those with the same layout continues the restarted stream, not the original one."""
+    names = list(cfg.data.shards) if isinstance(cfg.data.shards, dict) else None
+    n = len(names) if names else 1
+    if meta is None:
+        origin = {"step": 0, "epochs": [0] * n}
+    elif meta["layout"] == layout(cfg, world):
+        origin = meta.get("stream_origin", {"step": 0, "epochs": [0] * n})
+    else:
+        epochs = meta.get("epochs", meta["epoch"])  # {source: epoch} for a mixture, else one epoch
+        if names and isinstance(epochs, dict):
+            start = [epochs[name] + 1 if name in epochs else 0 for name in names]
+        else:
+            start = [(max(epochs.values()) if isinstance(epochs, dict) else epochs) + 1] * n
+        print(f"megatok: resuming with layout {layout(cfg, world)} instead of {meta['layout']}: the data stream "
+              f"starts epoch {start[0] if names is None else dict(zip(names, start))}", flush=True)
+        origin = {"step": meta["step"], "epochs": start}
+    start_batch = (meta["step"] - origin["step"]) * cfg.train.grad_accum if meta else 0
+    return start_batch, origin["epochs"], origin

@@ -1,0 +1,73 @@
+"""Validation during training: the validation sequences, split over ranks so that the figure does
+not depend on the world size, and the validation row (with a data mixture, also per source)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from megatok.config import Config
+from megatok.data.stream import iter_shard_documents, pack_documents, resolve_sources
+from megatok.eval.bpb import boundary_rule, evaluate_batches
+from megatok.metrics import MetricsLogger
+from megatok.stats import ratios
+from megatok.train.dist import sum_over_ranks
+
+
+def validation_batches(cfg: Config, rank: int, world: int, encoding) -> list[tuple]:
+    """This rank's share of the validation batches, each with its global index (which seeds its boundary
+    samples). The sequences are cut into global batches the same way at every world size and batch i
+    goes to rank i % world, so the figure does not depend on the number of ranks. Every rank gets the
+    same number of batches (all-padding ones, index -1, where it runs out: ZeRO-3 needs every rank in
+    every forward). With a mixture each batch also carries the source of each row."""
+    seq_len = cfg.data.seq_len
+    sources, weights = resolve_sources(cfg.data.val_shards or cfg.data.shards, "val")
+    seqs, labels = [], []
+    for source, (urls, n_seq) in enumerate(zip(sources, mixture_shares(cfg.eval.max_sequences, weights))):
+        need, docs, have = n_seq * seq_len + 1, [], 0
+        for d in iter_shard_documents(urls):  # read only as much as the validation budget needs
+            docs.append(d.text)
+            have += len(d.text) + 1 if encoding.byte_lengths is None else len(encoding.doc_ids(d.text))
+            if have >= need:
+                break
+        seqs.append(pack_documents(docs, seq_len, encoding)[:n_seq])
+        labels.append(torch.full((len(seqs[-1]),), source))
+    seqs, labels = torch.cat(seqs), torch.cat(labels)
+    bs = cfg.eval.batch_size or cfg.train.micro_batch_size
+    n_global = math.ceil(len(seqs) / bs)
+    pad = (-1, torch.full((1, seq_len + 1), encoding.pad, dtype=torch.long), torch.tensor([-1]))
+    mine = [(i, seqs[i * bs:(i + 1) * bs], labels[i * bs:(i + 1) * bs]) for i in range(rank, n_global, world)]
+    mine += [pad] * (max(1, math.ceil(n_global / world)) - len(mine))
+    return mine if weights else [b[:2] for b in mine]
+
+
+def mixture_shares(n: int, weights: list[float] | None) -> list[int]:
+    """n split over a mixture's sources in proportion to the weights (largest remainders; at least 1 each)."""
+    if weights is None:
+        return [n]
+    exact = [n * w / sum(weights) for w in weights]
+    shares = [max(1, math.floor(x)) for x in exact]
+    for i in sorted(range(len(exact)), key=lambda i: shares[i] - exact[i])[:max(0, n - sum(shares))]:
+        shares[i] += 1
+    return shares
+
+
+def validate(engine, cfg: Config, batches, device, step: int, logger: MetricsLogger) -> dict:
+    """Validation row: figures over all sequences, and with a mixture also per source ("by_source")."""
+    spec = cfg.data.val_shards or cfg.data.shards
+    sources = list(spec) if isinstance(spec, dict) else []
+    sums = evaluate_batches(engine, batches, mode=cfg.eval.boundary_mode, seed=cfg.eval.seed, device=device,
+                            groups=len(sources))
+    sums = sum_over_ranks({k: torch.tensor(v, dtype=torch.float64) for k, v in sums.items()}, device)
+    row = {"step": step, "split": "val", **{f"val_{k}": v for k, v in ratios(sums).items()},
+           "val_bytes": sums["targets"]}
+    if sources:
+        row["by_source"] = {}
+        for g, name in enumerate(sources):
+            part = {k.rpartition("/")[0]: v for k, v in sums.items() if k.rpartition("/")[2] == str(g)}
+            row["by_source"][name] = {**{f"val_{k}": v for k, v in ratios(part).items()}, "val_bytes": part["targets"]}
+    if cfg.model.kind == "unet":
+        row["boundary_rule"] = boundary_rule(cfg.eval.boundary_mode, cfg.eval.seed)
+    logger.log(row)
+    return row
