@@ -57,6 +57,12 @@ def published_tags(run_dir: str | Path) -> list[str]:
     return sorted(p.name for p in d.glob("step*") if p.is_dir() and not p.name.endswith(".tmp")) if d.is_dir() else []
 
 
+def mark_evaluated(run_dir: str | Path, tag: str) -> None:
+    """Rank 0: the evaluation a checkpoint left pending (``eval_pending``) has been run and logged."""
+    path = checkpoint_dir(run_dir) / tag / META
+    _write_atomic(path, json.dumps({**json.loads(path.read_text()), "eval_pending": False}, indent=2))
+
+
 def read_meta(run_dir: str | Path, tag: str) -> dict:
     path = checkpoint_dir(run_dir) / tag / META
     if not path.is_file():

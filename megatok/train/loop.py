@@ -262,6 +262,8 @@ def train(cfg: Config, *, resume: str = "auto") -> dict:
 
     if meta and meta.get("eval_pending"):  # a stop request ended the run at an evaluation step before it ran
         evaluate(step)
+        if rank == 0:  # once: a rerun of a finished run must not log it again
+            checkpoint.mark_evaluated(run_dir, meta["tag"])
     stop = StopRequest(run_dir)
     watchdog = dist.Watchdog(cfg.train.dist_timeout_s,
                              lambda: f"last good checkpoint: {checkpoint.latest_tag(run_dir)}")

@@ -223,6 +223,7 @@ def test_an_evaluation_skipped_by_a_stop_runs_when_the_run_resumes(shards, tmp_p
     shutil.copytree(shards, moved)
     r = pretrain(args(moved, run, *common))
     assert [r["step"] for r in read_metrics(run) if r.get("split") == "val"] == [1, 2]
+    assert checkpoint.read_meta(run, "step00000001")["eval_pending"] is False  # done once, not at every rerun
     assert "step00000001 was trained on other shards or another tokenizer" in r.stdout
 
 
