@@ -256,7 +256,6 @@ class PackedByteStream(IterableDataset):
             for i, u in enumerate(sources):
                 check_readers(len(u), world_size, num_workers_hint, f"source {i}" if len(sources) > 1 else "")
         self.sources, self.weights = sources, weights or [1.0]
-        self.urls = sources[0]
         self.seq_len, self.batch_size = seq_len, batch_size
         self.rank, self.world_size, self.seed = rank, world_size, seed
         self.start_batch, self.start_epochs, self.on_bad_shard = start_batch, start_epochs, on_bad_shard
