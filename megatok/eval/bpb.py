@@ -65,11 +65,12 @@ def evaluate_batches(model, batches: Iterable[tuple], *, mode: str, seed: int, d
         for index, tokens, *labels in batches:
             with _Seeded(seed * 1_000_003 + index):
                 rows = row_sums(model, tokens.to(device))
+            if groups:
+                g = labels[0].to(device)
+                real = g >= 0  # padding rows carry -1
             for k, v in rows.items():
                 totals[k] = totals.get(k, 0) + v.sum().double()
                 if groups:
-                    g = labels[0].to(v.device)
-                    real = g >= 0  # padding rows carry -1
                     part = torch.zeros(groups, dtype=torch.float64, device=v.device)
                     totals[f"{k}/"] = totals.get(f"{k}/", 0) + part.index_add_(0, g[real], v[real].double())
     finally:

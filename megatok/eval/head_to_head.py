@@ -46,12 +46,10 @@ def read_documents(spec: str | list[str]):
 def heldout_documents(cfg: Config) -> list[Document]:
     """The head-to-head documents: whole documents until eval.heldout_max_bytes is reached (taken in
     turn from each source of a mixture, so every source is represented)."""
-    from megatok.data.stream import iter_shard_documents, resolve_shards, resolve_sources
+    from megatok.data.stream import iter_shard_documents, resolve_sources
 
     spec = cfg.eval.heldout or cfg.data.val_shards
-    if spec is None and not isinstance(cfg.data.shards, dict):
-        docs = iter_shard_documents(resolve_shards(cfg.data.shards, "val"))
-    elif isinstance(spec or cfg.data.shards, dict):
+    if spec is None or isinstance(spec, dict):  # shard sets' val splits (one stream unless a mixture)
         streams = [iter_shard_documents(u) for u in resolve_sources(spec or cfg.data.shards, "val")[0]]
         docs = (d for group in itertools.zip_longest(*streams) for d in group if d is not None)
     else:

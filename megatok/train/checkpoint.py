@@ -149,7 +149,7 @@ def save(engine, run_dir: str | Path, step: int, meta: dict, keep: int = 3) -> s
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.replace(tmp, final)
-        _write_atomic(ckdir / "latest", tag)
+        set_latest(run_dir, tag)
         for old_tag in published_tags(run_dir)[:-keep] if keep > 0 else []:
             if old_tag != tag:
                 shutil.rmtree(ckdir / old_tag, ignore_errors=True)

@@ -106,7 +106,6 @@ class Watchdog:
 
 def sum_over_ranks(values: dict[str, torch.Tensor], device) -> dict[str, float]:
     """One all-reduce for a dict of scalars (every rank must pass the same keys)."""
-    import torch
     import torch.distributed as tdist
 
     keys = sorted(values)

@@ -112,10 +112,11 @@ class StopRequest:
     checkpoint and a clean exit at the end of the current step. Ranks may see the request at
     different times; the loop agrees on stopping through a collective, so every rank stops at the
     same step and the checkpoint is complete. The file works with any launcher and from any machine
-    that sees the run directory; rank 0 removes it once the run has stopped."""
+    that sees the run directory; rank 0 alone looks for it (the collective tells the others) and
+    removes it once the run has stopped."""
 
-    def __init__(self, run_dir: Path):
-        self.signalled, self.file = False, run_dir / "STOP"
+    def __init__(self, run_dir: Path, rank: int):
+        self.signalled, self.file, self.rank = False, run_dir / "STOP", rank
         self.previous = {sig: signal.signal(sig, self._handle) for sig in (signal.SIGTERM, signal.SIGINT)}
 
     def _handle(self, signum, frame):
@@ -123,7 +124,7 @@ class StopRequest:
 
     @property
     def requested(self) -> bool:
-        return self.signalled or self.file.exists()
+        return self.signalled or (self.rank == 0 and self.file.exists())
 
     def reason(self) -> str:
         return f"stopped by {self.file}" if not self.signalled and self.file.exists() else "stopped by signal"
@@ -264,7 +265,7 @@ def train(cfg: Config, *, resume: str = "auto") -> dict:
         evaluate(step)
         if rank == 0:  # once: a rerun of a finished run must not log it again
             checkpoint.mark_evaluated(run_dir, meta["tag"])
-    stop = StopRequest(run_dir)
+    stop = StopRequest(run_dir, rank)
     watchdog = dist.Watchdog(cfg.train.dist_timeout_s,
                              lambda: f"last good checkpoint: {checkpoint.latest_tag(run_dir)}")
     totals = Totals(device)
