@@ -108,26 +108,37 @@ class Totals:
 
 
 class StopRequest:
-    """SIGTERM/SIGINT (a scheduler's pre-emption, Ctrl-C), or a file RUN_DIR/STOP, asks for a
-    checkpoint and a clean exit at the end of the current step. Ranks may see the request at
-    different times; the loop agrees on stopping through a collective, so every rank stops at the
+    """SIGTERM/SIGINT (a scheduler's pre-emption, Ctrl-C), or a file RUN_DIR/STOP (or the file the
+    environment variable MEGATOK_STOP_FILE names: the Slurm template's time-limit trap touches it),
+    asks for a checkpoint and a clean exit at the end of the current step. Ranks may see the request
+    at different times; the loop agrees on stopping through a collective, so every rank stops at the
     same step and the checkpoint is complete. The file works with any launcher and from any machine
-    that sees the run directory; rank 0 alone looks for it (the collective tells the others) and
-    removes it once the run has stopped."""
+    that sees it; rank 0 alone looks for it (the collective tells the others) and removes it once the
+    run has stopped."""
 
     def __init__(self, run_dir: Path, rank: int):
-        self.signalled, self.file, self.rank = False, run_dir / "STOP", rank
+        self.signalled, self.rank = False, rank
+        self.files = [run_dir / "STOP"] + ([Path(os.environ["MEGATOK_STOP_FILE"])]
+                                           if os.environ.get("MEGATOK_STOP_FILE") else [])
         self.previous = {sig: signal.signal(sig, self._handle) for sig in (signal.SIGTERM, signal.SIGINT)}
 
     def _handle(self, signum, frame):
         self.signalled = True
 
+    def _file(self) -> Path | None:
+        return next((f for f in self.files if f.exists()), None)
+
     @property
     def requested(self) -> bool:
-        return self.signalled or (self.rank == 0 and self.file.exists())
+        return self.signalled or (self.rank == 0 and self._file() is not None)
 
     def reason(self) -> str:
-        return f"stopped by {self.file}" if not self.signalled and self.file.exists() else "stopped by signal"
+        found = None if self.signalled else self._file()
+        return f"stopped by {found}" if found else "stopped by signal"
+
+    def remove_files(self) -> None:
+        for f in self.files:
+            f.unlink(missing_ok=True)
 
     def restore(self):
         for sig, handler in self.previous.items():
@@ -354,7 +365,7 @@ def train(cfg: Config, *, resume: str = "auto") -> dict:
                         "checkpoint": checkpoint.tag_for(step)})
             last_row = {**last_row, "stopped": stop.reason()}
             if rank == 0:
-                stop.file.unlink(missing_ok=True)  # else the resumed run would stop again at once
+                stop.remove_files()  # else the resumed run would stop again at once
             break
 
     watchdog.stop()

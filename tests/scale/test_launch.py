@@ -4,8 +4,10 @@ produce the expected launch line, hostfile and .deepspeed_env. No GPU, no Slurm,
 
 import os
 import shlex
+import signal
 import stat
 import subprocess
+import time
 
 import pytest
 
@@ -44,13 +46,18 @@ def fake_bin(tmp_path):
     return b
 
 
-def render(tmp_path, launcher, print_only=True):
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "MASTER_", "NCCL_", "OMP_"))}
+def slurm_env(tmp_path, launcher):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "MASTER_", "NCCL_", "OMP_", "MEGATOK_"))}
     env.update(PATH=f"{fake_bin(tmp_path)}:{env['PATH']}", VIRTUAL_ENV="/fake/venv", LAUNCHER=launcher,
                SLURM_JOB_ID="4242", SLURM_JOB_NODELIST="gpu-a[01-02]", SLURM_JOB_NUM_NODES="2",
                SLURM_GPUS_ON_NODE="8", SLURM_CPUS_ON_NODE="96", JOB_DIR=str(tmp_path / "job"),
                NCCL_SOCKET_IFNAME="ib0", NCCL_IB_HCA="mlx5", WANDB_MODE="offline", AWS_PROFILE="shards",
                FORWARD_ENV="AWS_PROFILE UNSET_VARIABLE")
+    return env
+
+
+def render(tmp_path, launcher, print_only=True):
+    env = slurm_env(tmp_path, launcher)
     if print_only:
         env["MEGATOK_PRINT_ONLY"] = "1"
     r = subprocess.run(["bash", str(SBATCH), *ARGS], capture_output=True, text=True, env=env, cwd=ROOT, timeout=60)
@@ -81,9 +88,68 @@ def test_sbatch_deepspeed_launch_for_2_nodes_x_8_gpus(tmp_path, capsys):
     assert envfile["WANDB_MODE"] == "offline" and envfile["OMP_NUM_THREADS"] == "12"  # 96 cores / 8 GPUs
     assert envfile["AWS_PROFILE"] == "shards" and "UNSET_VARIABLE" not in envfile
     assert envfile["PYTHONPATH"].split(":")[0] == str(ROOT) and "MEGATOK_PRINT_ONLY" not in envfile
+    assert envfile["MEGATOK_STOP_FILE"] == str(job / "STOP")
     # The arguments it passes resolve to a valid job of 16 ranks.
     assert dry_run(cmd[cmd.index("--config") + 1], [ARGS[-1]], world=16) == 0
     assert '"train_batch_size": 512' in capsys.readouterr().out
+
+
+# A launcher that runs until the stop file appears, like the trainer's rank 0 (which removes it).
+FAKE_DEEPSPEED = """#!/bin/bash
+echo started > "$JOB_DIR/started"
+for i in $(seq 300); do
+    if [[ -f $MEGATOK_STOP_FILE ]]; then rm "$MEGATOK_STOP_FILE"; echo "LAUNCHER saw $MEGATOK_STOP_FILE"; exit 0; fi
+    sleep 0.1
+done
+exit 3
+"""
+
+
+@pytest.mark.parametrize("sig", ["USR1", "TERM"])
+def test_sbatch_time_limit_warning_asks_the_run_to_stop(tmp_path, sig):
+    """Slurm's --signal=B:USR1@300 reaches the batch shell: it touches MEGATOK_STOP_FILE (which the
+    trainer watches besides RUN_DIR/STOP) and waits for the launcher, whose exit status it returns.
+    A SIGTERM to the batch shell is passed on to the launcher."""
+    assert "#SBATCH --signal=B:USR1@" in SBATCH.read_text()
+    env = slurm_env(tmp_path, "deepspeed")
+    fake = tmp_path / "bin" / "deepspeed"  # next to slurm_env's fake scontrol, on its PATH
+    fake.write_text(FAKE_DEEPSPEED)
+    fake.chmod(0o755)
+    job = tmp_path / "job"
+    with open(tmp_path / "out", "w") as out:
+        proc = subprocess.Popen(["bash", str(SBATCH), *ARGS], stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+        for _ in range(300):
+            if (job / "started").exists():
+                break
+            time.sleep(0.05)
+        time.sleep(0.3)
+        assert proc.poll() is None, (tmp_path / "out").read_text()  # the launcher runs, the script waits
+        proc.send_signal(getattr(signal, f"SIG{sig}"))
+        rc = proc.wait(timeout=30)
+    text = (tmp_path / "out").read_text()
+    if sig == "TERM":
+        assert rc == 128 + signal.SIGTERM and "LAUNCHER saw" not in text, text
+        return
+    assert rc == 0, text
+    assert f"LAUNCHER saw {job / 'STOP'}" in text and "time limit near" in text
+    assert not (job / "STOP").exists()
+
+
+def test_stop_request_watches_megatok_stop_file(tmp_path, monkeypatch):
+    from megatok.train.loop import StopRequest
+
+    monkeypatch.setenv("MEGATOK_STOP_FILE", str(tmp_path / "job" / "STOP"))
+    stop = StopRequest(tmp_path / "run", rank=0)
+    try:
+        assert not stop.requested
+        (tmp_path / "job").mkdir()
+        (tmp_path / "job" / "STOP").touch()
+        assert stop.requested and stop.reason() == f"stopped by {tmp_path / 'job' / 'STOP'}"
+        assert not StopRequest(tmp_path / "run", rank=1).requested  # rank 0 alone looks
+        stop.remove_files()
+        assert not stop.requested
+    finally:
+        stop.restore()
 
 
 def test_sbatch_torchrun_launch(tmp_path):
