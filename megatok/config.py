@@ -47,6 +47,7 @@ class ModelConfig(_Section):
     init_std: float = Field(0.02, gt=0, description="std of weight init (output projections scaled by 1/sqrt(2 x layers))")
     early_exit_weight: float = Field(0.1, ge=0, lt=1, description="LM loss = (1-w) CE_full + w CE_early")
     activation_checkpointing: bool = Field(False, description="recompute each block in backward (torch.utils.checkpoint)")
+    document_mask: bool = Field(False, description="packed documents never see each other: attention stops at every SEP (bpe: the tokenizer's eos id), a chunk starts at every SEP, policy returns stop there")
     tokenizer: str | None = Field(None, description="bpe: tokenizer.model (or its directory) from tools/train_bpe.py")
     vocab_size: int | None = Field(None, gt=0, description="bpe: embedding rows, at least the tokenizer's pieces (round up to a multiple of 64)")
     bytes_per_token: float | None = Field(None, gt=0, description="bpe: expected bytes per token of the training data (tools/train_bpe.py reports it), for FLOPs per byte before training")

@@ -40,8 +40,13 @@ def _discount_matrix(gamma: float, n: int, device, dtype) -> tuple[torch.Tensor,
     return _DISCOUNT_CACHE[key]
 
 
-def discounted_returns(adv: torch.Tensor, gamma: float, block: int = 128) -> torch.Tensor:
+def discounted_returns(adv: torch.Tensor, gamma: float, block: int = 128,
+                       resets: torch.Tensor | None = None) -> torch.Tensor:
     """G_t = sum_{k >= t} gamma^(k - t) A_k along the last dimension.
+
+    ``resets`` bool [B, T]: True where a new piece starts (a forced start such as a packed
+    document's SEP); the sum then stops before the next reset: G_t = A_t + gamma G_{t+1} except when
+    t + 1 is a reset, where G_t = A_t.
 
     Vectorised: within blocks of ``block`` positions a small matrix product, then one reverse pass
     over blocks (T / block steps, not T) carries each block's first return into the block before.
@@ -52,11 +57,20 @@ def discounted_returns(adv: torch.Tensor, gamma: float, block: int = 128) -> tor
     pad = (-T) % n
     a = F.pad(adv.float(), (0, pad)).view(B, -1, n)  # [B, blocks, n]
     mat, carry_w = _discount_matrix(float(gamma), n, adv.device, torch.float32)
-    local = a @ mat.T  # local[..., t] = sum_{k >= t in block} gamma^(k-t) a_k
+    if resets is None or not bool(resets[:, 1:].any()):
+        local = a @ mat.T  # local[..., t] = sum_{k >= t in block} gamma^(k-t) a_k
+        seg = None
+    else:  # only terms from t's own piece: pieces are runs of equal cumulative reset counts
+        seg = F.pad(resets.long().cumsum(1), (0, pad), mode="replicate").view(B, -1, n)
+        same = seg[..., :, None] == seg[..., None, :]  # [B, blocks, t, k]
+        local = torch.einsum("bjtk,bjk->bjt", mat * same, a)
     out = torch.empty_like(local)
     carry = torch.zeros(B, device=adv.device)
     for j in range(local.shape[1] - 1, -1, -1):
-        out[:, j] = local[:, j] + carry_w * carry[:, None]
+        w = carry_w * carry[:, None]
+        if seg is not None and j + 1 < local.shape[1]:
+            w = w * (seg[:, j] == seg[:, j + 1, :1])  # the next block's first return, if in t's piece
+        out[:, j] = local[:, j] + w
         carry = out[:, j, 0]
     return out.view(B, -1)[:, :T].to(adv.dtype)
 

@@ -133,6 +133,10 @@ def activation_bytes(cfg, micro_batch: int | None = None, *, checkpointing: bool
     Kind "bpe" (kept simple): n_main_layers blocks of width w at B T tokens (T = seq_len tokens), as
     above, plus the embedding and final-norm outputs (2 w) and one head's logits with its fp32 copy
     and log-softmax (V (w_bytes + 8) bytes per token). ``rate`` does not apply.
+
+    With ``model.document_mask`` each stack also keeps its [B, T, T] attention mask: a bool and the
+    additive copy SDPA makes in the compute dtype, (1 + w_bytes) bytes per element (``masks``). On
+    CPU, SDPA's math backend with a mask also keeps every layer's attention weights; not counted.
     """
     s = Shape.of(cfg.model)
     B = cfg.train.micro_batch_size if micro_batch is None else micro_batch
@@ -153,7 +157,9 @@ def activation_bytes(cfg, micro_batch: int | None = None, *, checkpointing: bool
         else:
             blocks = s.n_main * tokens * full(s.dm, s.fm)
         other = tokens * (2 * s.dm * eb + s.vocab * (eb + 8))
-        return {"blocks": float(blocks), "other": float(other), "total": float(blocks + other)}
+        masks = B * T * T * (1 + eb) if cfg.model.document_mask else 0
+        return {"blocks": float(blocks), "other": float(other), "masks": float(masks),
+                "total": float(blocks + other + masks)}
 
     byte_tokens, main_tokens = B * T, B * rho * T
     n_byte = s.n_enc + s.n_dec
@@ -163,7 +169,12 @@ def activation_bytes(cfg, micro_batch: int | None = None, *, checkpointing: bool
     else:
         blocks = n_byte * byte_tokens * full(s.d, s.f) + s.n_main * main_tokens * full(s.dm, s.fm)
     other = byte_tokens * (4 * s.d * eb + 2 * s.vocab * (eb + 8)) + main_tokens * 2 * s.dm * eb
-    return {"blocks": float(blocks), "other": float(other), "total": float(blocks + other)}
+    masks = 0.0
+    if cfg.model.document_mask:  # encoder, decoder (byte rate) and main (chunk rate) masks
+        stacks = (s.n_enc > 0) + (s.n_dec > 0)
+        masks = (stacks * B * T * T + B * (rho * T) ** 2) * (1 + eb)
+    return {"blocks": float(blocks), "other": float(other), "masks": float(masks),
+            "total": float(blocks + other + masks)}
 
 
 def largest_layer_params(cfg) -> int:
@@ -272,7 +283,9 @@ def format_report(r: dict[str, Any]) -> str:
     a, c = mem["activations"], mem["configured"]
     lines += ["", f"activations per micro-batch ({b['micro']} x {r['seq_len']} {unit}): "
               f"{a['no_checkpointing']['total'] / GIB:.2f} GiB without checkpointing, "
-              f"{a['checkpointing']['total'] / GIB:.2f} GiB with",
+              f"{a['checkpointing']['total'] / GIB:.2f} GiB with"
+              + (f" (document masks {a['checkpointing']['masks'] / GIB:.2f} GiB included)"
+                 if a["checkpointing"]["masks"] else ""),
               f"as configured (ZeRO-{c['stage']}): model states {c['model_states_gpu_bytes'] / GIB:.2f} GiB + "
               f"activations {c['activation_bytes'] / GIB:.2f} GiB = {c['total_gpu_bytes'] / GIB:.2f} GiB per GPU"
               + (f", {c['host_bytes'] / GIB:.2f} GiB host RAM per rank" if c["host_bytes"] else ""),

@@ -16,7 +16,8 @@ It prints:
    detected from the device name; --peak-tflops overrides), peak memory against megatok.flops'
    estimate for one rank. The engine is DeepSpeed (the config's ZeRO stage and bf16, as the trainer
    runs it) when importable, else a plain torch loop (autocast bf16, fp32 weights, fused AdamW);
-   --engine picks one.
+   --engine picks one. Then the first config once more with model.document_mask (attention with an
+   explicit per-document mask, which rules out SDPA's flash backend): its cost in bytes/s and memory.
 3. The trainer as users start it (with DeepSpeed): launch/pretrain.py on --trainer-config (default
    100m) for --trainer-steps steps under ZeRO-3 (the model built partitioned), on shards built from
    the standard library's sources; a new process resumed from the halfway checkpoint, whose losses
@@ -390,6 +391,8 @@ def main(argv=None) -> int:
     ap.add_argument("--trainer-config", default="configs/100m.json",
                     help="the config of the trainer check (section 3; 'none' skips it)")
     ap.add_argument("--trainer-steps", type=int, default=6, help="steps of the trainer check (even)")
+    ap.add_argument("--no-document-mask", dest="document_mask", action="store_false",
+                    help="skip the first config's second run with model.document_mask")
     ap.add_argument("--cpu-smoke", action="store_true", help="tiny config on the CPU, 2 steps: tests the code paths")
     args = ap.parse_args(argv)
 
@@ -420,14 +423,17 @@ def main(argv=None) -> int:
 
     report = {"environment": environment(device), "attention": attention_check(device, shapes, args.attn_iters),
               "training": []}
-    for config in configs:
+    runs = [(config, overrides, config) for config in configs]
+    if args.document_mask and configs:
+        runs.append((configs[0], overrides + ["model.document_mask=true"], f"{configs[0]} + document_mask"))
+    for config, sets, label in runs:
         try:
             report["training"].append(train_check(str(ROOT / config) if not Path(config).is_absolute() else config,
-                                                  overrides, device=device, engine=engine, steps=steps,
+                                                  sets, device=device, engine=engine, steps=steps,
                                                   warmup=warmup, micro=micro, peak=peak))
-            report["training"][-1]["config"] = config
+            report["training"][-1]["config"] = label
         except torch.cuda.OutOfMemoryError as e:  # report and go on with the next config
-            report["training"].append({"config": config, "engine": engine, "error": f"out of memory: {e}"[:300]})
+            report["training"].append({"config": label, "engine": engine, "error": f"out of memory: {e}"[:300]})
             gc.collect()
             torch.cuda.empty_cache()
     if trainer_config and engine == "deepspeed":

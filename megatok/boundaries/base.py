@@ -48,17 +48,22 @@ class Boundaries(Record):
         z_j = P_j zhat_j + (1 - P_j) z_{j-1}, P_j = ``smooth`` at chunk j's start (H-Net's
         dechunking). Per byte, not per chunk, so it stays valid when ``starts`` is overridden.
     ``extra``: anything the strategy wants back in ``loss`` (e.g. its logits).
+    ``forced``: bool [B, T], the starts no strategy decides (see BoundaryStrategy); set on every call.
     """
 
     def __init__(self, starts: torch.Tensor, log_probs: torch.Tensor | None = None,
                  probs: torch.Tensor | None = None, gate: torch.Tensor | None = None,
                  extra: dict | None = None, smooth: torch.Tensor | None = None):
         super().__init__(starts=starts, log_probs=log_probs, probs=probs, gate=gate, smooth=smooth,
-                         extra=extra or {})
+                         extra=extra or {}, forced=None)
 
 
 class BoundaryStrategy(nn.Module):
-    """Base class. ``mask`` is bool [B, T], True at real (non-padding) bytes.
+    """Base class. ``mask`` is bool [B, T], True at real (non-padding) bytes. ``forced`` is bool
+    [B, T], True where a chunk must start whatever the strategy thinks: t = 0, and with document
+    masking (model.document_mask) every SEP, the first position of a packed document. A strategy
+    takes no decision there (no gradient, no policy term), and nothing at or after a forced start
+    may depend on what came before it: the forced starts cut the window into independent pieces.
 
     A strategy initialises its own parameters (the model leaves them alone), through
     :func:`initialise` when it changes a child module's defaults."""
@@ -71,7 +76,16 @@ class BoundaryStrategy(nn.Module):
         super().__init__()
         self.d_model, self.target_rate, self.options = d_model, target_rate, options
 
-    def forward(self, h: torch.Tensor, x: torch.Tensor, mask: torch.Tensor) -> Boundaries:
+    def __call__(self, h: torch.Tensor, x: torch.Tensor, mask: torch.Tensor,
+                 forced: torch.Tensor | None = None) -> Boundaries:
+        """``forced`` defaults to t = 0 only; the result records it as ``forced`` for ``loss``."""
+        if forced is None:
+            forced = forced_starts(x, mask, None)
+        b = super().__call__(h, x, mask, forced)
+        b.forced = forced
+        return b
+
+    def forward(self, h: torch.Tensor, x: torch.Tensor, mask: torch.Tensor, forced: torch.Tensor) -> Boundaries:
         raise NotImplementedError
 
     def loss(self, b: Boundaries, ce_full: torch.Tensor, ce_early: torch.Tensor,
@@ -93,8 +107,26 @@ def straight_through(c: torch.Tensor) -> torch.Tensor:
     return 1 + (c - c.detach())
 
 
-def finalize_starts(starts: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Force a chunk start at t = 0 and none on padding."""
+def finalize_starts(starts: torch.Tensor, mask: torch.Tensor, forced: torch.Tensor | None = None) -> torch.Tensor:
+    """Force a chunk start at t = 0 and at ``forced``, and none on padding."""
     starts = starts & mask
+    if forced is not None:
+        starts = starts | (forced & mask)
     starts[:, 0] = True
     return starts
+
+
+def forced_starts(x: torch.Tensor, mask: torch.Tensor, sep: int | None) -> torch.Tensor:
+    """bool [B, T]: t = 0, and every real position holding ``sep`` (None: t = 0 only)."""
+    forced = torch.zeros_like(mask)
+    if sep is not None:
+        forced = (x == sep) & mask
+    forced[:, 0] = True
+    return forced
+
+
+def since_forced(forced: torch.Tensor) -> torch.Tensor:
+    """long [B, T]: t minus the position of the latest forced start at or before t."""
+    t = torch.arange(forced.shape[1], device=forced.device)
+    last = torch.where(forced, t, torch.zeros_like(t)).cummax(1).values
+    return t - last

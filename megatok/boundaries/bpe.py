@@ -159,7 +159,7 @@ class Strategy(BoundaryStrategy):
             return [exact_starts(r, self.sp) for r in rows]
         return [causal_starts(r, self.trie) for r in rows]
 
-    def forward(self, h, x, mask) -> Boundaries:
+    def forward(self, h, x, mask, forced) -> Boundaries:
         rows = x.masked_fill(~mask, 0).tolist()
         starts = torch.tensor(self.starts_for(rows), dtype=torch.bool).view(x.shape).to(x.device)
-        return Boundaries(starts=finalize_starts(starts, mask))
+        return Boundaries(starts=finalize_starts(starts, mask, forced))

@@ -72,7 +72,7 @@ class Strategy(BoundaryStrategy):
 
         initialise(self.head, init_head)
 
-    def forward(self, h, x, mask) -> Boundaries:
+    def forward(self, h, x, mask, forced) -> Boundaries:
         logits = self.head(h).squeeze(-1).float()
         y = relaxed_bernoulli(logits, self.options.temperature)  # always drawn: the same ops on every call
         if self.training or self.eval_mode == "sample":
@@ -80,8 +80,8 @@ class Strategy(BoundaryStrategy):
         else:  # "threshold": the noise-free decision
             hard = harden(torch.sigmoid(logits))
         hard = torch.where(mask, hard, torch.zeros_like(hard))
-        hard = torch.cat([torch.ones_like(hard[:, :1]), hard[:, 1:]], 1)  # b_1 = 1, no gradient
-        starts = finalize_starts(hard.detach() > 0.5, mask)
+        hard = torch.where(forced, torch.ones_like(hard), hard)  # b_1 = 1 (and any forced start): no gradient
+        starts = finalize_starts(hard.detach() > 0.5, mask, forced)
         confidence = torch.where(starts, hard, 1 - hard)
         return Boundaries(starts=starts, probs=torch.sigmoid(logits), gate=straight_through(confidence),
                           extra={"hard": hard, "logits": logits})

@@ -2,6 +2,7 @@
 
     q_t = Wq h_t, k_t = Wk h_t                      (Wq, Wk initialised to the identity)
     p_t = (1 - cos(q_{t-1}, k_t)) / 2,  p_1 = 1      a boundary where the state changes direction
+                                                    (p = 1 at every forced start, e.g. a document's)
     b_t = [p_t > 0.5]                                deterministic, in training and evaluation
 
 Gradients reach the router in two ways, both through the model's generic hooks:
@@ -59,9 +60,9 @@ class Strategy(BoundaryStrategy):
         p = ((1 - cos) / 2).clamp(0, 1)
         return F.pad(p, (1, 0), value=1.0)  # p_1 = 1
 
-    def forward(self, h, x, mask) -> Boundaries:
-        p = self.probs(h)
-        starts = finalize_starts((p > 0.5).detach(), mask)
+    def forward(self, h, x, mask, forced) -> Boundaries:
+        p = self.probs(h).masked_fill(forced, 1.0)  # nothing before a forced start reaches past it
+        starts = finalize_starts((p > 0.5).detach(), mask, forced)
         confidence = torch.where(starts, p, 1 - p)
         return Boundaries(starts=starts, probs=p, gate=straight_through(confidence),
                           smooth=p if self.options.smoothing else None)

@@ -13,6 +13,11 @@ f_k linear heads on h_t (f_1.. start at zero, so every w starts as w = 1). Sampl
 sequential, a loop over positions of tiny vectorised steps under no_grad; the log-probabilities of
 the decisions taken are recomputed in one vectorised pass afterwards. The policy stays causal: b_t
 reads h_t and b_{<t}.
+
+Forced starts (t = 0; with document masking every SEP) are no decisions: no policy term, and a
+window never reads decisions from before the latest forced start (they count as 0, like positions
+before the sequence). Returns stop at a forced start too: a document's decisions are not credited
+with the next document's rewards, which they cannot affect once documents are masked.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
 from megatok import rl
-from megatok.boundaries.base import Boundaries, BoundaryStrategy, finalize_starts, initialise
+from megatok.boundaries.base import Boundaries, BoundaryStrategy, finalize_starts, initialise, since_forced
 
 
 class Options(BaseModel):
@@ -69,12 +74,14 @@ class Strategy(BoundaryStrategy):
         return c * torch.tanh(raw / c)
 
     @staticmethod
-    def previous_decisions(starts: torch.Tensor, w: int) -> torch.Tensor:
-        """[B, T] -> [B, T, w-1] with [..., k-1] = b_{t-k} (0 before the sequence)."""
-        b = starts.float()
-        return torch.stack([F.pad(b, (k, 0))[:, :b.shape[1]] for k in range(1, w)], -1)
+    def previous_decisions(starts: torch.Tensor, w: int, forced: torch.Tensor) -> torch.Tensor:
+        """[B, T] -> [B, T, w-1] with [..., k-1] = b_{t-k} (0 before the sequence and before the
+        latest forced start at or before t)."""
+        b, T = starts.float(), starts.shape[1]
+        age = since_forced(forced)  # b_{t-k} is in t's piece iff k <= age
+        return torch.stack([F.pad(b, (k, 0))[:, :T] * (age >= k) for k in range(1, w)], -1)
 
-    def _draw(self, h: torch.Tensor, mask: torch.Tensor, mode: str) -> torch.Tensor:
+    def _draw(self, h: torch.Tensor, mask: torch.Tensor, mode: str, forced: torch.Tensor) -> torch.Tensor:
         """Decisions for window > 1, one position at a time (each reads the ones before it)."""
         c, w = self.options.logit_cap, self.options.window
         with torch.no_grad():
@@ -85,16 +92,15 @@ class Strategy(BoundaryStrategy):
             starts = torch.zeros(B, T, dtype=torch.bool, device=h.device)
             prev = torch.zeros(B, w - 1, device=h.device)  # b_{t-1}, ..., b_{t-w+1}
             for t in range(T):
+                prev = prev * ~forced[:, t, None]  # a forced start forgets the decisions before it
                 p = torch.sigmoid(c * torch.tanh((base[:, t] + (weights[:, t] * prev).sum(-1)) / c))
                 b = (noise[:, t] < p) if mode == "sample" else (p > 0.5)
-                if t == 0:
-                    b = torch.ones_like(b)
-                b = b & mask[:, t]
+                b = (b | forced[:, t]) & mask[:, t]
                 starts[:, t] = b
                 prev = torch.cat([b.float()[:, None], prev[:, :-1]], 1)
         return starts
 
-    def forward(self, h, x, mask) -> Boundaries:
+    def forward(self, h, x, mask, forced) -> Boundaries:
         mode = "sample" if self.training else self.eval_mode
         if self.window_head is None:
             logits = self.logits(h)
@@ -103,10 +109,10 @@ class Strategy(BoundaryStrategy):
                 starts = torch.rand_like(probs) < probs
             else:  # "threshold". (A "top rho fraction per sequence" rule would look at later bytes: not causal.)
                 starts = probs > 0.5
-            starts = finalize_starts(starts.detach(), mask)
+            starts = finalize_starts(starts.detach(), mask, forced)
         else:
-            starts = finalize_starts(self._draw(h, mask, mode), mask)
-            logits = self.logits(h, self.previous_decisions(starts, self.options.window))
+            starts = finalize_starts(self._draw(h, mask, mode, forced), mask, forced)
+            logits = self.logits(h, self.previous_decisions(starts, self.options.window, forced))
             probs = torch.sigmoid(logits)
         log_probs = torch.where(starts, F.logsigmoid(logits), F.logsigmoid(-logits))
         return Boundaries(starts=starts, log_probs=log_probs, probs=probs, extra={"logits": logits})
@@ -116,9 +122,8 @@ class Strategy(BoundaryStrategy):
         reward = (ce_early - ce_full) if o.early_exit_reward else -ce_full
         reward = reward.detach().float() * mask
         adv = rl.batch_baseline(reward, mask) if o.batch_baseline else reward
-        returns = rl.discounted_returns(adv, o.gamma)
-        decisions = mask.clone()
-        decisions[:, 0] = False  # b_1 is forced: no gradient
+        returns = rl.discounted_returns(adv, o.gamma, resets=b.forced)
+        decisions = mask & ~b.forced  # b_1 (and every forced start) is no decision: no gradient
         return {
             "policy_loss": rl.policy_loss(b.log_probs, returns, decisions, o.lambda_policy),
             "rate_loss": rl.rate_loss(b.extra["logits"], b.probs, mask, self.target_rate, o.lambda_rate,

@@ -53,5 +53,6 @@ def whitespace_starts(x: torch.Tensor, mask: torch.Tensor, merge_space_runs: boo
 
 
 class Strategy(BoundaryStrategy):
-    def forward(self, h, x, mask) -> Boundaries:
-        return Boundaries(starts=whitespace_starts(x, mask, self.options.merge_space_runs))
+    def forward(self, h, x, mask, forced) -> Boundaries:
+        starts = whitespace_starts(x, mask, self.options.merge_space_runs)
+        return Boundaries(starts=finalize_starts(starts, mask, forced))

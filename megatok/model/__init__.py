@@ -13,7 +13,7 @@ def build_model(cfg, *, sizing_only: bool = False):
         if sizing_only:
             return TokenLM(cfg.model)
         enc = encoding_for(cfg)
-        return TokenLM(cfg.model, enc.byte_lengths, pad_id=enc.pad)
+        return TokenLM(cfg.model, enc.byte_lengths, pad_id=enc.pad, sep_id=enc.sep)
     from megatok.model.unet import ByteUNet
 
     return ByteUNet(cfg.model, cfg.boundary)

@@ -2,7 +2,9 @@
 
 All attention goes through :func:`attention`: flash-attn when it is installed, the tensors are on a
 GPU and in half precision; otherwise torch's scaled_dot_product_attention (whose CUDA flash
-backend is FlashAttention-2).
+backend is FlashAttention-2). With document masking (a ``segments`` tensor: the document each
+position belongs to) attention is causal within a document only; that takes an explicit boolean
+mask, which SDPA's memory-efficient backend (GPU) or math backend (CPU) computes.
 """
 
 from __future__ import annotations
@@ -26,8 +28,20 @@ def attention_backend(q: torch.Tensor) -> str:
     return "sdpa"
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend: str | None = None) -> torch.Tensor:
-    """Causal attention over [B, H, T, Dh] tensors."""
+def document_mask(segments: torch.Tensor) -> torch.Tensor:
+    """[B, T] non-decreasing document ids -> bool [B, T, T]: position i attends to j iff j <= i and
+    both are in the same document. Every row holds its diagonal, so no row is empty."""
+    T = segments.shape[1]
+    causal = torch.ones(T, T, dtype=torch.bool, device=segments.device).tril()
+    return (segments[:, :, None] == segments[:, None, :]) & causal
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend: str | None = None,
+              mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Causal attention over [B, H, T, Dh] tensors; ``mask`` (from :func:`document_mask`) replaces
+    the plain causal mask."""
+    if mask is not None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     if (backend or attention_backend(q)) == "flash_attn":
         out = flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=True)
         return out.transpose(1, 2)
@@ -55,10 +69,10 @@ class Attention(nn.Module):
         self.qkv = nn.Linear(d, 3 * d, bias=False)
         self.out = nn.Linear(d, d, bias=False)
 
-    def forward(self, x, cos, sin):
+    def forward(self, x, cos, sin, mask=None):
         B, T, D = x.shape
         q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, D // self.n_heads).permute(2, 0, 3, 1, 4)
-        y = attention(apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v)
+        y = attention(apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v, mask=mask)
         return self.out(y.transpose(1, 2).reshape(B, T, D))
 
 
@@ -81,8 +95,8 @@ class Block(nn.Module):
         self.mlp_norm = nn.RMSNorm(d, eps=eps)
         self.mlp = SwiGLU(d, hidden)
 
-    def forward(self, x, cos, sin):
-        x = x + self.attn(self.attn_norm(x), cos, sin)
+    def forward(self, x, cos, sin, mask=None):
+        x = x + self.attn(self.attn_norm(x), cos, sin, mask)
         return x + self.mlp(self.mlp_norm(x))
 
 
@@ -127,11 +141,13 @@ class Stack(nn.Module):
         self.layers = nn.ModuleList(Block(d, n_heads, hidden, eps) for _ in range(n_layers))
         self.head_dim, self.theta, self.checkpointing = d // n_heads, theta, checkpointing
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, segments: torch.Tensor | None = None) -> torch.Tensor:
+        """``segments`` [B, T]: the document of each position (document masking), or None (causal)."""
         cos, sin = rotary_tables(positions, self.head_dim, self.theta)
+        mask = None if segments is None else document_mask(segments)[:, None]
         for layer in self.layers:
             if self.checkpointing and self.training and torch.is_grad_enabled():
-                x = checkpoint(layer, x, cos, sin, use_reentrant=False)
+                x = checkpoint(layer, x, cos, sin, mask, use_reentrant=False)
             else:
-                x = layer(x, cos, sin)
+                x = layer(x, cos, sin, mask)
         return x

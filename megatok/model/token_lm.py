@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from megatok.boundaries.base import forced_starts
 from megatok.config import ModelConfig
 from megatok.model.blocks import Stack, ffn_hidden, init_matrices
 from megatok.model.unet import Output
@@ -32,11 +33,13 @@ def token_row_stats(y: torch.Tensor, ce: torch.Tensor, byte_lengths: torch.Tenso
 class TokenLM(nn.Module):
     """``byte_lengths`` [vocab] holds the bytes each id stands for (megatok.bpe.token_byte_lengths of
     every id; 0 for control ids and for the padding rows above the tokenizer's vocabulary). Without
-    it (sizing on the meta device) the statistics count no bytes."""
+    it (sizing on the meta device) the statistics count no bytes. ``sep_id`` (``</s>``, before every
+    packed document) is where attention stops with ``cfg.document_mask``."""
 
-    def __init__(self, cfg: ModelConfig, byte_lengths: torch.Tensor | None = None, pad_id: int = 0):
+    def __init__(self, cfg: ModelConfig, byte_lengths: torch.Tensor | None = None, pad_id: int = 0,
+                 sep_id: int | None = None):
         super().__init__()
-        self.cfg, self.pad_id = cfg, pad_id
+        self.cfg, self.pad_id, self.sep_id = cfg, pad_id, sep_id
         w, V = cfg.main_width, cfg.vocab_size
         lengths = torch.zeros(V, dtype=torch.long)
         if byte_lengths is not None:
@@ -53,7 +56,12 @@ class TokenLM(nn.Module):
 
     def forward(self, x: torch.Tensor, targets: torch.Tensor | None = None) -> Output:
         B, T = x.shape
-        h = self.main(self.embed(x), torch.arange(T, device=x.device))
+        docs = None
+        if self.cfg.document_mask:
+            if self.sep_id is None:
+                raise ValueError("model.document_mask needs the tokenizer's </s> id (sep_id)")
+            docs = forced_starts(x, x != self.pad_id, self.sep_id).long().cumsum(1)
+        h = self.main(self.embed(x), torch.arange(T, device=x.device), docs)
         out = Output(logits=self.head(self.main_norm(h)), early_logits=None, boundaries=None)
         if targets is not None:
             ce = F.cross_entropy(out.logits.float().reshape(B * T, -1), targets.reshape(-1), ignore_index=self.pad_id,

@@ -10,6 +10,10 @@
       decoder (byte rate, causal) -> next-byte logits
     early-exit head on h: predicts the next byte without the main network (reward + small loss)
 
+With ``document_mask`` the packed documents of a window are independent: every SEP is a forced chunk
+start, and the encoder, the main network and the decoder attend within a document only (chunks
+inherit the document of their start), so no output in a document depends on anything before its SEP.
+
 Every module runs on every call whatever the boundaries are, so ranks never diverge in the
 modules they call (ZeRO needs that). The model knows nothing of DeepSpeed or of the data pipeline.
 """
@@ -21,13 +25,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from megatok.boundaries import build_strategy
-from megatok.boundaries.base import Record, finalize_starts
+from megatok.boundaries.base import Record, finalize_starts, forced_starts
 from megatok.config import BoundaryConfig, ModelConfig
 from megatok.model.blocks import Stack, ffn_hidden, init_matrices
 from megatok.model.chunking import downsample, ema_over_chunks, upsample
 from megatok.rl import masked_mean
 from megatok.stats import row_stats
-from megatok.vocab import PAD, VOCAB_SIZE
+from megatok.vocab import PAD, SEP, VOCAB_SIZE
 
 
 class Output(Record):
@@ -83,22 +87,25 @@ class ByteUNet(nn.Module):
         B, T = x.shape
         real = x != PAD
         positions = torch.arange(T, device=x.device)
+        forced = forced_starts(x, real, SEP if self.cfg.document_mask else None)
+        docs = forced.long().cumsum(1) if self.cfg.document_mask else None  # document of each byte
 
-        h = self.encoder(self.embed(x), positions)
-        b = self.boundary(h, x, real)
+        h = self.encoder(self.embed(x), positions, docs)
+        b = self.boundary(h, x, real, forced)
         if starts is not None:
             pinned = b.starts.clone()
             pinned[:, :starts.shape[1]] = starts
-            b.starts = finalize_starts(pinned, real)
+            b.starts = finalize_starts(pinned, real, forced)
 
         chunks, chunk_pos, _ = downsample(h, b.starts)
-        z = self.main_norm(self.main(self.down_proj(chunks), chunk_pos))
+        chunk_docs = None if docs is None else docs.gather(1, chunk_pos)
+        z = self.main_norm(self.main(self.down_proj(chunks), chunk_pos, chunk_docs))
         if b.get("smooth") is not None:  # generic hook: the strategy's P at each chunk's start
-            z = ema_over_chunks(z, b.smooth.gather(1, chunk_pos))
+            z = ema_over_chunks(z, b.smooth.masked_fill(forced, 1.0).gather(1, chunk_pos))  # P = 1: a fresh start
         up = upsample(self.up_proj(z), b.starts)  # project per chunk, before copying to every byte
         if b.gate is not None:
             up = up * b.gate[..., None].to(up.dtype)
-        y = self.decoder(h + up, positions)
+        y = self.decoder(h + up, positions, docs)
         logits = self.head(self.out_norm(y))
         early_logits = self.early_head(self.early_norm(h))
         out = Output(logits=logits, early_logits=early_logits, boundaries=b)

@@ -17,11 +17,11 @@ POLICY_SECTION = {"strategy": "policy", "window": 2, "gamma": 1.0, "batch_baseli
                   "early_exit_reward": False}
 
 
-def train_two_ranks(shards, run, section: dict) -> None:
+def train_two_ranks(shards, run, section: dict, *sets: str) -> None:
     pretrain(["--config", "configs/tiny.json", "--set", *TINY, f"data.shards={shards}", f"train.run_dir={run}",
               f"train.max_steps={STEPS}", "train.micro_batch_size=2", "train.global_batch_size=4",
               "data.num_workers=0", "eval.max_sequences=4", "deepspeed.zero_optimization.stage=2",
-              f"boundary={json.dumps(dict(section, target_rate=0.2))}"], nproc=2)
+              f"boundary={json.dumps(dict(section, target_rate=0.2))}", *sets], nproc=2)
 
 
 @pytest.fixture(scope="session")

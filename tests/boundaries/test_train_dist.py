@@ -1,6 +1,7 @@
 """Every strategy trains under the real DeepSpeed engine with 2 CPU ranks (ZeRO-2), a few steps each,
-and logs its boundary figures."""
+and logs its boundary figures; the policy also with model.document_mask."""
 
+import json
 import math
 
 import pytest
@@ -19,6 +20,7 @@ SECTIONS = {
     "uniform": {"strategy": "uniform"},
     "whitespace": {"strategy": "whitespace"},
     "bpe": {"strategy": "bpe"},
+    "policy-document-mask": {"strategy": "policy"},
 }
 
 
@@ -31,7 +33,7 @@ def test_strategy_trains_on_two_ranks(name, shards, tmp_path, request):
         if name == "bpe":
             section["model_path"] = tiny_bpe_model()
         run = tmp_path / "run"
-        train_two_ranks(shards, run, section)
+        train_two_ranks(shards, run, section, *(["model.document_mask=true"] if name.endswith("document-mask") else []))
     rows = read_metrics(run)
     train = [r for r in rows if r.get("split") == "train"]
     val = [r for r in rows if r.get("split") == "val"]
@@ -44,3 +46,5 @@ def test_strategy_trains_on_two_ranks(name, shards, tmp_path, request):
     if name in ("hnet", "gumbel"):
         assert all(r["rate_loss"] > 0 for r in train)  # the ratio loss / binomial prior is logged as rate_loss
     assert (run / "checkpoints" / "latest").read_text().strip() == f"step{STEPS:08d}"
+    masked = json.loads((run / "config.json").read_text())["model"]["document_mask"]
+    assert masked == name.endswith("document-mask")

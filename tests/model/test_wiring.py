@@ -24,7 +24,7 @@ def test_main_network_gets_the_byte_positions_of_the_chunk_starts():
     model = make_model("fixed")  # every 5th byte (target rate 0.2)
     seen = []
     forward = model.main.forward
-    model.main.forward = lambda h, positions: seen.append(positions) or forward(h, positions)
+    model.main.forward = lambda h, positions, docs: seen.append(positions) or forward(h, positions, docs)
     x = torch.randint(0, 256, (2, 23))
     starts = model(x).boundaries.starts
     (positions,) = seen
@@ -42,8 +42,8 @@ def test_smoothing_is_read_at_each_chunk_start():
     strategy = model.boundary.forward
 
     def with_smooth(at_starts):
-        def forward(h, x, mask):
-            b = strategy(h, x, mask)
+        def forward(h, x, mask, forced):
+            b = strategy(h, x, mask, forced)
             b.smooth = None if at_starts is None else torch.where(b.starts, at_starts, 0.3)
             return b
         model.boundary.forward = forward

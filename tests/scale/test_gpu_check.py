@@ -22,7 +22,9 @@ def test_cpu_smoke_deepspeed_engine(tmp_path):
     rep = json.loads(out.read_text())
     assert rep["environment"]["device"] == "cpu"
     assert all(a["sdpa_ms"] > 0 and "note" in a for a in rep["attention"])  # no flash-attn on a CPU
-    (row,) = rep["training"]
+    row, masked = rep["training"]  # the config, then the same with model.document_mask
+    assert masked["config"] == "configs/tiny.json + document_mask" and masked["bytes_per_s"] > 0
+    assert math.isfinite(masked["loss_last"])
     assert row["engine"] == "deepspeed" and row["precision"] == "fp32" and row["zero_stage"] == 1
     assert row["bytes_per_s"] > 0 and 0 < row["realised_rate"] < 1 and math.isfinite(row["loss_last"])
     assert row["mfu"] is None and row["estimate_gib"] > 0  # no peak known for a CPU
