@@ -55,7 +55,7 @@ def peak_rss(shards, tmp_path, model: list[str], stage: int) -> tuple[int, list[
 
     sets = COMMON + model + [f"data.shards={shards}", f"train.run_dir={out / 'run'}",
                              f"deepspeed.zero_optimization.stage={stage}"]
-    pretrain(["--config", "configs/tiny.json", "--set", *sets], nproc=2, timeout=240,
+    pretrain(["--config", "configs/tiny.json", "--set", *sets], nproc=2, timeout=240, launcher="deepspeed",
              env={"PYTHONPATH": f"{hook}:{ROOT}", "MEGATOK_PEAK_RSS_DIR": str(out),
                   "MALLOC_MMAP_THRESHOLD_": "65536"})
     ranks = sorted(out.glob("rank*.json"))

@@ -45,7 +45,7 @@ def test_two_ranks_match_one_rank_and_resume_continues(stage, one_rank, shards, 
               "data.num_workers=1", f"deepspeed.zero_optimization.stage={stage}", "train.save_every=3",
               "train.grad_clip=0"]  # no clipping: a wrong gradient scale would not be normalised away
     one_rank, one_rank_val = one_rank
-    r = pretrain(common + [f"train.run_dir={run}"], nproc=2)
+    r = pretrain(common + [f"train.run_dir={run}"], nproc=2, launcher="deepspeed")  # as users launch it
     # ZeRO-3 builds the model partitioned (train.zero_init, default on), ZeRO-2 whole.
     assert ("(built partitioned)" in r.stdout) == (stage == 3), r.stdout[-2000:]
     rows = read_rows(run)

@@ -137,7 +137,7 @@ def test_nan_loss_on_one_rank_is_skipped_counted_and_bounded(shards, tmp_path):
     # NaN every step from 2 on: after max_skipped_steps in a row the run stops, the last checkpoint intact
     run2 = tmp_path / "run2"
     r = pretrain(args(shards, run2, "train.max_steps=8", "train.global_batch_size=8", "train.save_every=1",
-                      "train.max_skipped_steps=2"), nproc=2, check=False,
+                      "train.max_skipped_steps=2"), nproc=2, check=False, launcher="deepspeed",
                  env={"MEGATOK_FAULT_NAN_STEPS": "2,3,4,5,6,7,8"})
     assert r.returncode != 0
     assert "3 optimizer steps in a row skipped" in r.stdout + r.stderr
@@ -163,7 +163,7 @@ def test_corrupt_shard_is_skipped_with_a_warning_and_counted(shards, tmp_path):
     assert rows[4]["bad_shards"] >= 1 and sorted(rows) == [1, 2, 3, 4]
     assert checkpoint.latest_tag(run) == "step00000004"
     r = pretrain(args(bad, tmp_path / "strict", "train.max_steps=4", "train.global_batch_size=8",
-                      "data.on_bad_shard=error"), nproc=2, check=False)
+                      "data.on_bad_shard=error"), nproc=2, check=False, launcher="deepspeed")
     assert r.returncode != 0 and f"{first}: bad shard" in r.stdout + r.stderr
 
 
@@ -171,7 +171,7 @@ def test_a_hung_rank_makes_the_job_exit_within_the_timeout(shards, tmp_path):
     run = tmp_path / "run"
     t = time.time()
     r = pretrain(args(shards, run, "train.max_steps=6", "train.global_batch_size=8", "train.dist_timeout_s=8"),
-                 nproc=2, check=False, env={"MEGATOK_FAULT_HANG": "1:3"}, timeout=240)
+                 nproc=2, check=False, env={"MEGATOK_FAULT_HANG": "1:3"}, timeout=240, launcher="deepspeed")
     assert r.returncode != 0
     assert time.time() - t < 90
     assert "no training progress" in r.stdout + r.stderr and "a rank died, hung or was killed" in r.stderr
