@@ -72,6 +72,3 @@ class TokenLM(nn.Module):
             out.rows = token_row_stats(targets, ce, self.byte_lengths, self.pad_id)
             out.stats = {k: v.sum() for k, v in out.rows.items()}
         return out
-
-    def num_params(self) -> int:
-        return sum(p.numel() for p in self.parameters())

@@ -130,6 +130,3 @@ class ByteUNet(nn.Module):
         out.loss = sum(terms.values())
         out.rows = row_stats(x, targets, out.boundaries.starts, ce_full, ce_early)
         out.stats = {k: v.sum() for k, v in out.rows.items()}
-
-    def num_params(self) -> int:
-        return sum(p.numel() for p in self.parameters())
