@@ -61,7 +61,7 @@ def discounted_returns(adv: torch.Tensor, gamma: float, block: int = 128,
         local = a @ mat.T  # local[..., t] = sum_{k >= t in block} gamma^(k-t) a_k
         seg = None
     else:  # only terms from t's own piece: pieces are runs of equal cumulative reset counts
-        seg = F.pad(resets.long().cumsum(1), (0, pad), mode="replicate").view(B, -1, n)
+        seg = F.pad(resets.long(), (0, pad)).cumsum(1).view(B, -1, n)  # padding joins the last piece
         same = seg[..., :, None] == seg[..., None, :]  # [B, blocks, t, k]
         local = torch.einsum("bjtk,bjk->bjt", mat * same, a)
     out = torch.empty_like(local)

@@ -134,9 +134,10 @@ def activation_bytes(cfg, micro_batch: int | None = None, *, checkpointing: bool
     above, plus the embedding and final-norm outputs (2 w) and one head's logits with its fp32 copy
     and log-softmax (V (w_bytes + 8) bytes per token). ``rate`` does not apply.
 
-    With ``model.document_mask`` each stack also keeps its [B, T, T] attention mask: a bool and the
-    additive copy SDPA makes in the compute dtype, (1 + w_bytes) bytes per element (``masks``). On
-    CPU, SDPA's math backend with a mask also keeps every layer's attention weights; not counted.
+    With ``model.document_mask`` each stack also keeps its additive [B, T, T] attention mask in the
+    compute dtype, shared by its layers: w_bytes per element (``masks``). On a GPU, SDPA's
+    memory-efficient backend may pad a mask whose length is not a multiple of 16 (the main
+    network's, of chunk-count length) into a copy per layer; not counted.
     """
     s = Shape.of(cfg.model)
     B = cfg.train.micro_batch_size if micro_batch is None else micro_batch
@@ -157,7 +158,7 @@ def activation_bytes(cfg, micro_batch: int | None = None, *, checkpointing: bool
         else:
             blocks = s.n_main * tokens * full(s.dm, s.fm)
         other = tokens * (2 * s.dm * eb + s.vocab * (eb + 8))
-        masks = B * T * T * (1 + eb) if cfg.model.document_mask else 0
+        masks = B * T * T * eb if cfg.model.document_mask else 0
         return {"blocks": float(blocks), "other": float(other), "masks": float(masks),
                 "total": float(blocks + other + masks)}
 
@@ -172,7 +173,7 @@ def activation_bytes(cfg, micro_batch: int | None = None, *, checkpointing: bool
     masks = 0.0
     if cfg.model.document_mask:  # encoder, decoder (byte rate) and main (chunk rate) masks
         stacks = (s.n_enc > 0) + (s.n_dec > 0)
-        masks = (stacks * B * T * T + B * (rho * T) ** 2) * (1 + eb)
+        masks = (stacks * B * T * T + B * (rho * T) ** 2) * eb
     return {"blocks": float(blocks), "other": float(other), "masks": float(masks),
             "total": float(blocks + other + masks)}
 

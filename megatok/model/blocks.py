@@ -3,8 +3,10 @@
 All attention goes through :func:`attention`: flash-attn when it is installed, the tensors are on a
 GPU and in half precision; otherwise torch's scaled_dot_product_attention (whose CUDA flash
 backend is FlashAttention-2). With document masking (a ``segments`` tensor: the document each
-position belongs to) attention is causal within a document only; that takes an explicit boolean
-mask, which SDPA's memory-efficient backend (GPU) or math backend (CPU) computes.
+position belongs to) attention is causal within a document only; that takes an explicit additive
+mask, built once per stack in the activations' dtype and shared by its layers (a boolean one would
+be converted, and kept for the backward, in every layer), which SDPA's memory-efficient backend
+(GPU) or math backend (CPU) computes.
 """
 
 from __future__ import annotations
@@ -28,20 +30,22 @@ def attention_backend(q: torch.Tensor) -> str:
     return "sdpa"
 
 
-def document_mask(segments: torch.Tensor) -> torch.Tensor:
-    """[B, T] non-decreasing document ids -> bool [B, T, T]: position i attends to j iff j <= i and
-    both are in the same document. Every row holds its diagonal, so no row is empty."""
+def document_mask(segments: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """[B, T] non-decreasing document ids -> additive [B, T, T] mask of ``dtype``: 0 where position i
+    may attend to j (j <= i, same document), -inf elsewhere. Every row holds its diagonal, so no row
+    is empty."""
     T = segments.shape[1]
     causal = torch.ones(T, T, dtype=torch.bool, device=segments.device).tril()
-    return (segments[:, :, None] == segments[:, None, :]) & causal
+    allowed = (segments[:, :, None] == segments[:, None, :]) & causal
+    return torch.zeros(allowed.shape, dtype=dtype, device=segments.device).masked_fill_(~allowed, float("-inf"))
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend: str | None = None,
               mask: torch.Tensor | None = None) -> torch.Tensor:
     """Causal attention over [B, H, T, Dh] tensors; ``mask`` (from :func:`document_mask`) replaces
     the plain causal mask."""
-    if mask is not None:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    if mask is not None:  # (autocast may compute q in another dtype than the mask's)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask.to(q.dtype))
     if (backend or attention_backend(q)) == "flash_attn":
         out = flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=True)
         return out.transpose(1, 2)
@@ -144,7 +148,7 @@ class Stack(nn.Module):
     def forward(self, x: torch.Tensor, positions: torch.Tensor, segments: torch.Tensor | None = None) -> torch.Tensor:
         """``segments`` [B, T]: the document of each position (document masking), or None (causal)."""
         cos, sin = rotary_tables(positions, self.head_dim, self.theta)
-        mask = None if segments is None else document_mask(segments)[:, None]
+        mask = None if segments is None else document_mask(segments, x.dtype)[:, None]
         for layer in self.layers:
             if self.checkpointing and self.training and torch.is_grad_enabled():
                 x = checkpoint(layer, x, cos, sin, mask, use_reentrant=False)
