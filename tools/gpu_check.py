@@ -38,6 +38,7 @@ import subprocess
 import sys
 import sysconfig
 import time
+import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -436,6 +437,9 @@ def main(argv=None) -> int:
             report["training"].append({"config": label, "engine": engine, "error": f"out of memory: {e}"[:300]})
             gc.collect()
             torch.cuda.empty_cache()
+        except Exception as e:  # noqa: BLE001 - one failing run must not cost the rest of a GPU session
+            traceback.print_exc()
+            report["training"].append({"config": label, "engine": engine, "error": f"{type(e).__name__}: {e}"[:300]})
     if trainer_config and engine == "deepspeed":
         report["trainer"] = trainer_check(str(ROOT / trainer_config), overrides, device=device,
                                           steps=max(2, trainer_steps // 2 * 2), micro=micro)
