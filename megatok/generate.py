@@ -1,16 +1,22 @@
 """Sampling text from a model: megatok's byte model one byte at a time, the BPE token model one token
 at a time.
 
-The prompt is read like an evaluation document (a separator first, then its bytes or tokens). Each
-step runs the model over the last ``seq_len`` ids (no cache: the main network's chunk sequence
-changes as bytes arrive) and samples the next id from the last position's distribution, at a
-temperature, optionally among the top k; a separator ends the text. Byte-model chunk boundaries
+The prompt is read like an evaluation document (a separator first, then its bytes or tokens). The
+model reads the prompt once and keeps every layer's keys and values (``cache=True``, the default):
+each new id then runs the encoder and decoder on that id only and the main network only when the id
+starts a chunk (ByteUNet.step, TokenLM.step); the strategy still decides the new byte's boundary over
+the whole window (cheap next to attention). When the window reaches ``seq_len`` ids the cache is
+rebuilt from the last ``seq_len // 2``. ``cache=False`` runs the model over the last ``seq_len`` ids
+at every step instead (a window that slides by one id). The next id is sampled from the last
+position's distribution, at a temperature, optionally among the top k; a separator ends the text.
+Within ``seq_len`` both ways give the same text, boundaries and log-probabilities (the same random
+draws; up to float rounding; tests/model/test_generate.py). Byte-model chunk boundaries
 are decided once: the strategy decides each new byte's boundary as it arrives (sampled, or p > 0.5
 with ``boundary_mode="threshold"``) and earlier decisions are held fixed (ByteUNet's ``starts``), so
 a text that fits in seq_len is chunked as one forward pass over it would be. Because the model is
 causal, the log-probability reported for every sampled id then equals the one a single forward pass
 over the whole text assigns it (tests/model/test_generate.py, tests/bpe/test_token_model.py). Past
-seq_len the model sees a sliding window, whose first byte always starts a chunk.
+seq_len the model sees a window whose first byte always starts a chunk.
 """
 
 from __future__ import annotations
@@ -63,7 +69,7 @@ def _pick(logits: torch.Tensor, temperature: float, top_k: int | None, gen: torc
 @torch.no_grad()
 def generate(model, prompt: bytes, *, seq_len: int, max_bytes: int = 200, temperature: float = 1.0,
              top_k: int | None = None, seed: int = 0, boundary_mode: str = "sample", encoding=BYTES,
-             stop_at_separator: bool = True, progress=None) -> Generation:
+             stop_at_separator: bool = True, progress=None, cache: bool = True) -> Generation:
     """Continue ``prompt`` until ``max_bytes`` bytes are generated (a BPE model's last token may run
     past it) or a separator is sampled.
     ``model``: a ByteUNet or TokenLM (megatok.model), ``encoding``: its encoding (encoding_for(cfg)).
@@ -107,9 +113,33 @@ def generate(model, prompt: bytes, *, seq_len: int, max_bytes: int = 200, temper
             if end == len(ids):
                 return out
 
+    state, held = None, 0  # the generation cache and the number of ids in it
+
+    def cached_forward():
+        """The newest id through ``step``, or (at the start, or when the window is full) the model
+        over the last ids with a fresh cache."""
+        nonlocal state, held
+        if state is not None and held < seq_len:
+            out = model.step(torch.tensor([ids[-1:]], device=device), state)
+            held += 1
+        else:
+            if byte_model and state is None and len(ids) > seq_len:
+                forward()  # a prompt longer than the window: its boundaries window by window
+            held = min(len(ids), seq_len if state is None else max(1, seq_len // 2))
+            window, state = torch.tensor([ids[-held:]], device=device), {}
+            if not byte_model:
+                return model(window, cache=state)
+            pinned = torch.tensor([starts[len(ids) - held:]], dtype=torch.bool, device=device)
+            out = model(window, starts=pinned, cache=state)
+        undecided = len(ids) - len(starts)
+        if byte_model and undecided:
+            starts.extend(state["starts"][0, -undecided:].tolist())
+        return out
+
     try:
+        step = cached_forward if cache else forward
         while len(text) < max_bytes:
-            out = forward()
+            out = step()
             logits = out.logits[0, -1].float()
             if allowed is None:
                 allowed = _allowed(logits.numel(), encoding, device)
@@ -127,7 +157,7 @@ def generate(model, prompt: bytes, *, seq_len: int, max_bytes: int = 200, temper
             if progress is not None:
                 progress.update(min(len(piece), max(0, max_bytes - progress.n)))
         if byte_model and len(starts) < len(ids):  # the last byte's boundary
-            forward()
+            step()
     finally:
         torch.random.set_rng_state(rng_state)
         if cuda_rng is not None:

@@ -42,6 +42,8 @@ def main(argv=None) -> int:
     ap.add_argument("--chunks", action="store_true", help="byte model: mark chunk starts")
     ap.add_argument("--sep", default="│", help="with --chunks: the mark before each chunk")
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--no-cache", dest="cache", action="store_false",
+                    help="rerun the model over the whole window at every id (slower; a window sliding by one id)")
     ap.add_argument("--json", action="store_true", help="one JSON object per sample instead of text")
     args = ap.parse_args(argv)
     if args.temperature < 0 or args.max_bytes < 1 or args.num < 1 or (args.top_k is not None and args.top_k < 1):
@@ -78,7 +80,7 @@ def main(argv=None) -> int:
                   disable=None) as bar:
             g = generate(model, data, seq_len=cfg.data.seq_len, max_bytes=args.max_bytes,
                          temperature=args.temperature, top_k=args.top_k, seed=args.seed + i,
-                         boundary_mode=args.boundary, encoding=encoding, progress=bar)
+                         boundary_mode=args.boundary, encoding=encoding, progress=bar, cache=args.cache)
         if args.json:
             row = {"sample": i, "seed": args.seed + i, "prompt": data.decode("utf-8", "replace"),
                    "text": g.text.decode("utf-8", "replace"), "bytes": len(g.text), "stopped": g.stopped,

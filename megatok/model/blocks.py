@@ -41,15 +41,16 @@ def document_mask(segments: torch.Tensor, dtype: torch.dtype = torch.float32) ->
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend: str | None = None,
-              mask: torch.Tensor | None = None) -> torch.Tensor:
+              mask: torch.Tensor | None = None, causal: bool = True) -> torch.Tensor:
     """Causal attention over [B, H, T, Dh] tensors; ``mask`` (from :func:`document_mask`) replaces
-    the plain causal mask."""
+    the plain causal mask. ``causal=False``: every query sees every key (one new query against a
+    cache of earlier keys)."""
     if mask is not None:  # (autocast may compute q in another dtype than the mask's)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask.to(q.dtype))
     if (backend or attention_backend(q)) == "flash_attn":
-        out = flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=True)
+        out = flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=causal)
         return out.transpose(1, 2)
-    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
 
 def rotary_tables(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -73,10 +74,20 @@ class Attention(nn.Module):
         self.qkv = nn.Linear(d, 3 * d, bias=False)
         self.out = nn.Linear(d, d, bias=False)
 
-    def forward(self, x, cos, sin, mask=None):
+    def forward(self, x, cos, sin, mask=None, kv: dict | None = None):
+        """``kv``: a generation cache (a dict, empty at first) that keeps this layer's keys and values;
+        with earlier ones in it, ``x`` must be one new position."""
         B, T, D = x.shape
         q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, D // self.n_heads).permute(2, 0, 3, 1, 4)
-        y = attention(apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v, mask=mask)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        causal = True
+        if kv is not None:
+            if kv:
+                if T != 1:
+                    raise ValueError("a filled cache takes one position at a time")
+                k, v, causal = torch.cat([kv["k"], k], 2), torch.cat([kv["v"], v], 2), False
+            kv["k"], kv["v"] = k, v
+        y = attention(q, k, v, mask=mask, causal=causal)
         return self.out(y.transpose(1, 2).reshape(B, T, D))
 
 
@@ -99,8 +110,8 @@ class Block(nn.Module):
         self.mlp_norm = nn.RMSNorm(d, eps=eps)
         self.mlp = SwiGLU(d, hidden)
 
-    def forward(self, x, cos, sin, mask=None):
-        x = x + self.attn(self.attn_norm(x), cos, sin, mask)
+    def forward(self, x, cos, sin, mask=None, kv=None):
+        x = x + self.attn(self.attn_norm(x), cos, sin, mask, kv)
         return x + self.mlp(self.mlp_norm(x))
 
 
@@ -145,13 +156,16 @@ class Stack(nn.Module):
         self.layers = nn.ModuleList(Block(d, n_heads, hidden, eps) for _ in range(n_layers))
         self.head_dim, self.theta, self.checkpointing = d // n_heads, theta, checkpointing
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, segments: torch.Tensor | None = None) -> torch.Tensor:
-        """``segments`` [B, T]: the document of each position (document masking), or None (causal)."""
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, segments: torch.Tensor | None = None,
+                cache: list[dict] | None = None) -> torch.Tensor:
+        """``segments`` [B, T]: the document of each position (document masking), or None (causal).
+        ``cache``: for generation, one dict per layer (see Attention); a filled cache takes one new
+        position (and no ``segments``: generation reads one document)."""
         cos, sin = rotary_tables(positions, self.head_dim, self.theta)
         mask = None if segments is None else document_mask(segments, x.dtype)[:, None]
-        for layer in self.layers:
+        for i, layer in enumerate(self.layers):
             if self.checkpointing and self.training and torch.is_grad_enabled():
                 x = checkpoint(layer, x, cos, sin, mask, use_reentrant=False)
             else:
-                x = layer(x, cos, sin, mask)
+                x = layer(x, cos, sin, mask, None if cache is None else cache[i])
         return x

@@ -54,14 +54,19 @@ class TokenLM(nn.Module):
         self.head = nn.Linear(w, V, bias=False)
         init_matrices(self, cfg.init_std, cfg.n_main_layers)
 
-    def forward(self, x: torch.Tensor, targets: torch.Tensor | None = None) -> Output:
+    def forward(self, x: torch.Tensor, targets: torch.Tensor | None = None, cache: dict | None = None) -> Output:
+        """``cache``: an empty dict, filled for :meth:`step` (generation, no targets)."""
         B, T = x.shape
+        if cache is not None:
+            if targets is not None:
+                raise ValueError("cache is for inference only; it cannot be combined with targets")
+            cache.update(main=[{} for _ in self.main.layers], t=T)
         docs = None
         if self.cfg.document_mask:
             if self.sep_id is None:
                 raise ValueError("model.document_mask needs the tokenizer's </s> id (sep_id)")
             docs = forced_starts(x, x != self.pad_id, self.sep_id).long().cumsum(1)
-        h = self.main(self.embed(x), torch.arange(T, device=x.device), docs)
+        h = self.main(self.embed(x), torch.arange(T, device=x.device), docs, None if cache is None else cache["main"])
         out = Output(logits=self.head(self.main_norm(h)), early_logits=None, boundaries=None)
         if targets is not None:
             ce = F.cross_entropy(out.logits.float().reshape(B * T, -1), targets.reshape(-1), ignore_index=self.pad_id,
@@ -72,3 +77,12 @@ class TokenLM(nn.Module):
             out.rows = token_row_stats(targets, ce, self.byte_lengths, self.pad_id)
             out.stats = {k: v.sum() for k, v in out.rows.items()}
         return out
+
+    @torch.no_grad()
+    def step(self, x_new: torch.Tensor, cache: dict) -> Output:
+        """One more token [B, 1] after ``forward(..., cache=cache)``: its logits, from the cached keys
+        and values of the tokens before it."""
+        pos = torch.tensor([cache["t"]], device=x_new.device)
+        h = self.main(self.embed(x_new), pos, cache=cache["main"])
+        cache["t"] += 1
+        return Output(logits=self.head(self.main_norm(h)), early_logits=None, boundaries=None)

@@ -14,6 +14,9 @@ With ``document_mask`` the packed documents of a window are independent: every S
 start, and the encoder, the main network and the decoder attend within a document only (chunks
 inherit the document of their start), so no output in a document depends on anything before its SEP.
 
+Generation reads a prompt with ``forward(..., cache={})`` and then one byte at a time with ``step``,
+which runs the encoder and decoder on that byte and the main network only when it starts a chunk.
+
 Every module runs on every call whatever the boundaries are, so ranks never diverge in the
 modules they call (ZeRO needs that). The model knows nothing of DeepSpeed or of the data pipeline.
 """
@@ -77,20 +80,27 @@ class ByteUNet(nn.Module):
         init_matrices(self, self.cfg.init_std, n_layers, skip="boundary.")  # strategies initialise their own
 
     def forward(self, x: torch.Tensor, targets: torch.Tensor | None = None,
-                starts: torch.Tensor | None = None) -> Output:
+                starts: torch.Tensor | None = None, cache: dict | None = None) -> Output:
         """x, targets: [B, T] ids (PAD where there is nothing). ``starts`` [B, T'] (T' <= T) overrides
         the strategy's first T' decisions (the strategy still runs), e.g. to hold boundaries fixed in a
         test, or the ones already taken while generating (megatok.generate). Not with ``targets``: the
-        strategy's log-probabilities, gate and losses would still describe its own decisions."""
-        if starts is not None and targets is not None:
-            raise ValueError("starts pins boundaries for inference only; it cannot be combined with targets")
+        strategy's log-probabilities, gate and losses would still describe its own decisions.
+        ``cache``: an empty dict, filled for :meth:`step` (generation, one sequence, no targets)."""
+        if (starts is not None or cache is not None) and targets is not None:
+            raise ValueError("starts and cache are for inference only; they cannot be combined with targets")
+        if cache is not None:
+            if x.shape[0] != 1:
+                raise ValueError("a generation cache holds one sequence")
+            cache.update(encoder=[{} for _ in self.encoder.layers], main=[{} for _ in self.main.layers],
+                         decoder=[{} for _ in self.decoder.layers])
+        kv = cache if cache is not None else {}  # each stack's per-layer key/value caches, or None
         B, T = x.shape
         real = x != PAD
         positions = torch.arange(T, device=x.device)
         forced = forced_starts(x, real, SEP if self.cfg.document_mask else None)
         docs = forced.long().cumsum(1) if self.cfg.document_mask else None  # document of each byte
 
-        h = self.encoder(self.embed(x), positions, docs)
+        h = self.encoder(self.embed(x), positions, docs, kv.get("encoder"))
         b = self.boundary(h, x, real, forced)
         if starts is not None:
             pinned = b.starts.clone()
@@ -99,19 +109,51 @@ class ByteUNet(nn.Module):
 
         chunks, chunk_pos, _ = downsample(h, b.starts)
         chunk_docs = None if docs is None else docs.gather(1, chunk_pos)
-        z = self.main_norm(self.main(self.down_proj(chunks), chunk_pos, chunk_docs))
+        z = self.main_norm(self.main(self.down_proj(chunks), chunk_pos, chunk_docs, kv.get("main")))
         if b.get("smooth") is not None:  # generic hook: the strategy's P at each chunk's start
             z = ema_over_chunks(z, b.smooth.masked_fill(forced, 1.0).gather(1, chunk_pos))  # P = 1: a fresh start
         up = upsample(self.up_proj(z), b.starts)  # project per chunk, before copying to every byte
         if b.gate is not None:
             up = up * b.gate[..., None].to(up.dtype)
-        y = self.decoder(h + up, positions, docs)
+        y = self.decoder(h + up, positions, docs, kv.get("decoder"))
+        if cache is not None:
+            cache.update(x=x, h=h, starts=b.starts, z=z[:, -1:])
         logits = self.head(self.out_norm(y))
         early_logits = self.early_head(self.early_norm(h))
         out = Output(logits=logits, early_logits=early_logits, boundaries=b)
         if targets is not None:
             self._losses(out, x, targets)
         return out
+
+    @torch.no_grad()
+    def step(self, x_new: torch.Tensor, cache: dict) -> Output:
+        """One more byte [1, 1] after ``forward(..., cache=cache)`` or earlier steps: its logits and
+        early-exit logits [1, 1, V], and its boundary, decided by the strategy over the whole window as
+        ``forward`` would (earlier decisions stay as taken). The encoder and decoder run on the new byte
+        only, the main network only when it starts a chunk; their keys and values come from the cache.
+        Equal to ``forward`` over the window with its starts pinned (up to float rounding)."""
+        t = cache["x"].shape[1]
+        x = torch.cat([cache["x"], x_new], 1)
+        pos = torch.tensor([t], device=x.device)
+        h_t = self.encoder(self.embed(x_new), pos, cache=cache["encoder"])
+        h = torch.cat([cache["h"], h_t], 1)
+        real = x != PAD
+        forced = forced_starts(x, real, SEP if self.cfg.document_mask else None)
+        b = self.boundary(h, x, real, forced)
+        b.starts = torch.cat([cache["starts"], b.starts[:, -1:]], 1)
+        if b.starts[0, -1]:
+            z = self.main_norm(self.main(self.down_proj(h_t), pos, cache=cache["main"]))
+            if b.get("smooth") is not None:
+                p = b.smooth.masked_fill(forced, 1.0)[:, -1:, None].to(z.dtype)
+                z = p * z + (1 - p) * cache["z"]
+            cache["z"] = z
+        up = self.up_proj(cache["z"])
+        if b.gate is not None:
+            up = up * b.gate[:, -1:, None].to(up.dtype)
+        y = self.decoder(h_t + up, pos, cache=cache["decoder"])
+        cache.update(x=x, h=h, starts=b.starts)
+        return Output(logits=self.head(self.out_norm(y)), early_logits=self.early_head(self.early_norm(h_t)),
+                      boundaries=b)
 
     def _losses(self, out: Output, x: torch.Tensor, targets: torch.Tensor) -> None:
         B, T = targets.shape

@@ -124,6 +124,11 @@ def test_generated_tokens_have_the_log_probs_of_one_forward_pass(model_and_cfg):
     n = len(enc.doc_ids(prompt))
     at = torch.arange(n - 1, n - 1 + len(g.ids))
     torch.testing.assert_close(logp[at, torch.tensor(g.ids)], torch.tensor(g.logprobs), rtol=0, atol=1e-4)
+    # the cached generation (TokenLM.step) equals rerunning the window at every token
+    plain = generate(model, prompt, seq_len=cfg.data.seq_len, max_bytes=20, seed=2, encoding=enc,
+                     stop_at_separator=False, cache=False)
+    assert plain.ids == g.ids
+    torch.testing.assert_close(torch.tensor(plain.logprobs), torch.tensor(g.logprobs), rtol=0, atol=1e-4)
 
 
 def test_pack_documents_pads_with_the_pad_id(tok_dir):

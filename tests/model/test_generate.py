@@ -76,7 +76,45 @@ def test_generation_slides_past_seq_len_and_stops_at_a_separator():
     # after 5 bytes the separator becomes overwhelmingly likely
     model.head.register_forward_hook(lambda m, i, out: out + 1e4 * (torch.arange(out.shape[-1]) == SEP)
                                      * (torch.arange(out.shape[1]) >= 3 + 5)[:, None])
-    g = generate(model, b"abc", seq_len=SEQ, max_bytes=20, temperature=0)
+    g = generate(model, b"abc", seq_len=SEQ, max_bytes=20, temperature=0, cache=False)  # the hook counts positions
     assert g.stopped and len(g.text) == 5 and len(g.starts) == 5
     with pytest.raises(ValueError, match="window > 1"):
         generate(make_model("policy-window3"), b"a", seq_len=SEQ, boundary_mode="sample")
+
+
+@pytest.mark.parametrize("strategy, mode", [("policy", "sample"), ("hnet", "threshold"), ("gumbel", "sample"),
+                                            ("whitespace", "sample"), ("policy-window3", "threshold"),
+                                            ("fixed", "sample"), ("uniform", "sample"), ("bpe", "sample")])
+@pytest.mark.parametrize("document_mask", [False, True])
+def test_the_cache_changes_nothing_within_seq_len(strategy, mode, document_mask):
+    """With the cache (encoder and decoder one byte at a time, the main network once per chunk) the
+    generation equals the one that reruns the whole window at every byte: same random draws, same
+    bytes and boundaries, log-probabilities up to float rounding."""
+    model = make_model(strategy, document_mask=str(document_mask).lower())
+    with torch.no_grad():  # decisive heads, so the policy and gumbel boundaries vary
+        for name in ("head", "window_head"):
+            head = getattr(model.boundary, name, None)
+            if isinstance(head, torch.nn.Linear) and strategy.startswith(("policy", "gumbel")):
+                torch.nn.init.normal_(head.weight, std=1.0)
+                torch.nn.init.zeros_(head.bias)
+    run = lambda cache: generate(model, PROMPT, seq_len=SEQ, max_bytes=SEQ - len(PROMPT) - 1, seed=7,  # noqa: E731
+                                 boundary_mode=mode, stop_at_separator=False, cache=cache)
+    cached, plain = run(True), run(False)
+    assert cached.text == plain.text and cached.starts == plain.starts
+    assert cached.prompt_starts == plain.prompt_starts and 2 < sum(cached.starts)
+    assert strategy == "bpe" or sum(cached.starts) < len(cached.starts)  # (random bytes: bpe starts at each)
+    torch.testing.assert_close(torch.tensor(cached.logprobs), torch.tensor(plain.logprobs), rtol=0, atol=1e-4)
+
+
+def test_the_cache_is_rebuilt_when_the_window_is_full():
+    """Past seq_len the cache restarts from the last seq_len // 2 ids: the whitespace rule, which reads
+    only bytes, still matches one pass over the whole text, and every step's distribution is the one
+    a forward pass over the current window gives."""
+    model = make_model("whitespace")
+    prompt = b"one two three four five six"
+    g = generate(model, prompt, seq_len=16, max_bytes=60, seed=0, stop_at_separator=False)
+    assert len(g.text) == 60 and len(g.starts) == 60
+    with torch.no_grad():
+        whole = model(torch.tensor([[SEP, *prompt, *g.text]])).boundaries.starts[0, 1:].tolist()
+    assert g.prompt_starts + g.starts == whole
+    assert all(lp <= 0 and lp > -50 for lp in g.logprobs)

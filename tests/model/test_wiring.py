@@ -24,7 +24,7 @@ def test_main_network_gets_the_byte_positions_of_the_chunk_starts():
     model = make_model("fixed")  # every 5th byte (target rate 0.2)
     seen = []
     forward = model.main.forward
-    model.main.forward = lambda h, positions, docs: seen.append(positions) or forward(h, positions, docs)
+    model.main.forward = lambda h, positions, docs, cache: seen.append(positions) or forward(h, positions, docs, cache)
     x = torch.randint(0, 256, (2, 23))
     starts = model(x).boundaries.starts
     (positions,) = seen
