@@ -58,8 +58,8 @@ class TokenLM(nn.Module):
         """``cache``: an empty dict, filled for :meth:`step` (generation, no targets)."""
         B, T = x.shape
         if cache is not None:
-            if targets is not None:
-                raise ValueError("cache is for inference only; it cannot be combined with targets")
+            if targets is not None or self.training:
+                raise ValueError("cache is for inference (eval mode, no targets)")
             cache.update(main=[{} for _ in self.main.layers], t=T)
         docs = None
         if self.cfg.document_mask:

@@ -89,8 +89,8 @@ class ByteUNet(nn.Module):
         if (starts is not None or cache is not None) and targets is not None:
             raise ValueError("starts and cache are for inference only; they cannot be combined with targets")
         if cache is not None:
-            if x.shape[0] != 1:
-                raise ValueError("a generation cache holds one sequence")
+            if x.shape[0] != 1 or self.training:
+                raise ValueError("a generation cache holds one sequence, in eval mode")
             cache.update(encoder=[{} for _ in self.encoder.layers], main=[{} for _ in self.main.layers],
                          decoder=[{} for _ in self.decoder.layers])
         kv = cache if cache is not None else {}  # each stack's per-layer key/value caches, or None

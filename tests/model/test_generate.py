@@ -108,8 +108,8 @@ def test_the_cache_changes_nothing_within_seq_len(strategy, mode, document_mask)
 
 def test_the_cache_is_rebuilt_when_the_window_is_full():
     """Past seq_len the cache restarts from the last seq_len // 2 ids: the whitespace rule, which reads
-    only bytes, still matches one pass over the whole text, and every step's distribution is the one
-    a forward pass over the current window gives."""
+    only bytes, still matches one pass over the whole text; a cached forward refuses training mode
+    (activation checkpointing would leave the cache empty); the cached path stops at a separator."""
     model = make_model("whitespace")
     prompt = b"one two three four five six"
     g = generate(model, prompt, seq_len=16, max_bytes=60, seed=0, stop_at_separator=False)
@@ -118,3 +118,13 @@ def test_the_cache_is_rebuilt_when_the_window_is_full():
         whole = model(torch.tensor([[SEP, *prompt, *g.text]])).boundaries.starts[0, 1:].tolist()
     assert g.prompt_starts + g.starts == whole
     assert all(lp <= 0 and lp > -50 for lp in g.logprobs)
+    model.train()
+    with pytest.raises(ValueError, match="eval mode"):
+        model(torch.tensor([[SEP, 1, 2]]), cache={})
+
+    model = make_model("policy")
+    calls = []  # the prompt's forward, then one step per byte: the 6th call asks for the separator
+    model.head.register_forward_hook(lambda m, i, out: calls.append(1) or out + 1e4 * (len(calls) >= 6)
+                                     * (torch.arange(out.shape[-1]) == SEP))
+    g = generate(model, b"abc", seq_len=SEQ, max_bytes=20, temperature=0)
+    assert g.stopped and len(g.text) == 5 and len(g.starts) == 5
