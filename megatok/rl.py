@@ -57,7 +57,7 @@ def discounted_returns(adv: torch.Tensor, gamma: float, block: int = 128,
     pad = (-T) % n
     a = F.pad(adv.float(), (0, pad)).view(B, -1, n)  # [B, blocks, n]
     mat, carry_w = _discount_matrix(float(gamma), n, adv.device, torch.float32)
-    if resets is None or not bool(resets[:, 1:].any()):
+    if resets is None:
         local = a @ mat.T  # local[..., t] = sum_{k >= t in block} gamma^(k-t) a_k
         seg = None
     else:  # only terms from t's own piece: pieces are runs of equal cumulative reset counts

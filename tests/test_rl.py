@@ -9,12 +9,15 @@ from megatok import rl
 from megatok.boundaries import build_strategy
 
 
-def reference_returns(adv, gamma):
+def reference_returns(adv, gamma, resets=None):
+    """G_t by a plain loop; ``resets`` [B, T]: the sum restarts at each True (G_t = A_t before one)."""
     B, T = adv.shape
     out = torch.zeros(B, T, dtype=torch.float64)
     for b in range(B):
         running = 0.0
         for t in reversed(range(T)):
+            if resets is not None and t + 1 < T and resets[b, t + 1]:
+                running = 0.0
             running = float(adv[b, t]) + gamma * running
             out[b, t] = running
     return out

@@ -49,13 +49,15 @@ class Boundaries(Record):
         dechunking). Per byte, not per chunk, so it stays valid when ``starts`` is overridden.
     ``extra``: anything the strategy wants back in ``loss`` (e.g. its logits).
     ``forced``: bool [B, T], the starts no strategy decides (see BoundaryStrategy); set on every call.
+    ``resets``: the same tensor when the caller passed one (document masking: sequential state such
+    as discounted returns restarts there), None when t = 0 is the only forced start.
     """
 
     def __init__(self, starts: torch.Tensor, log_probs: torch.Tensor | None = None,
                  probs: torch.Tensor | None = None, gate: torch.Tensor | None = None,
                  extra: dict | None = None, smooth: torch.Tensor | None = None):
         super().__init__(starts=starts, log_probs=log_probs, probs=probs, gate=gate, smooth=smooth,
-                         extra=extra or {}, forced=None)
+                         extra=extra or {}, forced=None, resets=None)
 
 
 class BoundaryStrategy(nn.Module):
@@ -78,11 +80,14 @@ class BoundaryStrategy(nn.Module):
 
     def __call__(self, h: torch.Tensor, x: torch.Tensor, mask: torch.Tensor,
                  forced: torch.Tensor | None = None) -> Boundaries:
-        """``forced`` defaults to t = 0 only; the result records it as ``forced`` for ``loss``."""
+        """``forced`` defaults to t = 0 only; the result records it as ``forced`` (and, when given, as
+        ``resets``) for ``loss``. Knowing there is nothing past t = 0 without looking at the tensor
+        spares a host sync per step."""
+        resets = forced
         if forced is None:
             forced = forced_starts(x, mask, None)
         b = super().__call__(h, x, mask, forced)
-        b.forced = forced
+        b.forced, b.resets = forced, resets
         return b
 
     def forward(self, h: torch.Tensor, x: torch.Tensor, mask: torch.Tensor, forced: torch.Tensor) -> Boundaries:

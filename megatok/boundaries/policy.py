@@ -122,7 +122,7 @@ class Strategy(BoundaryStrategy):
         reward = (ce_early - ce_full) if o.early_exit_reward else -ce_full
         reward = reward.detach().float() * mask
         adv = rl.batch_baseline(reward, mask) if o.batch_baseline else reward
-        returns = rl.discounted_returns(adv, o.gamma, resets=b.forced)
+        returns = rl.discounted_returns(adv, o.gamma, resets=b.resets)
         decisions = mask & ~b.forced  # b_1 (and every forced start) is no decision: no gradient
         return {
             "policy_loss": rl.policy_loss(b.log_probs, returns, decisions, o.lambda_policy),

@@ -101,7 +101,7 @@ class ByteUNet(nn.Module):
         docs = forced.long().cumsum(1) if self.cfg.document_mask else None  # document of each byte
 
         h = self.encoder(self.embed(x), positions, docs, kv.get("encoder"))
-        b = self.boundary(h, x, real, forced)
+        b = self.boundary(h, x, real, forced if self.cfg.document_mask else None)
         if starts is not None:
             pinned = b.starts.clone()
             pinned[:, :starts.shape[1]] = starts
@@ -139,7 +139,7 @@ class ByteUNet(nn.Module):
         h = torch.cat([cache["h"], h_t], 1)
         real = x != PAD
         forced = forced_starts(x, real, SEP if self.cfg.document_mask else None)
-        b = self.boundary(h, x, real, forced)
+        b = self.boundary(h, x, real, forced if self.cfg.document_mask else None)
         b.starts = torch.cat([cache["starts"], b.starts[:, -1:]], 1)
         if b.starts[0, -1]:
             z = self.main_norm(self.main(self.down_proj(h_t), pos, cache=cache["main"]))

@@ -14,6 +14,7 @@ from megatok.config import ModelConfig
 from megatok.model.token_lm import TokenLM
 from megatok.vocab import SEP
 from tests.model.test_causality import STRATEGIES, make_model
+from tests.test_rl import reference_returns
 
 B_TEXT = b"def singing(s):\n    return s.strings + 'ring'  # naive caf\xc3\xa9 and so on"
 A_TEXTS = [b"In the beginning there were bytes; then tokens", b"x = 1  # short", b"the self.thing = other  # words, more"]
@@ -116,16 +117,6 @@ def test_token_model_documents_are_independent():
         TokenLM(cfg)(rows[0][None])
 
 
-def discounted_loop(a, gamma, resets):
-    out, g = torch.zeros_like(a), torch.zeros(a.shape[0], dtype=a.dtype)
-    for t in reversed(range(a.shape[1])):
-        if t + 1 < a.shape[1]:
-            g = torch.where(resets[:, t + 1], 0.0, g)
-        g = a[:, t] + gamma * g
-        out[:, t] = g
-    return out
-
-
 @pytest.mark.parametrize("gamma", [0.0, 0.9, 0.99, 1.0])
 @pytest.mark.parametrize("T,block", [(300, 128), (37, 8), (64, 4)])
 def test_returns_stop_at_resets(gamma, T, block):
@@ -135,7 +126,7 @@ def test_returns_stop_at_resets(gamma, T, block):
     resets[:, 0] = True
     resets[1, ::block] = True  # resets on block edges
     got = rl.discounted_returns(a.float(), gamma, block=block, resets=resets)
-    torch.testing.assert_close(got.double(), discounted_loop(a, gamma, resets), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(got.double(), reference_returns(a, gamma, resets), rtol=1e-4, atol=1e-4)
 
 
 def test_forced_starts_are_no_decisions_and_windows_forget_before_them():
