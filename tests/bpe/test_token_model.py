@@ -131,6 +131,30 @@ def test_generated_tokens_have_the_log_probs_of_one_forward_pass(model_and_cfg):
     torch.testing.assert_close(torch.tensor(plain.logprobs), torch.tensor(g.logprobs), rtol=0, atol=1e-4)
 
 
+def test_the_token_cache_is_rebuilt_when_the_window_is_full(model_and_cfg):
+    """Past seq_len the cached generation restarts its window from the last seq_len // 2 ids: every
+    token's log-prob is the one a forward pass over exactly that window gives."""
+    model, cfg = model_and_cfg
+    enc, S = encoding_for(cfg), cfg.data.seq_len
+    prompt = b"The "
+    g = generate(model, prompt, seq_len=S, max_bytes=4 * S, temperature=0, encoding=enc, stop_at_separator=False)
+    n = len(enc.doc_ids(prompt))
+    ids = [*enc.doc_ids(prompt), *g.ids]
+    assert len(g.ids) > 2 * S
+    lo, restarts = 0, 0  # the window is ids[lo:end]; when it would pass S ids it restarts at the last S // 2
+    for k, tok in enumerate(g.ids):
+        end = n + k
+        if end - lo > S:
+            lo, restarts = end - S // 2, restarts + 1
+        with torch.no_grad():
+            logp = torch.log_softmax(model(torch.tensor([ids[lo:end]])).logits[0, -1].float(), -1)
+        text = torch.zeros_like(logp, dtype=torch.bool)
+        text[:len(enc.byte_lengths)] = torch.as_tensor(enc.byte_lengths) > 0
+        assert tok == int(logp.masked_fill(~text, float("-inf")).argmax()), k  # greedy over text ids
+        assert abs(float(logp[tok]) - g.logprobs[k]) < 1e-4, k
+    assert restarts >= 3
+
+
 def test_pack_documents_pads_with_the_pad_id(tok_dir):
     enc = BpeEncoding(str(tok_dir))
     rows = pack_documents([b"hello world", b"second"], 64, enc)
