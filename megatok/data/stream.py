@@ -13,11 +13,13 @@ below its share of the bytes it has read (weight / sum of weights): each reader'
 the weights to within one document (the job's to within one per reader), with no randomness to replay.
 
 Everything a reader produces is a pure function of (urls, weights, seed, seq_len, batch_size,
-reader, R), which is what makes resuming exact: a restarted reader regenerates and discards what it
-had already produced (start_batch).
+reader, R), which is what makes resuming exact. Every batch carries its reader's *cursor*: where the
+next batch starts (per source: epoch, shard, document, documents read in the epoch; the mixture's
+byte counts, the bad shards so far, and the token offset in that document). A reader restarted from
+a cursor opens that shard and goes on from there, reading nothing before it; without one it
+regenerates and discards what it had produced (start_batch), which reads (and tokenizes) everything again.
 """
 
-import itertools
 import json
 import os
 import signal
@@ -197,16 +199,20 @@ def pack_documents(docs: Iterable[bytes], seq_len: int, encoding=BYTES) -> torch
     return _windows(padded, seq_len)
 
 
-def _pack_batches(docs: Iterable[bytes], seq_len: int, batch_size: int, skip_tokens: int = 0,
-                  encoding=BYTES) -> Iterator[torch.Tensor]:
+def _pack_batches(docs: Iterable[tuple[bytes, dict]], seq_len: int, batch_size: int, skip_tokens: int = 0,
+                  encoding=BYTES) -> Iterator[tuple[torch.Tensor, dict]]:
     """Cut the continuous token stream of docs into [batch_size, seq_len + 1] batches, dropping its first skip_tokens.
 
-    A batch consumes batch_size * seq_len tokens; its last token is also the first of the next batch.
+    docs yields (document, the reader state just before it); each batch comes with the cursor where the
+    next one starts: the state before the document it starts in, plus "offset", its first token's
+    index in that document's ids. A batch consumes batch_size * seq_len tokens; its last token is also
+    the first of the next batch, so that one always starts inside the last document read.
     """
     step = batch_size * seq_len
     chunks, n = [], 0
-    for doc in docs:
+    for doc, state in docs:
         tokens = encoding.doc_ids(doc)
+        length = len(tokens)
         if skip_tokens:
             cut = min(skip_tokens, len(tokens))
             tokens, skip_tokens = tokens[cut:], skip_tokens - cut
@@ -214,14 +220,15 @@ def _pack_batches(docs: Iterable[bytes], seq_len: int, batch_size: int, skip_tok
         n += len(tokens)
         while n > step:
             stream = chunks[0] if len(chunks) == 1 else np.concatenate(chunks)
-            yield _windows(stream[:step + 1], seq_len)
             chunks, n = [stream[step:]], n - step
+            yield _windows(stream[:step + 1], seq_len), {**state, "offset": length - n}
 
 
 class PackedByteStream(IterableDataset):
     """An endless stream of {"tokens": LongTensor[batch_size, seq_len + 1], "epoch", "epochs", "bad_shards",
-    "reader"} batches: ``epochs`` lists each source's epoch of the reader that made the batch (one source
-    unless ``weights``), ``epoch`` is the largest, ``bad_shards`` that reader's count so far.
+    "reader", "cursor"} batches: ``epochs`` lists each source's epoch of the reader that made the batch (one
+    source unless ``weights``), ``epoch`` is the largest, ``bad_shards`` that reader's count so far,
+    ``cursor`` (JSON-able) where that reader's next batch starts.
 
     ``urls`` are the shard URLs, or with ``weights`` one list of URLs per source of the mixture.
     Use it through make_loader so a rank's batches come round-robin from its workers: that order
@@ -229,12 +236,14 @@ class PackedByteStream(IterableDataset):
     long as urls, weights, seed, seq_len, batch_size, world_size and the number of workers are
     unchanged. start_epoch (one per source, or one for all) begins the stream at a later epoch (a
     resume with a different layout starts the next epoch: see megatok/train/position.py).
+    ``cursors`` ({reader: the cursor of the last batch consumed from it}) start those readers there
+    instead of regenerating start_batch's worth of batches; readers without one regenerate.
     """
 
     def __init__(self, urls: list[str] | list[list[str]], *, seq_len: int, batch_size: int, rank: int = 0,
                  world_size: int = 1, seed: int = 0, start_batch: int = 0, start_epoch: int | list[int] = 0,
                  on_bad_shard: str = "warn", num_workers_hint: int | None = None, encoding=BYTES,
-                 weights: list[float] | None = None):
+                 weights: list[float] | None = None, cursors: dict[int, dict] | None = None):
         super().__init__()
         if weights is not None and not all(isinstance(u, (list, tuple)) for u in urls):
             raise ValueError("with weights, urls must be one list of shard URLs per source")
@@ -260,6 +269,11 @@ class PackedByteStream(IterableDataset):
         self.rank, self.world_size, self.seed = rank, world_size, seed
         self.start_batch, self.start_epochs, self.on_bad_shard = start_batch, start_epochs, on_bad_shard
         self.encoding = encoding
+        self.cursors = {int(r): c for r, c in (cursors or {}).items()}
+        for r, c in self.cursors.items():
+            if not (isinstance(c, dict) and len(c.get("sources", ())) == len(sources) == len(c.get("read", ()))
+                    and all(len(p) == 4 for p in c["sources"]) and {"bad_shards", "offset"} <= c.keys()):
+                raise ValueError(f"cursor of reader {r} does not fit {len(sources)} source(s): {c}")
 
     def epoch_shards(self, epoch: int, reader: int, n_readers: int, source: int = 0) -> list[str]:
         """The shards a reader reads of a source in an epoch: the same shuffle on every rank, then every
@@ -269,40 +283,57 @@ class PackedByteStream(IterableDataset):
         order = np.random.default_rng(key).permutation(len(urls))
         return [urls[i] for i in order[reader::n_readers]]
 
-    def _source_documents(self, source: int, reader: int, n_readers: int, state: dict) -> Iterator[bytes]:
-        """This reader's documents of one source, epoch after epoch; updates state["epochs"][source]
-        and state["bad_shards"]."""
-        for epoch in itertools.count(self.start_epochs[source]):
-            state["epochs"][source] = epoch
-            shards, n_docs = self.epoch_shards(epoch, reader, n_readers, source), 0
-            for url in shards:
-                problems, n_before = [], n_docs
-                for sample in _shard_samples(url, problems):
-                    n_docs += 1
-                    yield sample["bin"]
+    def _source_documents(self, source: int, reader: int, n_readers: int, state: dict) -> Iterator[tuple[bytes, list]]:
+        """This reader's documents of one source, epoch after epoch, from state["sources"][source]: [epoch,
+        shard (its index in the epoch's list), document (its index in the shard), documents read in the
+        epoch], the next document to read. Yields (document, its position), moving the position past it
+        first; counts bad shards in state["bad_shards"]."""
+        pos = state["sources"][source]
+        while True:
+            epoch = pos[0]
+            shards = self.epoch_shards(epoch, reader, n_readers, source)
+            while pos[1] < len(shards):
+                url, problems = shards[pos[1]], []
+                for i, sample in enumerate(_shard_samples(url, problems)):
+                    if i >= pos[2]:  # documents before pos[2] were read before a resume
+                        at = list(pos)
+                        pos[2], pos[3] = i + 1, pos[3] + 1
+                        yield sample["bin"], at
                 if problems:
                     if self.on_bad_shard == "error":
                         raise DataError(f"{url}: bad shard: {problems[0]}")
                     state["bad_shards"] += 1
-                    warnings.warn(f"{url}: bad shard ({problems[0]}); used the {n_docs - n_before} documents read "
+                    warnings.warn(f"{url}: bad shard ({problems[0]}); used the {pos[2]} documents read "
                                   f"before the damage and moved on to the next shard", BadShardWarning)
-            if n_docs == 0:
+                pos[1], pos[2] = pos[1] + 1, 0
+            if pos[3] == 0:
                 raise DataError(f"reader {reader} of {n_readers} read no documents in epoch {epoch} from its "
                                 f"shards: {', '.join(shards)}")
+            pos[:] = [epoch + 1, 0, 0, 0]
 
-    def _documents(self, reader: int, n_readers: int, state: dict) -> Iterator[bytes]:
-        """This reader's documents: one source's as they come, or a mixture's by deficit (the next document
-        comes from the source with the fewest bytes read relative to its weight; ties to the first)."""
+    def _documents(self, reader: int, n_readers: int, state: dict) -> Iterator[tuple[bytes, dict]]:
+        """This reader's documents, each with the reader state just before it (what a cursor records): one
+        source's as they come, or a mixture's by deficit (the next document comes from the source with
+        the fewest bytes read relative to its weight; ties to the first)."""
         streams = [self._source_documents(i, reader, n_readers, state) for i in range(len(self.sources))]
-        if len(streams) == 1:
-            yield from streams[0]
-            return
-        read = [0] * len(streams)
+        read = state["read"]
         while True:
-            i = min(range(len(streams)), key=lambda j: (read[j] / self.weights[j], j))
-            doc = next(streams[i])
+            i = 0 if len(streams) == 1 else min(range(len(streams)), key=lambda j: (read[j] / self.weights[j], j))
+            doc, at = next(streams[i])
+            before = {"sources": [at if j == i else list(p) for j, p in enumerate(state["sources"])],
+                      "read": list(read), "bad_shards": state["bad_shards"]}
             read[i] += len(doc) + 1  # + the separator, so empty documents still count
-            yield doc
+            yield doc, before
+
+    def start_state(self, reader: int) -> tuple[dict, int | None]:
+        """(reader state, token offset) where this reader resumes: its cursor's, or the stream's start
+        (offset None: skip the batches it had produced, by regenerating them)."""
+        cursor = self.cursors.get(reader)
+        if cursor is None:
+            return {"sources": [[e, 0, 0, 0] for e in self.start_epochs], "read": [0] * len(self.sources),
+                    "bad_shards": 0}, None
+        return {"sources": [list(p) for p in cursor["sources"]], "read": list(cursor["read"]),
+                "bad_shards": cursor["bad_shards"]}, cursor["offset"]
 
     def __iter__(self):
         info = get_worker_info()
@@ -313,13 +344,15 @@ class PackedByteStream(IterableDataset):
         # start_batch % W in the original run: rotate the workers so each continues the right stream.
         logical = (worker + self.start_batch) % num_workers
         reader = self.rank * num_workers + logical
-        done = len(range(logical, self.start_batch, num_workers))  # batches this reader had produced
-        state = {"epochs": list(self.start_epochs), "bad_shards": 0}
+        state, offset = self.start_state(reader)
+        if offset is None:
+            done = len(range(logical, self.start_batch, num_workers))  # batches this reader had produced
+            offset = done * self.batch_size * self.seq_len
         docs = self._documents(reader, n_readers, state)
-        for tokens in _pack_batches(docs, self.seq_len, self.batch_size, done * self.batch_size * self.seq_len,
-                                    self.encoding):
-            yield {"tokens": tokens, "epoch": max(state["epochs"]), "epochs": list(state["epochs"]),
-                   "bad_shards": state["bad_shards"], "reader": reader}
+        for tokens, cursor in _pack_batches(docs, self.seq_len, self.batch_size, offset, self.encoding):
+            epochs = [p[0] for p in state["sources"]]
+            yield {"tokens": tokens, "epoch": max(epochs), "epochs": epochs, "bad_shards": state["bad_shards"],
+                   "reader": reader, "cursor": cursor}
 
 
 def make_loader(dataset: PackedByteStream, num_workers: int) -> DataLoader:

@@ -1,8 +1,9 @@
 """Checkpoints: DeepSpeed's own format under RUN_DIR/checkpoints/<tag>, published atomically.
 
 A save writes everything into ``<tag>.tmp`` (DeepSpeed's model, optimizer and LR-schedule files,
-plus megatok's ``megatok.json`` with the step and data layout, and one ``rng_rank<r>.json`` per
-rank with its Python, NumPy and torch RNG states), then rank 0 renames the directory to ``<tag>``
+plus megatok's ``megatok.json`` with the step and data layout, and per rank ``rng_rank<r>.json``
+with its Python, NumPy and torch RNG states and ``stream_rank<r>.json`` with its data readers'
+cursors), then rank 0 renames the directory to ``<tag>``
 and only then replaces the ``latest`` pointer. A run killed at any moment therefore leaves
 ``latest`` on a complete checkpoint; stale ``*.tmp`` directories are removed at the next start.
 Nothing is written from weights that are not finite. The newest ``keep`` checkpoints are kept.
@@ -122,8 +123,24 @@ def remove_stale(run_dir: str | Path) -> None:
         shutil.rmtree(p, ignore_errors=True)
 
 
-def save(engine, run_dir: str | Path, step: int, meta: dict, keep: int = 3) -> str:
-    """Collective: every rank calls it. Returns the published tag."""
+def stream_file(rank: int) -> str:
+    return f"stream_rank{rank}.json"
+
+
+def read_cursors(run_dir: str | Path, tag: str, rank: int) -> dict[int, dict]:
+    """The data cursors of this rank's readers in a checkpoint ({} if it has none: older checkpoints)."""
+    path = checkpoint_dir(run_dir) / tag / stream_file(rank)
+    if not path.is_file():
+        return {}
+    try:
+        return {int(r): c for r, c in json.loads(path.read_text())["cursors"].items()}
+    except (ValueError, KeyError, TypeError, AttributeError) as exn:
+        raise ValueError(f"{path}: not a megatok stream position ({exn})") from None
+
+
+def save(engine, run_dir: str | Path, step: int, meta: dict, keep: int = 3,
+         cursors: dict[int, dict] | None = None) -> str:
+    """Collective: every rank calls it, with its readers' data ``cursors``. Returns the published tag."""
     import torch.distributed as dist
 
     if not weights_finite(engine):
@@ -137,6 +154,8 @@ def save(engine, run_dir: str | Path, step: int, meta: dict, keep: int = 3) -> s
     dist.barrier()
     engine.save_checkpoint(str(ckdir), tag=tmp.name, client_state={"megatok": meta}, save_latest=False)
     _write_atomic(tmp / f"rng_rank{rank}.json", json.dumps(rng_state()))
+    if cursors:
+        _write_atomic(tmp / stream_file(rank), json.dumps({"cursors": {str(r): c for r, c in sorted(cursors.items())}}))
     dist.barrier()
     faults.maybe_die_in_save(step)
     if rank == 0:

@@ -236,20 +236,22 @@ def train(cfg: Config, *, resume: str = "auto") -> dict:
             print(f"megatok: {where}; the later checkpoints and metrics are kept in {aside}", flush=True)
     step = meta["step"] if meta else 0
     start_batch, start_epochs, stream_origin = data_position(meta, cfg, world)
+    # same layout: each reader continues from its cursor (checkpoints before cursors: regenerates)
+    cursors = checkpoint.read_cursors(run_dir, meta["tag"], rank) if start_batch and same_layout else {}
     accum = cfg.train.grad_accum
 
     sources, weights = resolve_sources(cfg.data.shards, "train")
     stream = PackedByteStream(sources if weights else sources[0], weights=weights, seq_len=cfg.data.seq_len,
                               batch_size=cfg.train.micro_batch_size, rank=rank, world_size=world,
                               seed=cfg.train.seed, start_batch=start_batch, start_epoch=start_epochs,
-                              on_bad_shard=cfg.data.on_bad_shard, encoding=encoding)
+                              on_bad_shard=cfg.data.on_bad_shard, encoding=encoding, cursors=cursors)
     batches = iter(make_loader(stream, cfg.data.num_workers))
-    if start_batch:  # a resume: the readers regenerate and skip what they had produced, before the watchdog
+    if start_batch:  # a resume: the readers seek to their cursors (or regenerate), before the watchdog
         t = time.time()
         batches = itertools.chain([next(batches)], batches)
         if rank == 0:
-            print(f"megatok: data stream fast-forwarded past {start_batch} batches per rank in "
-                  f"{time.time() - t:.1f} s", flush=True)
+            how = "at its readers' cursors" if cursors else f"by regenerating {start_batch} batches per rank"
+            print(f"megatok: data stream resumed {how} in {time.time() - t:.1f} s", flush=True)
     val = validation_batches(cfg, rank, world, encoding)
     h2h = HeadToHead(cfg, rank, world) if cfg.eval.head_to_head else None
     # cumulative text bytes (UTF-8 bytes predicted) and model FLOPs, carried across resumes
@@ -281,7 +283,7 @@ def train(cfg: Config, *, resume: str = "auto") -> dict:
                              lambda: f"last good checkpoint: {checkpoint.latest_tag(run_dir)}")
     totals = Totals(device)
     skipped_in_row, t_last, paused, last_row = 0, time.time(), 0.0, {}
-    position = StreamPosition(start_epochs)
+    position = StreamPosition(start_epochs, cursors)
     engine.train()
     while step < cfg.train.max_steps:
         watchdog.beat()
@@ -358,7 +360,8 @@ def train(cfg: Config, *, resume: str = "auto") -> dict:
                                                    "eval_pending": eval_due and bool(stopping),
                                                    "data_digest": digest,
                                                    "layout": layout(cfg, world), "bytes_seen": bytes_seen,
-                                                   "flops": flops_seen}, keep=cfg.train.keep_checkpoints)
+                                                   "flops": flops_seen}, keep=cfg.train.keep_checkpoints,
+                            cursors=position.cursors)
         paused += time.time() - t_pause
         if stopping:
             logger.log({"step": step, "split": "event", "event": stop.reason(),

@@ -38,14 +38,17 @@ def layout(cfg: Config, world: int) -> dict:
 class StreamPosition:
     """What this rank's readers have reached, from the batches it consumed: each source's furthest
     epoch over all its readers (batches come round-robin from the workers, so the last batch alone
-    would speak for one worker), and the bad shards counted by every reader."""
+    would speak for one worker), the bad shards counted by every reader, and each reader's cursor
+    (where its next batch starts; ``cursors`` gives those a resumed run started from)."""
 
-    def __init__(self, start_epochs: list[int]):
+    def __init__(self, start_epochs: list[int], cursors: dict[int, dict] | None = None):
         self.epochs, self._bad = list(start_epochs), {}
+        self.cursors = dict(cursors or {})
 
     def update(self, batch: dict) -> None:
         self.epochs = [max(a, b) for a, b in zip(self.epochs, batch["epochs"])]
         self._bad[batch["reader"]] = batch["bad_shards"]
+        self.cursors[batch["reader"]] = batch["cursor"]
 
     @property
     def bad_shards(self) -> int:

@@ -129,6 +129,61 @@ def test_deterministic_and_resume_continues_exactly(tmp_path):
     assert not all(torch.equal(a["tokens"], b["tokens"]) for a, b in zip(full, other_seed))
 
 
+class CountingBytes:
+    """The byte encoding, counting the documents it turns into ids."""
+    def __init__(self):
+        self.calls, self.dtype, self.pad = 0, stream.BYTES.dtype, stream.BYTES.pad
+
+    def doc_ids(self, doc):
+        self.calls += 1
+        return stream.BYTES.doc_ids(doc)
+
+
+@pytest.mark.parametrize("case", ["plain", "damaged", "mixture"])
+def test_resume_from_cursors_continues_exactly_without_rereading(tmp_path, monkeypatch, case):
+    urls, _ = make_shards(tmp_path / "a", n_docs=32, num_shards=8, seed=1, tag="A")
+    kw = dict(seq_len=SEQ_LEN, batch_size=BATCH, rank=1, world_size=2, seed=7)
+    if case == "damaged":
+        damage(urls[3], "truncated")
+    if case == "mixture":
+        b, _ = make_shards(tmp_path / "b", n_docs=8, num_shards=4, seed=2, tag="B")
+        urls, kw = [urls, b], {**kw, "weights": [3.0, 1.0]}
+    with warnings.catch_warnings(), time_limit(60):
+        warnings.simplefilter("ignore", BadShardWarning)
+        full = take(PackedByteStream(urls, **kw), 24, num_workers=2)  # 12 per reader: several epochs
+        assert full[-1]["epoch"] >= 2 and (case != "damaged" or full[-1]["bad_shards"] >= 1)
+        for start in (7, 12):  # odd: the restarted loader's first batch must come from the original worker 1
+            cursors = {b["reader"]: b["cursor"] for b in full[:start]}  # the last batch consumed from each
+            cursors = json.loads(json.dumps(cursors))  # as a checkpoint stores them
+            resumed = take(PackedByteStream(urls, start_batch=start, cursors=cursors, **kw), 24 - start, num_workers=2)
+            for a, b in zip(full[start:], resumed, strict=True):
+                assert torch.equal(a["tokens"], b["tokens"])
+                assert {k: a[k] for k in a if k != "tokens"} == {k: b[k] for k in b if k != "tokens"}
+
+        # One reader in this process: resuming opens the cursor's shard first and tokenizes only from its document
+        one = {**kw, "world_size": 1, "rank": 0}
+        batches = take(PackedByteStream(urls, **one), 12)
+        cursor = batches[-2]["cursor"]
+        opened = []
+        real = stream._shard_samples
+        monkeypatch.setattr(stream, "_shard_samples", lambda url, problems: (opened.append(url), real(url, problems))[1])
+        counted = {how: CountingBytes() for how in ("cursor", "regenerate")}
+        got = {how: take(PackedByteStream(urls, start_batch=11, encoding=counted[how],
+                                          cursors={0: cursor} if how == "cursor" else None, **one), 1)[0]
+               for how in counted}
+    assert torch.equal(got["cursor"]["tokens"], batches[-1]["tokens"])
+    assert torch.equal(got["regenerate"]["tokens"], batches[-1]["tokens"])
+    source = max(range(len(cursor["sources"])), key=lambda i: cursor["sources"][i][3])
+    epoch, shard = cursor["sources"][source][:2]
+    ds = PackedByteStream(urls, **one)
+    first = ds.epoch_shards(epoch, 0, 1, source)[shard]
+    assert first in opened and opened.index(first) < len(opened) // 2  # opened before the regeneration began
+    assert counted["cursor"].calls <= 1 + BATCH * SEQ_LEN // 10  # documents are >= 10 bytes
+    assert counted["regenerate"].calls > 3 * counted["cursor"].calls
+    with pytest.raises(ValueError, match="cursor of reader 0 does not fit"):
+        PackedByteStream(urls, cursors={0: {"sources": []}}, **one)
+
+
 def damage(path, kind):
     data = open(path, "rb").read()
     if kind == "empty":
@@ -238,10 +293,26 @@ def test_stream_position_counts_every_reader_not_the_last_batch(tmp_path):
         behind += b["epoch"] < position.epochs[0]  # the last batch alone would have recorded less
     assert position.epochs == [max(b["epoch"] for b in batches)]
     assert behind > 0 and {b["reader"] for b in batches} == {0, 1}
-    position.update({"epochs": [0], "reader": 0, "bad_shards": 2})
-    position.update({"epochs": [0], "reader": 1, "bad_shards": 1})
-    position.update({"epochs": [0], "reader": 0, "bad_shards": 3})  # running counts per reader
+    assert position.cursors == {r: [b for b in batches if b["reader"] == r][-1]["cursor"] for r in (0, 1)}
+    position.update({"epochs": [0], "reader": 0, "bad_shards": 2, "cursor": {}})
+    position.update({"epochs": [0], "reader": 1, "bad_shards": 1, "cursor": {}})
+    position.update({"epochs": [0], "reader": 0, "bad_shards": 3, "cursor": {}})  # running counts per reader
     assert position.bad_shards == 4 and position.epochs == [max(b["epoch"] for b in batches)]
+    # a resumed rank keeps the cursors it started from until its readers produce new ones
+    assert StreamPosition([0], {5: {"offset": 1}}).cursors == {5: {"offset": 1}}
+
+
+def test_a_checkpoints_cursors_are_read_back_or_named_when_damaged(tmp_path):
+    from megatok.train import checkpoint
+
+    ckpt = tmp_path / "checkpoints" / "step00000002"
+    ckpt.mkdir(parents=True)
+    assert checkpoint.read_cursors(tmp_path, "step00000002", 0) == {}  # a checkpoint from before cursors
+    (ckpt / "stream_rank0.json").write_text(json.dumps({"cursors": {"3": {"offset": 7}}}))
+    assert checkpoint.read_cursors(tmp_path, "step00000002", 0) == {3: {"offset": 7}}
+    (ckpt / "stream_rank1.json").write_text('{"cursors": [')
+    with pytest.raises(ValueError, match=f"{ckpt / 'stream_rank1.json'}: not a megatok stream position"):
+        checkpoint.read_cursors(tmp_path, "step00000002", 1)
 
 
 def test_too_few_shards_for_the_readers(tmp_path, monkeypatch):

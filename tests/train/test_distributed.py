@@ -65,10 +65,19 @@ def test_two_ranks_match_one_rank_and_resume_continues(stage, one_rank, shards, 
     resumed = tmp_path / "resumed"
     shutil.copytree(run, resumed)
     (resumed / "metrics.jsonl").unlink()
+    # The data readers continue from their cursors; under ZeRO-3 from a checkpoint without them (as
+    # older checkpoints are), by regenerating the 3 steps x 1 micro-batch each rank had consumed.
+    ckpt = resumed / "checkpoints" / "step00000003"
+    assert sorted(p.name for p in ckpt.glob("stream_rank*.json")) == ["stream_rank0.json", "stream_rank1.json"]
+    if stage == 3:
+        for p in ckpt.glob("stream_rank*.json"):
+            p.unlink()
     # Under ZeRO-3 the resumed run builds the model whole (train.zero_init=false): the state it loads
     # makes it train exactly as the run built partitioned.
     r = pretrain(common + [f"train.run_dir={resumed}", "train.zero_init=false", "--resume", "step00000003"], nproc=2)
     assert "(built partitioned)" not in r.stdout and "ZeRO stage" in r.stdout
+    how = "by regenerating 3 batches per rank" if stage == 3 else "at its readers' cursors"
+    assert f"data stream resumed {how}" in r.stdout
     again = losses(resumed)
     assert sorted(again) == [4, 5, 6]
     for step in (4, 5, 6):
