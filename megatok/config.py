@@ -167,7 +167,7 @@ class LoggingConfig(_Section):
     wandb_mode: Literal["offline", "online", "disabled"] = Field("offline", description="offline logs under RUN_DIR/wandb (wandb sync to upload)")
     wandb_project: str = Field("megatok", description="wandb project")
     wandb_entity: str | None = Field(None, description="wandb team or user")
-    wandb_name: str | None = Field(None, description="wandb run name and id (default: the run directory name)")
+    wandb_name: str | None = Field(None, description="wandb run name (default: the run directory's name); the id adds a hash of the directory's path")
     progress: bool = Field(True, description="progress bar on rank 0")
 
 
@@ -196,7 +196,7 @@ DERIVED_DS_KEYS = {
     "gradient_accumulation_steps": "train.grad_accum",
     "gradient_clipping": "train.grad_clip",
     "optimizer": "train.lr / train.betas / train.weight_decay",
-    "scheduler": "train.warmup_steps / train.min_lr_ratio (megatok's own warmup + cosine, see lr_lambda)",
+    "scheduler": "train.warmup_steps / train.lr_schedule / train.min_lr_ratio (megatok's own, see lr_lambda)",
 }
 KNOWN_DS_KEYS = {
     "zero_optimization", "bf16", "fp16", "activation_checkpointing", "steps_per_print",

@@ -58,7 +58,7 @@ class MetricsLogger:
             try:
                 import wandb
 
-                self.wandb = wandb.init(project=wandb_project, entity=wandb_entity, name=wandb_name,
+                self.wandb = wandb.init(project=wandb_project, entity=wandb_entity, name=wandb_name or Path(run_dir).name,
                                         dir=str(run_dir), mode=wandb_mode, config=config, resume="allow",
                                         id=wandb_run_id(run_dir, wandb_name))
             except Exception as e:  # wandb is a convenience, never a reason to stop training

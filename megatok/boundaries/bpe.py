@@ -9,8 +9,7 @@ Two rules (``rule``):
   at t reads bytes <= t only. With byte fallback every byte is a piece, so a chunk can always start;
   like the tokenizer's byte-fallback tokens, a character that no piece covers is split into its bytes.
 - ``exact``: sentencepiece's own tokenization of the whole window, token starts mapped to byte
-  offsets (the offsets sentencepiece reports; each byte-fallback piece covers one byte; the dummy
-  prefix "\u2581" covers none). NOT causal: BPE merges look ahead, so whether a token starts at t can
+  offsets (the offsets sentencepiece reports; each byte-fallback piece covers one byte). NOT causal: BPE merges look ahead, so whether a token starts at t can
   depend on bytes after t ("in" + "g" vs "i" + "ng..."), which would leak the next byte into the
   prediction at t. For pictures and for measuring how close the causal rule is; never train with it.
 
