@@ -302,19 +302,6 @@ def test_stream_position_counts_every_reader_not_the_last_batch(tmp_path):
     assert StreamPosition([0], {5: {"offset": 1}}).cursors == {5: {"offset": 1}}
 
 
-def test_a_checkpoints_cursors_are_read_back_or_named_when_damaged(tmp_path):
-    from megatok.train import checkpoint
-
-    ckpt = tmp_path / "checkpoints" / "step00000002"
-    ckpt.mkdir(parents=True)
-    assert checkpoint.read_cursors(tmp_path, "step00000002", 0) == {}  # a checkpoint from before cursors
-    (ckpt / "stream_rank0.json").write_text(json.dumps({"cursors": {"3": {"offset": 7}}}))
-    assert checkpoint.read_cursors(tmp_path, "step00000002", 0) == {3: {"offset": 7}}
-    (ckpt / "stream_rank1.json").write_text('{"cursors": [')
-    with pytest.raises(ValueError, match=f"{ckpt / 'stream_rank1.json'}: not a megatok stream position"):
-        checkpoint.read_cursors(tmp_path, "step00000002", 1)
-
-
 def test_too_few_shards_for_the_readers(tmp_path, monkeypatch):
     urls, _ = make_shards(tmp_path, n_docs=12, num_shards=3)
     assert check_readers(3, 1, 3) == 3
