@@ -77,10 +77,13 @@ def main(argv=None) -> int:
     except (ConfigError, DataError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    if args.resume not in ("auto", "none"):
-        ckpt = os.path.join(cfg.train.run_dir, "checkpoints", args.resume)
-        if not os.path.isfile(os.path.join(ckpt, "megatok.json")):
-            print(f"error: --resume {args.resume}: {ckpt} is not a complete checkpoint", file=sys.stderr)
+    if args.resume != "none":  # a damaged checkpoint fails here, before any process group
+        from megatok.train.checkpoint import CheckpointError, resume_tag
+
+        try:
+            resume_tag(cfg.train.run_dir, args.resume, warn=False)
+        except CheckpointError as e:
+            print(f"error: --resume {args.resume}: {e}", file=sys.stderr)
             return 2
     return run(cfg, args.resume)
 
@@ -93,7 +96,7 @@ def run(cfg, resume: str) -> int:
     rank = os.environ.get("RANK", "0")
     try:
         row = train(cfg, resume=resume)
-    except (FloatingPointError, DataError) as e:
+    except (FloatingPointError, DataError, checkpoint.CheckpointError) as e:
         return _die(3, f"error: rank {rank}: {e}")
     except Exception as e:  # noqa: BLE001 - a lost rank shows up as many different exception types
         if not dist.is_comm_failure(e):

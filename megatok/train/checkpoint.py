@@ -19,6 +19,7 @@ import os
 import random
 import shutil
 import sys
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -62,6 +63,60 @@ def mark_evaluated(run_dir: str | Path, tag: str) -> None:
     """Rank 0: the evaluation a checkpoint left pending (``eval_pending``) has been run and logged."""
     path = checkpoint_dir(run_dir) / tag / META
     _write_atomic(path, json.dumps({**json.loads(path.read_text()), "eval_pending": False}, indent=2))
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be resumed: damaged or missing files."""
+
+
+def damage(run_dir: str | Path, tag: str) -> str | None:
+    """What makes a published checkpoint unusable, or None. Checks that megatok's metadata reads, that
+    every DeepSpeed file is a complete archive (its directory, at the end of the file, reads: a
+    truncated or emptied file fails; the data itself is not read), and that a ZeRO checkpoint has one
+    optimizer partition per rank of the run that wrote it."""
+    d = checkpoint_dir(run_dir) / tag
+    try:
+        meta = read_meta(run_dir, tag)
+        world = int(meta["layout"]["world_size"])
+    except (OSError, ValueError, KeyError, TypeError) as exn:
+        return f"{META}: {exn}"
+    files = sorted(d.glob("*.pt"))
+    if not files:
+        return "no DeepSpeed files"
+    for f in files:
+        try:
+            with zipfile.ZipFile(f):
+                pass
+        except (zipfile.BadZipFile, OSError) as exn:
+            return f"{f.name} is damaged ({exn})"
+    partitions = len(list(d.glob("*_optim_states.pt")))
+    if partitions and partitions != world:
+        return f"{partitions} optimizer partitions for the {world} ranks that wrote it"
+    return None
+
+
+def resume_tag(run_dir: str | Path, requested: str, warn: bool = True) -> str | None:
+    """The checkpoint to resume: ``requested`` (a tag) if it is usable, else a CheckpointError; for
+    "auto", ``latest`` or, when that is damaged, the newest usable checkpoint before it (rank 0 warns:
+    the damaged ones are set aside with the abandoned trajectory, not deleted), with ``warn``."""
+    if requested != "auto":
+        if problem := damage(run_dir, requested):
+            raise CheckpointError(f"{checkpoint_dir(run_dir) / requested}: cannot be resumed: {problem}")
+        return requested
+    latest = latest_tag(run_dir)
+    if latest is None:
+        return None
+    skipped = []
+    for tag in [latest, *reversed([t for t in published_tags(run_dir) if t < latest])]:
+        problem = damage(run_dir, tag)
+        if problem is None:
+            if skipped and warn:
+                print(f"megatok: warning: skipping damaged checkpoint(s) {'; '.join(skipped)}; resuming from "
+                      f"{tag}", flush=True)
+            return tag
+        skipped.append(f"{tag} ({problem})")
+    raise CheckpointError(f"{checkpoint_dir(run_dir)}: no usable checkpoint: {'; '.join(skipped)} "
+                          f"(--resume none starts over and sets them aside)")
 
 
 def read_meta(run_dir: str | Path, tag: str) -> dict:
@@ -141,7 +196,7 @@ def read_cursors(run_dir: str | Path, tag: str, rank: int) -> dict[int, dict]:
     try:
         return {int(r): c for r, c in json.loads(path.read_text())["cursors"].items()}
     except (ValueError, KeyError, TypeError, AttributeError) as exn:
-        raise ValueError(f"{path}: not a megatok stream position ({exn})") from None
+        raise CheckpointError(f"{path}: not a megatok stream position ({exn})") from None
 
 
 def save(engine, run_dir: str | Path, step: int, meta: dict, keep: int = 3,

@@ -200,7 +200,7 @@ def train(cfg: Config, *, resume: str = "auto") -> dict:
         cfg.dump(run_dir / "config.json")
         checkpoint.remove_stale(run_dir)
     tdist.barrier()
-    tag = None if resume == "none" else checkpoint.latest_tag(run_dir) if resume == "auto" else resume
+    tag = None if resume == "none" else checkpoint.resume_tag(run_dir, resume, warn=rank == 0)
     meta = checkpoint.read_meta(run_dir, tag) if tag else None
     same_layout = meta is None or meta["layout"] == layout(cfg, world)
     digest = data_digest(cfg)

@@ -4,15 +4,28 @@ restores, and how the data readers' cursors are read back."""
 import json
 
 import pytest
+import torch
 
 from megatok.train import checkpoint
 
 
-def published(tmp_path, name, step):
+def published(tmp_path, name, step, world=None):
+    """A checkpoint directory with megatok's metadata; with ``world``, DeepSpeed-like files too (torch.save
+    archives: the model states and one ZeRO optimizer partition per rank)."""
     d = tmp_path / "checkpoints" / name
     d.mkdir(parents=True)
-    (d / checkpoint.META).write_text(json.dumps({"step": step}))
+    meta = {"step": step} if world is None else {"step": step, "layout": {"world_size": world}}
+    (d / checkpoint.META).write_text(json.dumps(meta))
+    if world:
+        torch.save({"module": {"w": torch.zeros(64)}}, d / "mp_rank_00_model_states.pt")
+        for r in range(world):
+            torch.save({"state": torch.ones(64)}, d / f"zero_pp_rank_{r}_mp_rank_00_optim_states.pt")
     return d
+
+
+def truncate(path):
+    data = path.read_bytes()
+    path.write_bytes(data[:len(data) // 2])
 
 
 def test_a_restart_removes_half_written_copies_and_restores_a_checkpoint_moved_aside(tmp_path):
@@ -35,5 +48,33 @@ def test_a_checkpoints_cursors_are_read_back_or_named_when_damaged(tmp_path):
     (ckpt / "stream_rank0.json").write_text(json.dumps({"cursors": {"3": {"offset": 7}}}))
     assert checkpoint.read_cursors(tmp_path, "step00000002", 0) == {3: {"offset": 7}}
     (ckpt / "stream_rank1.json").write_text('{"cursors": [')
-    with pytest.raises(ValueError, match=f"{ckpt / 'stream_rank1.json'}: not a megatok stream position"):
+    with pytest.raises(checkpoint.CheckpointError, match=f"{ckpt / 'stream_rank1.json'}: not a megatok stream"):
         checkpoint.read_cursors(tmp_path, "step00000002", 1)
+
+
+def test_damaged_checkpoints_are_named_and_auto_resume_falls_back_past_them(tmp_path, capsys):
+    good = published(tmp_path, "step00000002", 2, world=2)
+    assert checkpoint.damage(tmp_path, "step00000002") is None
+    bad = published(tmp_path, "step00000004", 4, world=2)
+    truncate(bad / "zero_pp_rank_1_mp_rank_00_optim_states.pt")
+    assert "zero_pp_rank_1_mp_rank_00_optim_states.pt is damaged" in checkpoint.damage(tmp_path, "step00000004")
+    lost = published(tmp_path, "step00000006", 6, world=2)
+    (lost / "zero_pp_rank_0_mp_rank_00_optim_states.pt").unlink()
+    assert checkpoint.damage(tmp_path, "step00000006") == "1 optimizer partitions for the 2 ranks that wrote it"
+    (published(tmp_path, "step00000008", 8, world=1) / checkpoint.META).unlink()
+    assert checkpoint.damage(tmp_path, "step00000008").startswith("megatok.json: ")
+
+    checkpoint.set_latest(tmp_path, "step00000006")
+    assert checkpoint.resume_tag(tmp_path, "auto") == "step00000002"  # past the damaged 6 and 4
+    warning = capsys.readouterr().out
+    assert "skipping damaged checkpoint(s) step00000006 (1 optimizer partitions" in warning
+    assert "step00000004 (zero_pp_rank_1" in warning and "resuming from step00000002" in warning
+    assert checkpoint.resume_tag(tmp_path, "auto", warn=False) == "step00000002" and not capsys.readouterr().out
+    assert checkpoint.resume_tag(tmp_path, "step00000002") == "step00000002"
+    with pytest.raises(checkpoint.CheckpointError, match=f"{bad}: cannot be resumed: zero_pp_rank_1"):
+        checkpoint.resume_tag(tmp_path, "step00000004")
+    truncate(good / "mp_rank_00_model_states.pt")
+    with pytest.raises(checkpoint.CheckpointError, match="no usable checkpoint: step00000006 .*step00000002"):
+        checkpoint.resume_tag(tmp_path, "auto")
+    checkpoint.set_latest(tmp_path, None)
+    assert checkpoint.resume_tag(tmp_path, "auto") is None  # nothing to resume: a fresh start

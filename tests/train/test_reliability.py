@@ -119,7 +119,19 @@ def test_killed_while_writing_a_checkpoint_resumes_from_the_previous_one(shards,
     assert checkpoint.latest_tag(run) == "step00000002"
     assert (run / "checkpoints" / "step00000004.tmp").is_dir()  # the half-written one, never published
     (run / "checkpoints" / "universal-step00000002").mkdir()  # as left by a run killed after converting
-    pretrain(args(shards, run, *base))
+    # and a later checkpoint, published, whose optimizer file was then cut short (a node lost before the
+    # filesystem had the data): resuming skips it with a warning and keeps it aside with its trajectory
+    damaged = run / "checkpoints" / "step00000003"
+    shutil.copytree(run / "checkpoints" / "step00000002", damaged)
+    optim = damaged / "zero_pp_rank_0_mp_rank_00_optim_states.pt"
+    optim.write_bytes(optim.read_bytes()[:1000])
+    checkpoint.set_latest(run, "step00000003")
+    r = pretrain(args(shards, run, *base, "--resume", "step00000003"), check=False)  # asked for by name: refused
+    assert r.returncode == 2 and f"error: --resume step00000003: {damaged}: cannot be resumed: {optim.name}" in r.stderr
+    r = pretrain(args(shards, run, *base))
+    assert f"skipping damaged checkpoint(s) step00000003 ({optim.name} is damaged" in r.stdout
+    (aside,) = run.glob("superseded-*")
+    assert (aside / "checkpoints" / "step00000003").is_dir()
     assert not list((run / "checkpoints").glob("*.tmp")) and not list((run / "checkpoints").glob("universal-*"))
     got, want = train_rows(run), train_rows(ref)
     assert [got[s]["loss"] for s in range(3, 7)] == [want[s]["loss"] for s in range(3, 7)]
