@@ -65,8 +65,9 @@ def mark_evaluated(run_dir: str | Path, tag: str) -> None:
     _write_atomic(path, json.dumps({**json.loads(path.read_text()), "eval_pending": False}, indent=2))
 
 
-class CheckpointError(RuntimeError):
-    """A checkpoint that cannot be resumed: damaged or missing files."""
+class CheckpointError(FileNotFoundError):
+    """A checkpoint that cannot be used: damaged or missing files. (A FileNotFoundError, so that every
+    tool reports it in one line as it reports a missing checkpoint.)"""
 
 
 def damage(run_dir: str | Path, tag: str) -> str | None:
@@ -291,6 +292,8 @@ def consolidated_state_dict(run_dir: str | Path, tag: str, cfg: Config) -> dict[
     ckpt = checkpoint_dir(run_dir) / tag
     if not ckpt.is_dir():
         raise FileNotFoundError(f"{ckpt}: checkpoint not found")
+    if problem := damage(run_dir, tag):
+        raise CheckpointError(f"{ckpt}: cannot be read: {problem}")
     if zero_stage(cfg) >= 1:
         from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 

@@ -11,6 +11,7 @@ import collections
 import gzip
 import json
 import math
+import shutil
 import subprocess
 
 import pytest
@@ -19,6 +20,7 @@ import torch
 from megatok.config import load_config
 from megatok.data.stream import iter_shard_documents, resolve_shards
 from megatok.metrics import read_metrics
+from megatok.train import checkpoint
 from megatok.vocab import SEP
 from tests.conftest import TINY, pretrain, stdlib_texts
 from tests.conftest import run_tool as tool
@@ -227,6 +229,13 @@ def test_errors_are_one_line(run, data_file, tmp_path):
     bare.mkdir()
     (bare / "config.json").write_text((run / "config.json").read_text())
     assert_clean_error(tool("evaluate.py", "--run", bare, "--data", data_file), bare)
+
+    damaged = tmp_path / "damaged-run"  # a checkpoint file cut short: named, not a torch traceback
+    shutil.copytree(run, damaged)
+    (model_file,) = (damaged / "checkpoints" / checkpoint.latest_tag(damaged)).glob("mp_rank_00_model_states.pt")
+    model_file.write_bytes(model_file.read_bytes()[:4096])
+    assert_clean_error(tool("evaluate.py", "--run", damaged, "--data", data_file), model_file.name)
+    assert_clean_error(tool("export.py", "--run", damaged, "--out", tmp_path / "export"), model_file.name)
 
 
 # --------------------------------------------------------------------------- summarize.py
