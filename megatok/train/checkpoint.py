@@ -70,26 +70,71 @@ class CheckpointError(FileNotFoundError):
     tool reports it in one line as it reports a missing checkpoint.)"""
 
 
-def damage(run_dir: str | Path, tag: str) -> str | None:
-    """What makes a published checkpoint unusable, or None. Checks that megatok's metadata reads, that
-    every DeepSpeed file is a complete archive (its directory, at the end of the file, reads: a
-    truncated or emptied file fails; the data itself is not read), and that a ZeRO checkpoint has one
-    optimizer partition per rank of the run that wrote it."""
+def _restorable(run_dir: str | Path, tag: str) -> Path:
+    """Where a published checkpoint is: ``<tag>``, or the copy a killed re-save had moved aside, which
+    remove_stale puts back at the next start."""
     d = checkpoint_dir(run_dir) / tag
+    if not d.exists():
+        for old in sorted(d.parent.glob(f"{tag}.old-*.tmp")):
+            if (old / META).is_file():
+                return old
+    return d
+
+
+def _parse_cursors(path: Path) -> dict[int, dict]:
+    """A ``stream_rank<r>.json``: {reader: cursor}; ValueError unless every cursor has the stream's shape."""
+    out = {}
+    for r, c in json.loads(path.read_text())["cursors"].items():
+        ok = (isinstance(c, dict) and isinstance(c.get("sources"), list) and isinstance(c.get("read"), list)
+              and len(c["read"]) == len(c["sources"]) > 0 and isinstance(c.get("bad_shards"), int)
+              and isinstance(c.get("offset"), int)
+              and all(isinstance(p, list) and len(p) == 4 and all(isinstance(v, int) for v in p) for p in c["sources"]))
+        if not ok:
+            raise ValueError(f"reader {r}: not a cursor: {c}")
+        out[int(r)] = c
+    return out
+
+
+def _archive_problem(path: Path) -> str | None:
+    """torch.save's zip archive: its directory (at the end of the file) must read, so a truncated or
+    emptied file fails without reading the data. The legacy format (DeepSpeed's
+    ``checkpoint_serialization: false``) is checked for its pickle header only."""
     try:
-        meta = read_meta(run_dir, tag)
+        with zipfile.ZipFile(path):
+            return None
+    except (zipfile.BadZipFile, OSError) as exn:
+        try:
+            with open(path, "rb") as f:
+                if f.read(2) == b"\x80\x02" and path.stat().st_size > 64:
+                    return None
+        except OSError:
+            pass
+        return f"{path.name} is damaged ({exn})"
+
+
+def damage(run_dir: str | Path, tag: str) -> str | None:
+    """What makes a published checkpoint unusable, or None. Checks that megatok's files read (the
+    metadata, every rank's RNG states and data cursors), that every DeepSpeed file is a complete
+    archive (see _archive_problem: the data itself is not read), and that a ZeRO checkpoint has one
+    optimizer partition per rank of the run that wrote it. A checkpoint a killed re-save had moved
+    aside counts as in place (the next start restores it)."""
+    d = _restorable(run_dir, tag)
+    try:
+        meta = json.loads((d / META).read_text())
         world = int(meta["layout"]["world_size"])
     except (OSError, ValueError, KeyError, TypeError) as exn:
         return f"{META}: {exn}"
+    for f in sorted(d.glob("rng_rank*.json")) + sorted(d.glob("stream_rank*.json")):
+        try:
+            _parse_cursors(f) if f.name.startswith("stream") else json.loads(f.read_text())
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exn:
+            return f"{f.name}: {exn}"
     files = sorted(d.glob("*.pt"))
     if not files:
         return "no DeepSpeed files"
     for f in files:
-        try:
-            with zipfile.ZipFile(f):
-                pass
-        except (zipfile.BadZipFile, OSError) as exn:
-            return f"{f.name} is damaged ({exn})"
+        if problem := _archive_problem(f):
+            return problem
     partitions = len(list(d.glob("*_optim_states.pt")))
     if partitions and partitions != world:
         return f"{partitions} optimizer partitions for the {world} ranks that wrote it"
@@ -189,15 +234,19 @@ def stream_file(rank: int) -> str:
     return f"stream_rank{rank}.json"
 
 
-def read_cursors(run_dir: str | Path, tag: str, rank: int) -> dict[int, dict]:
-    """The data cursors of this rank's readers in a checkpoint ({} if it has none: older checkpoints)."""
+def read_cursors(run_dir: str | Path, tag: str, rank: int, n_sources: int) -> dict[int, dict]:
+    """The data cursors of this rank's readers in a checkpoint ({} if it has none: older checkpoints),
+    each for ``n_sources`` data sources."""
     path = checkpoint_dir(run_dir) / tag / stream_file(rank)
     if not path.is_file():
         return {}
     try:
-        return {int(r): c for r, c in json.loads(path.read_text())["cursors"].items()}
+        cursors = _parse_cursors(path)
     except (ValueError, KeyError, TypeError, AttributeError) as exn:
         raise CheckpointError(f"{path}: not a megatok stream position ({exn})") from None
+    if any(len(c["sources"]) != n_sources for c in cursors.values()):
+        raise CheckpointError(f"{path}: cursors for another number of data sources than the {n_sources} configured")
+    return cursors
 
 
 def save(engine, run_dir: str | Path, step: int, meta: dict, keep: int = 3,

@@ -236,11 +236,14 @@ def train(cfg: Config, *, resume: str = "auto") -> dict:
             print(f"megatok: {where}; the later checkpoints and metrics are kept in {aside}", flush=True)
     step = meta["step"] if meta else 0
     start_batch, start_epochs, stream_origin = data_position(meta, cfg, world)
-    # same layout: each reader continues from its cursor (checkpoints before cursors: regenerates)
-    cursors = checkpoint.read_cursors(run_dir, meta["tag"], rank) if start_batch and same_layout else {}
+    sources, weights = resolve_sources(cfg.data.shards, "train")
+    # Same layout and data: each reader continues from its cursor. Checkpoints from before cursors, and
+    # other shards (whose indices the cursors do not describe), regenerate the recorded number of batches.
+    same_data = meta is not None and meta.get("data_digest", digest) == digest
+    cursors = checkpoint.read_cursors(run_dir, meta["tag"], rank, len(sources)) if (
+        start_batch and same_layout and same_data) else {}
     accum = cfg.train.grad_accum
 
-    sources, weights = resolve_sources(cfg.data.shards, "train")
     stream = PackedByteStream(sources if weights else sources[0], weights=weights, seq_len=cfg.data.seq_len,
                               batch_size=cfg.train.micro_batch_size, rank=rank, world_size=world,
                               seed=cfg.train.seed, start_batch=start_batch, start_epoch=start_epochs,

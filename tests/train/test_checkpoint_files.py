@@ -42,14 +42,19 @@ def test_a_restart_removes_half_written_copies_and_restores_a_checkpoint_moved_a
     assert checkpoint.read_meta(tmp_path, checkpoint.latest_tag(tmp_path)) == {"step": 4}
 
 
+CURSOR = {"sources": [[0, 1, 2, 9]], "read": [0], "bad_shards": 0, "offset": 7}
+
+
 def test_a_checkpoints_cursors_are_read_back_or_named_when_damaged(tmp_path):
     ckpt = published(tmp_path, "step00000002", 2)
-    assert checkpoint.read_cursors(tmp_path, "step00000002", 0) == {}  # a checkpoint from before cursors
-    (ckpt / "stream_rank0.json").write_text(json.dumps({"cursors": {"3": {"offset": 7}}}))
-    assert checkpoint.read_cursors(tmp_path, "step00000002", 0) == {3: {"offset": 7}}
+    assert checkpoint.read_cursors(tmp_path, "step00000002", 0, 1) == {}  # a checkpoint from before cursors
+    (ckpt / "stream_rank0.json").write_text(json.dumps({"cursors": {"3": CURSOR}}))
+    assert checkpoint.read_cursors(tmp_path, "step00000002", 0, 1) == {3: CURSOR}
+    with pytest.raises(checkpoint.CheckpointError, match="another number of data sources than the 2 configured"):
+        checkpoint.read_cursors(tmp_path, "step00000002", 0, 2)
     (ckpt / "stream_rank1.json").write_text('{"cursors": [')
     with pytest.raises(checkpoint.CheckpointError, match=f"{ckpt / 'stream_rank1.json'}: not a megatok stream"):
-        checkpoint.read_cursors(tmp_path, "step00000002", 1)
+        checkpoint.read_cursors(tmp_path, "step00000002", 1, 1)
 
 
 def test_damaged_checkpoints_are_named_and_auto_resume_falls_back_past_them(tmp_path, capsys):
@@ -78,3 +83,27 @@ def test_damaged_checkpoints_are_named_and_auto_resume_falls_back_past_them(tmp_
         checkpoint.resume_tag(tmp_path, "auto")
     checkpoint.set_latest(tmp_path, None)
     assert checkpoint.resume_tag(tmp_path, "auto") is None  # nothing to resume: a fresh start
+
+
+def test_what_else_counts_as_damage_and_what_does_not(tmp_path):
+    d = published(tmp_path, "step00000002", 2, world=1)
+    (d / "rng_rank0.json").write_text("{}")
+    (d / "stream_rank0.json").write_text(json.dumps({"cursors": {"0": CURSOR}}))
+    assert checkpoint.damage(tmp_path, "step00000002") is None
+    # DeepSpeed's checkpoint_serialization=false writes torch's legacy (non-zip) format
+    torch.save({"state": torch.ones(4)}, d / "zero_pp_rank_0_mp_rank_00_optim_states.pt",
+               _use_new_zipfile_serialization=False)
+    assert checkpoint.damage(tmp_path, "step00000002") is None
+    (d / "stream_rank0.json").write_text(json.dumps({"cursors": {"0": {**CURSOR, "offset": "7"}}}))
+    assert checkpoint.damage(tmp_path, "step00000002").startswith("stream_rank0.json: reader 0: not a cursor")
+    (d / "stream_rank0.json").write_text(json.dumps({"cursors": {"0": CURSOR}}))
+    (d / "rng_rank0.json").write_text('{"python": [')
+    assert checkpoint.damage(tmp_path, "step00000002").startswith("rng_rank0.json: ")
+
+    # killed while re-saving step 4, its published copy moved aside: usable, restored at the next start
+    aside = published(tmp_path, "step00000004.old-9.tmp", 4, world=1)
+    checkpoint.set_latest(tmp_path, "step00000004")
+    assert checkpoint.damage(tmp_path, "step00000004") is None
+    assert checkpoint.resume_tag(tmp_path, "auto") == checkpoint.resume_tag(tmp_path, "step00000004") == "step00000004"
+    checkpoint.remove_stale(tmp_path)
+    assert not aside.exists() and checkpoint.read_meta(tmp_path, "step00000004")["step"] == 4
