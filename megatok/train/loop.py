@@ -195,12 +195,19 @@ def train(cfg: Config, *, resume: str = "auto") -> dict:
     device = dist.init(cfg.train.dist_timeout_s)
     rank, world = tdist.get_rank(), tdist.get_world_size()
     run_dir = Path(cfg.train.run_dir)
+    choice = [None, None]  # rank 0 picks the checkpoint for all ranks (their views of a filesystem may lag)
     if rank == 0:
         run_dir.mkdir(parents=True, exist_ok=True)
         cfg.dump(run_dir / "config.json")
         checkpoint.remove_stale(run_dir)
-    tdist.barrier()
-    tag = None if resume == "none" else checkpoint.resume_tag(run_dir, resume, warn=rank == 0)
+        try:
+            choice[0] = None if resume == "none" else checkpoint.resume_tag(run_dir, resume)
+        except checkpoint.CheckpointError as e:
+            choice[1] = str(e)
+    tdist.broadcast_object_list(choice, src=0)
+    if choice[1]:
+        raise checkpoint.CheckpointError(choice[1])
+    tag = choice[0]
     meta = checkpoint.read_meta(run_dir, tag) if tag else None
     same_layout = meta is None or meta["layout"] == layout(cfg, world)
     digest = data_digest(cfg)
