@@ -224,6 +224,44 @@ def _pack_batches(docs: Iterable[tuple[bytes, dict]], seq_len: int, batch_size: 
             yield _windows(stream[:step + 1], seq_len), {**state, "offset": length - n}
 
 
+def epoch_order(n_shards: int, seed: int, epoch: int, source: int, n_sources: int) -> np.ndarray:
+    """The shard order of a source in an epoch, the same on every rank; reader r of R reads order[r::R].
+    (A single source shuffles with (seed, epoch), as before mixtures existed.)"""
+    key = [seed, epoch] if n_sources == 1 else [seed, source, epoch]
+    return np.random.default_rng(key).permutation(n_shards)
+
+
+def unread_pieces(n_shards: list[int], cursors: dict[int, dict], n_readers: int, seed: int,
+                  origin: dict | None = None) -> tuple[list[int], list[list[list[int]]]]:
+    """What a job's readers had not read of each source's current epoch, from every reader's cursor:
+    (the epoch per source, and per source the pieces [shard index, first document] in reader order).
+
+    A source's current epoch is the furthest any reader reached. A reader in it left the rest of its
+    shard list from its cursor's document on (that document again from its start: the reader was in
+    the middle of it); a reader still in an earlier epoch left its whole share of the current one
+    (the rest of its earlier epoch is not read). ``origin``: the readers' stream origin, when it was
+    itself finishing an interrupted epoch ({"epochs", "unread"}: their lists in that epoch)."""
+    if sorted(cursors) != list(range(n_readers)):
+        raise ValueError(f"need the cursors of all {n_readers} readers, have {sorted(cursors)}")
+    epochs, pieces = [], []
+    for s, n in enumerate(n_shards):
+        top = max(c["sources"][s][0] for c in cursors.values())
+        if origin and origin.get("unread") and origin["epochs"][s] == top:
+            lists = [origin["unread"][s][r::n_readers] for r in range(n_readers)]
+        else:
+            order = [[int(i), 0] for i in epoch_order(n, seed, top, s, len(n_shards))]
+            lists = [order[r::n_readers] for r in range(n_readers)]
+        left = []
+        for r in range(n_readers):
+            epoch, shard, doc, _ = cursors[r]["sources"][s]
+            start = (shard, doc) if epoch == top else (0, 0)
+            left += [[i, max(first, start[1]) if k == start[0] else first]
+                     for k, (i, first) in enumerate(lists[r]) if k >= start[0]]
+        epochs.append(top)
+        pieces.append(left)
+    return epochs, pieces
+
+
 class PackedByteStream(IterableDataset):
     """An endless stream of {"tokens": LongTensor[batch_size, seq_len + 1], "epoch", "epochs", "bad_shards",
     "reader", "cursor"} batches: ``epochs`` lists each source's epoch of the reader that made the batch (one
@@ -238,12 +276,16 @@ class PackedByteStream(IterableDataset):
     resume with a different layout starts the next epoch: see megatok/train/position.py).
     ``cursors`` ({reader: the cursor of the last batch consumed from it}) start those readers there
     instead of regenerating start_batch's worth of batches; readers without one regenerate.
+    ``unread`` (per source, [shard index, first document] pieces: see unread_pieces) makes the start
+    epoch of every source the rest of an epoch that another layout interrupted: these readers share
+    those pieces, every n_readers-th each, then go on with the next epoch as usual.
     """
 
     def __init__(self, urls: list[str] | list[list[str]], *, seq_len: int, batch_size: int, rank: int = 0,
                  world_size: int = 1, seed: int = 0, start_batch: int = 0, start_epoch: int | list[int] = 0,
                  on_bad_shard: str = "warn", num_workers_hint: int | None = None, encoding=BYTES,
-                 weights: list[float] | None = None, cursors: dict[int, dict] | None = None):
+                 weights: list[float] | None = None, cursors: dict[int, dict] | None = None,
+                 unread: list[list[list[int]]] | None = None):
         super().__init__()
         if weights is not None and not all(isinstance(u, (list, tuple)) for u in urls):
             raise ValueError("with weights, urls must be one list of shard URLs per source")
@@ -269,6 +311,10 @@ class PackedByteStream(IterableDataset):
         self.rank, self.world_size, self.seed = rank, world_size, seed
         self.start_batch, self.start_epochs, self.on_bad_shard = start_batch, start_epochs, on_bad_shard
         self.encoding = encoding
+        if unread is not None and (len(unread) != len(sources) or not all(
+                0 <= i < len(u) and first >= 0 for pieces, u in zip(unread, sources) for i, first in pieces)):
+            raise ValueError(f"unread pieces do not fit the {len(sources)} source(s) and their shards")
+        self.unread = unread
         self.cursors = {int(r): c for r, c in (cursors or {}).items()}
         for r, c in self.cursors.items():
             if not (isinstance(c, dict) and len(c.get("sources", ())) == len(sources) == len(c.get("read", ()))
@@ -276,12 +322,18 @@ class PackedByteStream(IterableDataset):
                 raise ValueError(f"cursor of reader {r} does not fit {len(sources)} source(s): {c}")
 
     def epoch_shards(self, epoch: int, reader: int, n_readers: int, source: int = 0) -> list[str]:
-        """The shards a reader reads of a source in an epoch: the same shuffle on every rank, then every
-        n_readers-th. (A single source shuffles with (seed, epoch), as before mixtures existed.)"""
+        """The shards a reader reads of a source in an epoch (see epoch_order)."""
+        return [url for url, _ in self._epoch_pieces(epoch, reader, n_readers, source)]
+
+    def _epoch_pieces(self, epoch: int, reader: int, n_readers: int, source: int) -> list[tuple[str, int]]:
+        """(shard URL, first document) for each shard a reader reads of a source in an epoch: every
+        n_readers-th of the epoch's order, or in a stream that finishes an interrupted epoch (``unread``)
+        every n_readers-th of the pieces its earlier layout had not read."""
         urls = self.sources[source]
-        key = [self.seed, epoch] if len(self.sources) == 1 else [self.seed, source, epoch]
-        order = np.random.default_rng(key).permutation(len(urls))
-        return [urls[i] for i in order[reader::n_readers]]
+        if self.unread is not None and epoch == self.start_epochs[source]:
+            return [(urls[i], first) for i, first in self.unread[source][reader::n_readers]]
+        order = epoch_order(len(urls), self.seed, epoch, source, len(self.sources))
+        return [(urls[i], 0) for i in order[reader::n_readers]]
 
     def _source_documents(self, source: int, reader: int, n_readers: int, state: dict) -> Iterator[tuple[bytes, list]]:
         """This reader's documents of one source, epoch after epoch, from state["sources"][source]: [epoch,
@@ -291,9 +343,10 @@ class PackedByteStream(IterableDataset):
         pos = state["sources"][source]
         while True:
             epoch = pos[0]
-            shards = self.epoch_shards(epoch, reader, n_readers, source)
+            shards = self._epoch_pieces(epoch, reader, n_readers, source)
             while pos[1] < len(shards):
-                url, problems = shards[pos[1]], []
+                (url, first), problems = shards[pos[1]], []
+                pos[2] = max(pos[2], first)
                 for i, sample in enumerate(_shard_samples(url, problems)):
                     if i >= pos[2]:  # documents before pos[2] were read before a resume
                         at = list(pos)
@@ -306,9 +359,9 @@ class PackedByteStream(IterableDataset):
                     warnings.warn(f"{url}: bad shard ({problems[0]}); used the {pos[2]} documents read "
                                   f"before the damage and moved on to the next shard", BadShardWarning)
                 pos[1], pos[2] = pos[1] + 1, 0
-            if pos[3] == 0:
+            if pos[3] == 0 and (self.unread is None or epoch != self.start_epochs[source]):
                 raise DataError(f"reader {reader} of {n_readers} read no documents in epoch {epoch} from its "
-                                f"shards: {', '.join(shards)}")
+                                f"shards: {', '.join(url for url, _ in shards)}")
             pos[:] = [epoch + 1, 0, 0, 0]
 
     def _documents(self, reader: int, n_readers: int, state: dict) -> Iterator[tuple[bytes, dict]]:

@@ -242,11 +242,21 @@ def train(cfg: Config, *, resume: str = "auto") -> dict:
             where = f"resuming from step {meta['step']}" if meta else "starting from step 0"
             print(f"megatok: {where}; the later checkpoints and metrics are kept in {aside}", flush=True)
     step = meta["step"] if meta else 0
-    start_batch, start_epochs, stream_origin = data_position(meta, cfg, world)
     sources, weights = resolve_sources(cfg.data.shards, "train")
     # Same layout and data: each reader continues from its cursor. Checkpoints from before cursors, and
     # other shards (whose indices the cursors do not describe), regenerate the recorded number of batches.
+    # Another layout on the same data shares out what the old readers had not read of the current epoch.
     same_data = meta is not None and meta.get("data_digest", digest) == digest
+    old_cursors = {}
+    if not same_layout and same_data:
+        try:
+            for r in range(meta["layout"]["world_size"]):
+                old_cursors.update(checkpoint.read_cursors(run_dir, meta["tag"], r, len(sources)))
+        except checkpoint.CheckpointError:
+            old_cursors = {}
+        if len(old_cursors) != meta["layout"]["world_size"] * meta["layout"].get("num_workers", 1):
+            old_cursors = {}  # some reader's position is unknown: start the next epoch instead
+    start_batch, start_epochs, stream_origin = data_position(meta, cfg, world, old_cursors, list(map(len, sources)))
     cursors = checkpoint.read_cursors(run_dir, meta["tag"], rank, len(sources)) if (
         start_batch and same_layout and same_data) else {}
     accum = cfg.train.grad_accum
@@ -254,7 +264,8 @@ def train(cfg: Config, *, resume: str = "auto") -> dict:
     stream = PackedByteStream(sources if weights else sources[0], weights=weights, seq_len=cfg.data.seq_len,
                               batch_size=cfg.train.micro_batch_size, rank=rank, world_size=world,
                               seed=cfg.train.seed, start_batch=start_batch, start_epoch=start_epochs,
-                              on_bad_shard=cfg.data.on_bad_shard, encoding=encoding, cursors=cursors)
+                              on_bad_shard=cfg.data.on_bad_shard, encoding=encoding, cursors=cursors,
+                              unread=stream_origin.get("unread"))
     batches = iter(make_loader(stream, cfg.data.num_workers))
     if start_batch:  # a resume: the readers seek to their cursors (or regenerate), before the watchdog
         t = time.time()

@@ -55,16 +55,23 @@ class StreamPosition:
         return sum(self._bad.values())
 
 
-def data_position(meta: dict | None, cfg: Config, world: int) -> tuple[int, list[int], dict]:
+def data_position(meta: dict | None, cfg: Config, world: int, old_cursors: dict[int, dict] | None = None,
+                  shard_counts: list[int] | None = None) -> tuple[int, list[int], dict]:
     """(start_batch, start epoch per source, origin) for this rank's stream after resuming from ``meta``.
 
     Same layout: continue exactly where each reader stopped. A different layout (world size,
-    workers, batch split, mixture) cannot continue the same readers, so the documented rule is:
-    start the next epoch (of each source of a mixture, matched by name; a new source starts at 0).
-    Documents of the interrupted epoch not yet read are skipped for that epoch; none is read twice
-    within an epoch. The stream then restarts from its first batch; ``origin`` ({"step", "epochs"}:
-    where and at which epochs it restarted) goes into every later checkpoint, so that resuming one
-    of those with the same layout continues the restarted stream, not the original one."""
+    workers, batch split, mixture weights) cannot continue the same readers. With ``old_cursors`` (every
+    reader's cursor in the checkpoint, of the same data: ``shard_counts`` shards per source) the new
+    readers first share what the old ones had not read of each source's current epoch (see
+    megatok.data.stream.unread_pieces): no document of that epoch is skipped, and only the documents
+    the old readers were in the middle of are read twice. Otherwise (checkpoints before cursors, or
+    other data) each source starts its next epoch (matched by name; a new source starts at 0), and
+    the documents of the interrupted epoch not yet read are skipped for that epoch. The stream then
+    restarts from its first batch; ``origin`` ({"step", "epochs"}, and "unread" when it finishes an
+    interrupted epoch) goes into every later checkpoint, so that resuming one of those with the same
+    layout continues the restarted stream, not the original one."""
+    from megatok.data.stream import unread_pieces
+
     names = list(cfg.data.shards) if isinstance(cfg.data.shards, dict) else None
     n = len(names) if names else 1
     if meta is None:
@@ -72,13 +79,23 @@ def data_position(meta: dict | None, cfg: Config, world: int) -> tuple[int, list
     elif meta["layout"] == layout(cfg, world):
         origin = meta.get("stream_origin", {"step": 0, "epochs": [0] * n})
     else:
-        epochs = meta.get("epochs", meta["epoch"])  # {source: epoch} for a mixture, else one epoch
-        if names and isinstance(epochs, dict):
-            start = [epochs[name] + 1 if name in epochs else 0 for name in names]
+        old = meta["layout"]
+        old_names = [k for k, _ in old["mixture"]] if "mixture" in old else None
+        if old_cursors and shard_counts and old_names == names:
+            epochs, unread = unread_pieces(shard_counts, old_cursors, old["world_size"] * old["num_workers"],
+                                           old["seed"], meta.get("stream_origin"))
+            origin = {"step": meta["step"], "epochs": epochs, "unread": unread}
+            how = (f"finishes epoch {epochs[0] if names is None else dict(zip(names, epochs))} with what the "
+                   f"earlier layout had not read ({sum(map(len, unread))} shard pieces), then goes on")
         else:
-            start = [(max(epochs.values()) if isinstance(epochs, dict) else epochs) + 1] * n
-        print(f"megatok: resuming with layout {layout(cfg, world)} instead of {meta['layout']}: the data stream "
-              f"starts epoch {start[0] if names is None else dict(zip(names, start))}", flush=True)
-        origin = {"step": meta["step"], "epochs": start}
+            epochs = meta.get("epochs", meta["epoch"])  # {source: epoch} for a mixture, else one epoch
+            if names and isinstance(epochs, dict):
+                start = [epochs[name] + 1 if name in epochs else 0 for name in names]
+            else:
+                start = [(max(epochs.values()) if isinstance(epochs, dict) else epochs) + 1] * n
+            origin = {"step": meta["step"], "epochs": start}
+            how = f"starts epoch {start[0] if names is None else dict(zip(names, start))}"
+        print(f"megatok: resuming with layout {layout(cfg, world)} instead of {old}: the data stream {how}",
+              flush=True)
     start_batch = (meta["step"] - origin["step"]) * cfg.train.grad_accum if meta else 0
     return start_batch, origin["epochs"], origin

@@ -5,6 +5,7 @@ import signal
 import tarfile
 import warnings
 from collections import Counter
+import contextlib
 from contextlib import contextmanager
 from types import SimpleNamespace
 
@@ -182,6 +183,74 @@ def test_resume_from_cursors_continues_exactly_without_rereading(tmp_path, monke
     assert counted["regenerate"].calls > 3 * counted["cursor"].calls
     with pytest.raises(ValueError, match="cursor of reader 0 does not fit"):
         PackedByteStream(urls, cursors={0: {"sources": []}}, **one)
+
+
+def read_before(ds, reader, n_readers, source, stop, state=None):
+    """(epoch, document) of one reader's source, in order, before the position ``stop`` (which may
+    point past the end of a shard: the next document to read after the shard's last)."""
+    state = state or ds.start_state(reader)[0]
+    out = []
+    for doc, at in ds._source_documents(source, reader, n_readers, state):
+        if at[:3] >= stop[:3]:
+            return out
+        out.append((at[0], doc))
+
+
+def leftover_docs(ds, reader, n_readers, source):
+    """The documents a reader of a stream with ``unread`` pieces reads in the epoch it finishes."""
+    out = []
+    for doc, at in ds._source_documents(source, reader, n_readers, ds.start_state(reader)[0]):
+        if at[0] != ds.start_epochs[source]:
+            return out
+        out.append(doc)
+
+
+@pytest.mark.parametrize("case", ["plain", "mixture"])
+def test_a_new_layout_reads_what_the_old_one_left_of_the_epoch_once(tmp_path, case):
+    """Three readers stop at different places; two then share what they had not read of the current
+    epoch, stop again, and four share the rest: every document of that epoch is read exactly once
+    (the ones a reader was in the middle of, from their start), then the stream goes on."""
+    a, docs_a = make_shards(tmp_path / "a", n_docs=60, num_shards=12, seed=3, tag="A")
+    sources, weights = [a], None
+    if case == "mixture":
+        b, _ = make_shards(tmp_path / "b", n_docs=30, num_shards=6, seed=4, tag="B")
+        sources, weights = [a, b], [2.0, 1.0]
+    urls = sources if weights else a
+    kw = dict(seq_len=SEQ_LEN, batch_size=BATCH, seed=5, weights=weights)
+    counts = [len(u) for u in sources]
+    layouts, origin, epochs = [], None, None
+    stack = contextlib.ExitStack()
+    stack.enter_context(time_limit(60))
+    for n_readers, taken in ((3, (9, 14 if case == "plain" else 30, 3)), (2, (4, 2)), (4, None)):
+        streams = [PackedByteStream(urls, rank=r, world_size=n_readers, start_epoch=epochs or 0,
+                                    unread=origin and origin["unread"], **kw) for r in range(n_readers)]
+        if taken is None:
+            break
+        cursors = {r: take(ds, n)[-1]["cursor"] for r, (ds, n) in enumerate(zip(streams, taken))}
+        cursors = json.loads(json.dumps(cursors), object_hook=lambda d: {int(k) if k.isdigit() else k: v
+                                                                          for k, v in d.items()})
+        layouts.append((streams, n_readers, cursors))
+        epochs, unread = stream.unread_pieces(counts, cursors, n_readers, 5, origin)
+        origin = {"epochs": epochs, "unread": unread}
+    for s, (tag, n_docs) in enumerate([(b"<A", 60), (b"<B", 30)][:len(sources)]):
+        read = [doc for streams_, n, cursors in layouts for r, ds in enumerate(streams_)
+                for e, doc in read_before(ds, r, n, s, cursors[r]["sources"][s]) if e == epochs[s]]
+        read += [doc for r, ds in enumerate(streams) for doc in leftover_docs(ds, r, 4, s)]
+        assert len(read) == n_docs and len(set(read)) == n_docs and all(d.startswith(tag) for d in read), s
+    assert set(d for d in read if d.startswith(b"<A")) == set(docs_a) or case == "mixture"
+    # a reader of the first layout was an epoch behind another: its share of the later epoch was all unread
+    first = layouts[0][2]
+    assert any(c["sources"][s][0] < max(d["sources"][s][0] for d in first.values())
+               for c in first.values() for s in range(len(sources)))
+    # the finishing stream then goes on with the next epoch; its batches carry cursors that resume it exactly
+    full = take(streams[1], 12)
+    again = take(PackedByteStream(urls, rank=1, world_size=4, start_epoch=epochs, unread=unread,
+                                  start_batch=5, cursors={1: full[4]["cursor"]}, **kw), 7)
+    assert all(torch.equal(x["tokens"], y["tokens"]) for x, y in zip(full[5:], again))
+    assert max(full[-1]["epochs"]) > max(epochs)
+    stack.close()
+    with pytest.raises(ValueError, match="unread pieces do not fit"):
+        PackedByteStream(urls, unread=[[[99, 0]]] * len(sources), **kw)
 
 
 def damage(path, kind):

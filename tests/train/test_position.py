@@ -1,0 +1,29 @@
+"""Where a resumed data stream starts (megatok.train.position.data_position), without a trainer."""
+
+from megatok.config import load_config
+from megatok.train.position import data_position, layout
+
+
+def test_a_new_layout_finishes_the_epoch_from_cursors_or_starts_the_next_without(capsys):
+    cfg = load_config("configs/tiny.json", ["train.global_batch_size=16", "data.num_workers=1"])
+    old = {**layout(cfg, 2), "world_size": 2}
+    meta = {"step": 10, "epoch": 3, "layout": old}
+    assert data_position({**meta, "layout": layout(cfg, 1)}, cfg, 1)[:2] == (10 * cfg.train.grad_accum, [0])
+
+    start_batch, epochs, origin = data_position(meta, cfg, 1)  # no cursors (a checkpoint from before them)
+    assert (start_batch, epochs, origin) == (0, [4], {"step": 10, "epochs": [4]})
+    assert "the data stream starts epoch 4" in capsys.readouterr().out
+
+    cursors = {0: {"sources": [[3, 1, 2, 40]], "read": [0], "bad_shards": 0, "offset": 5},
+               1: {"sources": [[2, 7, 0, 90]], "read": [0], "bad_shards": 0, "offset": 0}}  # reader 1 lags
+    start_batch, epochs, origin = data_position(meta, cfg, 1, cursors, [8])
+    assert (start_batch, epochs) == (0, [3])
+    # reader 0 of 2 had shards 0, 2, 4, 6 of epoch 3's order: it was in the 2nd, at document 2; reader 1,
+    # still in epoch 2, had read nothing of its epoch-3 shards 1, 3, 5, 7
+    from megatok.data.stream import epoch_order
+    order = [int(i) for i in epoch_order(8, cfg.train.seed, 3, 0, 1)]
+    assert origin["unread"] == [[[order[2], 2], [order[4], 0], [order[6], 0]] + [[order[k], 0] for k in (1, 3, 5, 7)]]
+    assert "finishes epoch 3 with what the earlier layout had not read (7 shard pieces)" in capsys.readouterr().out
+    # a later checkpoint of the new layout continues that stream
+    later = {"step": 14, "epoch": 3, "layout": layout(cfg, 1), "stream_origin": origin}
+    assert data_position(later, cfg, 1) == (4 * cfg.train.grad_accum, [3], origin)
