@@ -246,17 +246,22 @@ def train(cfg: Config, *, resume: str = "auto") -> dict:
     # Same layout and data: each reader continues from its cursor. Checkpoints from before cursors, and
     # other shards (whose indices the cursors do not describe), regenerate the recorded number of batches.
     # Another layout on the same data shares out what the old readers had not read of the current epoch.
+    # Rank 0 decides where the stream starts, for all ranks.
     same_data = meta is not None and meta.get("data_digest", digest) == digest
-    old_cursors = {}
-    if not same_layout and same_data:
-        try:
-            for r in range(meta["layout"]["world_size"]):
-                old_cursors.update(checkpoint.read_cursors(run_dir, meta["tag"], r, len(sources)))
-        except checkpoint.CheckpointError:
-            old_cursors = {}
-        if len(old_cursors) != meta["layout"]["world_size"] * meta["layout"].get("num_workers", 1):
-            old_cursors = {}  # some reader's position is unknown: start the next epoch instead
-    start_batch, start_epochs, stream_origin = data_position(meta, cfg, world, old_cursors, list(map(len, sources)))
+    stream_start = [None]
+    if rank == 0:
+        old_cursors = {}
+        if not same_layout and same_data:
+            try:
+                for r in range(meta["layout"]["world_size"]):
+                    old_cursors.update(checkpoint.read_cursors(run_dir, meta["tag"], r, len(sources)))
+            except checkpoint.CheckpointError:
+                old_cursors = {}
+            if len(old_cursors) != meta["layout"]["world_size"] * meta["layout"].get("num_workers", 1):
+                old_cursors = {}  # some reader's position is unknown: start the next epoch instead
+        stream_start[0] = data_position(meta, cfg, world, old_cursors, list(map(len, sources)), same_data)
+    tdist.broadcast_object_list(stream_start, src=0)
+    start_batch, start_epochs, stream_origin = stream_start[0]
     cursors = checkpoint.read_cursors(run_dir, meta["tag"], rank, len(sources)) if (
         start_batch and same_layout and same_data) else {}
     accum = cfg.train.grad_accum

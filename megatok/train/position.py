@@ -56,7 +56,7 @@ class StreamPosition:
 
 
 def data_position(meta: dict | None, cfg: Config, world: int, old_cursors: dict[int, dict] | None = None,
-                  shard_counts: list[int] | None = None) -> tuple[int, list[int], dict]:
+                  shard_counts: list[int] | None = None, same_data: bool = True) -> tuple[int, list[int], dict]:
     """(start_batch, start epoch per source, origin) for this rank's stream after resuming from ``meta``.
 
     Same layout: continue exactly where each reader stopped. A different layout (world size,
@@ -69,7 +69,9 @@ def data_position(meta: dict | None, cfg: Config, world: int, old_cursors: dict[
     the documents of the interrupted epoch not yet read are skipped for that epoch. The stream then
     restarts from its first batch; ``origin`` ({"step", "epochs"}, and "unread" when it finishes an
     interrupted epoch) goes into every later checkpoint, so that resuming one of those with the same
-    layout continues the restarted stream, not the original one."""
+    layout continues the restarted stream, not the original one. With other data (``same_data``
+    False) the same layout resumes the recorded epochs as they now come, without "unread" pieces,
+    whose shard indices described the old shards."""
     from megatok.data.stream import unread_pieces
 
     names = list(cfg.data.shards) if isinstance(cfg.data.shards, dict) else None
@@ -78,11 +80,13 @@ def data_position(meta: dict | None, cfg: Config, world: int, old_cursors: dict[
         origin = {"step": 0, "epochs": [0] * n}
     elif meta["layout"] == layout(cfg, world):
         origin = meta.get("stream_origin", {"step": 0, "epochs": [0] * n})
+        if not same_data:
+            origin = {k: v for k, v in origin.items() if k != "unread"}
     else:
         old = meta["layout"]
         old_names = [k for k, _ in old["mixture"]] if "mixture" in old else None
         if old_cursors and shard_counts and old_names == names:
-            epochs, unread = unread_pieces(shard_counts, old_cursors, old["world_size"] * old["num_workers"],
+            epochs, unread = unread_pieces(shard_counts, old_cursors, old["world_size"] * old.get("num_workers", 1),
                                            old["seed"], meta.get("stream_origin"))
             origin = {"step": meta["step"], "epochs": epochs, "unread": unread}
             how = (f"finishes epoch {epochs[0] if names is None else dict(zip(names, epochs))} with what the "

@@ -27,3 +27,5 @@ def test_a_new_layout_finishes_the_epoch_from_cursors_or_starts_the_next_without
     # a later checkpoint of the new layout continues that stream
     later = {"step": 14, "epoch": 3, "layout": layout(cfg, 1), "stream_origin": origin}
     assert data_position(later, cfg, 1) == (4 * cfg.train.grad_accum, [3], origin)
+    # on other shards the same layout resumes the recorded epoch without the old shards' pieces
+    assert data_position(later, cfg, 1, same_data=False) == (4 * cfg.train.grad_accum, [3], {"step": 10, "epochs": [3]})
