@@ -30,7 +30,7 @@ from megatok.model import build_model
 from megatok.stats import ratios
 from megatok.train import checkpoint, dist, faults
 from megatok.train.dist import sum_over_ranks
-from megatok.train.position import StreamPosition, by_source, data_digest, data_position, layout
+from megatok.train.position import StreamPosition, all_cursors, by_source, data_digest, data_position, layout
 from megatok.train.validation import validate, validation_batches
 
 LOSS_TERMS = ("loss", "lm_loss", "policy_loss", "rate_loss")
@@ -250,15 +250,7 @@ def train(cfg: Config, *, resume: str = "auto") -> dict:
     same_data = meta is not None and meta.get("data_digest", digest) == digest
     stream_start = [None]
     if rank == 0:
-        old_cursors = {}
-        if not same_layout and same_data:
-            try:
-                for r in range(meta["layout"]["world_size"]):
-                    old_cursors.update(checkpoint.read_cursors(run_dir, meta["tag"], r, len(sources)))
-            except checkpoint.CheckpointError:
-                old_cursors = {}
-            if len(old_cursors) != meta["layout"]["world_size"] * meta["layout"].get("num_workers", 1):
-                old_cursors = {}  # some reader's position is unknown: start the next epoch instead
+        old_cursors = all_cursors(run_dir, meta, len(sources)) if not same_layout and same_data else {}
         stream_start[0] = data_position(meta, cfg, world, old_cursors, list(map(len, sources)), same_data)
     tdist.broadcast_object_list(stream_start, src=0)
     start_batch, start_epochs, stream_origin = stream_start[0]

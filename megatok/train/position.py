@@ -55,6 +55,19 @@ class StreamPosition:
         return sum(self._bad.values())
 
 
+def all_cursors(run_dir, meta: dict, n_sources: int) -> dict[int, dict]:
+    """Every reader's cursor in a checkpoint (all ranks' files), or {} if any is missing or unreadable."""
+    from megatok.train import checkpoint
+
+    old, cursors = meta["layout"], {}
+    try:
+        for r in range(old["world_size"]):
+            cursors.update(checkpoint.read_cursors(run_dir, meta["tag"], r, n_sources))
+    except checkpoint.CheckpointError:
+        return {}
+    return cursors if len(cursors) == old["world_size"] * old.get("num_workers", 1) else {}
+
+
 def data_position(meta: dict | None, cfg: Config, world: int, old_cursors: dict[int, dict] | None = None,
                   shard_counts: list[int] | None = None, same_data: bool = True) -> tuple[int, list[int], dict]:
     """(start_batch, start epoch per source, origin) for this rank's stream after resuming from ``meta``.

@@ -29,3 +29,21 @@ def test_a_new_layout_finishes_the_epoch_from_cursors_or_starts_the_next_without
     assert data_position(later, cfg, 1) == (4 * cfg.train.grad_accum, [3], origin)
     # on other shards the same layout resumes the recorded epoch without the old shards' pieces
     assert data_position(later, cfg, 1, same_data=False) == (4 * cfg.train.grad_accum, [3], {"step": 10, "epochs": [3]})
+
+
+def test_all_cursors_of_a_checkpoint_or_none(tmp_path):
+    import json
+
+    from megatok.train.position import all_cursors
+
+    ckpt = tmp_path / "checkpoints" / "step00000004"
+    ckpt.mkdir(parents=True)
+    cursor = {"sources": [[0, 1, 2, 9]], "read": [0], "bad_shards": 0, "offset": 3}
+    for rank in (0, 1):
+        (ckpt / f"stream_rank{rank}.json").write_text(json.dumps({"cursors": {str(rank): cursor}}))
+    meta = {"tag": "step00000004", "layout": {"world_size": 2, "num_workers": 1}}
+    assert all_cursors(tmp_path, meta, 1) == {0: cursor, 1: cursor}
+    assert all_cursors(tmp_path, meta, 2) == {}  # cursors of another number of sources
+    assert all_cursors(tmp_path, {**meta, "layout": {"world_size": 2, "num_workers": 2}}, 1) == {}  # 2 of 4 readers
+    (ckpt / "stream_rank1.json").unlink()
+    assert all_cursors(tmp_path, meta, 1) == {}
