@@ -301,6 +301,9 @@ def train(cfg: Config, *, resume: str = "auto") -> dict:
                              lambda: f"last good checkpoint: {checkpoint.latest_tag(run_dir)}")
     totals = Totals(device)
     skipped_in_row, t_last, paused, last_row = 0, time.time(), 0.0, {}
+    if not start_batch:  # a fresh stream: a reader nothing has been consumed from yet is at its start
+        workers = max(1, cfg.data.num_workers)
+        cursors = {r: {**stream.start_state(r)[0], "offset": 0} for r in range(rank * workers, (rank + 1) * workers)}
     position = StreamPosition(start_epochs, cursors)
     engine.train()
     while step < cfg.train.max_steps:

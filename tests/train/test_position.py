@@ -47,3 +47,19 @@ def test_all_cursors_of_a_checkpoint_or_none(tmp_path):
     assert all_cursors(tmp_path, {**meta, "layout": {"world_size": 2, "num_workers": 2}}, 1) == {}  # 2 of 4 readers
     (ckpt / "stream_rank1.json").unlink()
     assert all_cursors(tmp_path, meta, 1) == {}
+
+
+def test_a_reader_never_consumed_from_is_known_to_be_at_its_start(shards, tmp_path):
+    """One step of one rank with two dataloader workers consumes a batch of reader 0 only; reader 1's
+    cursor is its start, so a resume with one worker shares out the epoch rather than skipping it."""
+    from megatok.train import checkpoint
+    from tests.conftest import TINY, pretrain
+
+    run = tmp_path / "run"
+    common = ["--config", "configs/tiny.json", "--set", *TINY, f"data.shards={shards}", f"train.run_dir={run}",
+              "train.micro_batch_size=2", "train.global_batch_size=2", "train.save_every=1"]
+    pretrain(common + ["train.max_steps=1", "data.num_workers=2"])
+    cursors = checkpoint.read_cursors(run, "step00000001", 0, 1)
+    assert sorted(cursors) == [0, 1] and cursors[1]["sources"] == [[0, 0, 0, 0]] and cursors[1]["offset"] == 0
+    r = pretrain(common + ["train.max_steps=2", "data.num_workers=1"])
+    assert "the data stream finishes epoch 0 with what the earlier layout had not read" in r.stdout
