@@ -97,11 +97,12 @@ class ByteUNet(nn.Module):
         B, T = x.shape
         real = x != PAD
         positions = torch.arange(T, device=x.device)
-        forced = forced_starts(x, real, SEP if self.cfg.document_mask else None)
-        docs = forced.long().cumsum(1) if self.cfg.document_mask else None  # document of each byte
+        forced = forced_starts(x, real, SEP) if self.cfg.document_mask else None  # None: t = 0 only
+        docs = None if forced is None else forced.long().cumsum(1)  # document of each byte
 
         h = self.encoder(self.embed(x), positions, docs, kv.get("encoder"))
-        b = self.boundary(h, x, real, forced if self.cfg.document_mask else None)
+        b = self.boundary(h, x, real, forced)
+        forced = b.forced  # the strategy's (t = 0 when it was given None)
         if starts is not None:
             pinned = b.starts.clone()
             pinned[:, :starts.shape[1]] = starts
@@ -138,8 +139,8 @@ class ByteUNet(nn.Module):
         h_t = self.encoder(self.embed(x_new), pos, cache=cache["encoder"])
         h = torch.cat([cache["h"], h_t], 1)
         real = x != PAD
-        forced = forced_starts(x, real, SEP if self.cfg.document_mask else None)
-        b = self.boundary(h, x, real, forced if self.cfg.document_mask else None)
+        b = self.boundary(h, x, real, forced_starts(x, real, SEP) if self.cfg.document_mask else None)
+        forced = b.forced
         b.starts = torch.cat([cache["starts"], b.starts[:, -1:]], 1)
         if b.starts[0, -1]:
             z = self.main_norm(self.main(self.down_proj(h_t), pos, cache=cache["main"]))

@@ -8,7 +8,8 @@ import json
 import os
 
 from megatok.config import Config
-from megatok.data.stream import resolve_sources
+from megatok.data.stream import resolve_sources, unread_pieces
+from megatok.train import checkpoint
 
 
 def by_source(cfg: Config, values: list, key: str) -> dict:
@@ -57,8 +58,6 @@ class StreamPosition:
 
 def all_cursors(run_dir, meta: dict, n_sources: int) -> dict[int, dict]:
     """Every reader's cursor in a checkpoint (all ranks' files), or {} if any is missing or unreadable."""
-    from megatok.train import checkpoint
-
     old, cursors = meta["layout"], {}
     try:
         for r in range(old["world_size"]):
@@ -85,8 +84,6 @@ def data_position(meta: dict | None, cfg: Config, world: int, old_cursors: dict[
     layout continues the restarted stream, not the original one. With other data (``same_data``
     False) the same layout resumes the recorded epochs as they now come, without "unread" pieces,
     whose shard indices described the old shards."""
-    from megatok.data.stream import unread_pieces
-
     names = list(cfg.data.shards) if isinstance(cfg.data.shards, dict) else None
     n = len(names) if names else 1
     if meta is None:
