@@ -89,23 +89,29 @@ def pretrain(args: list[str], *, nproc: int = 1, timeout: float = 300, check: bo
     as Slurm's srun path does), the same trainer and DeepSpeed engine without the launcher's two
     extra Python processes (about 6 s per run here). Tests of how a job ends when a rank fails or
     hangs use "deepspeed"."""
-    from megatok.train.dist import free_port
-
     base = {**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu",
             "PYTHONPATH": str(ROOT), **(env or {})}
     script = [str(ROOT / "launch/pretrain.py")]
     if nproc > 1 and launcher == "env":
         r = _ranks_from_env(script + args, nproc, base, timeout)
-        if check and r.returncode != 0:
-            raise AssertionError(f"pretrain failed ({r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-5000:]}")
-        return r
+    else:
+        r = _one_command(script, args, nproc, base, timeout)
+    if check and r.returncode != 0:
+        raise AssertionError(f"pretrain failed ({r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-5000:]}")
+    return r
+
+
+def _one_command(script: list[str], args: list[str], nproc: int, env: dict, timeout: float) -> subprocess.CompletedProcess:
+    """One plain process, or the deepspeed launcher with ``nproc`` ranks."""
+    from megatok.train.dist import free_port
+
     if nproc == 1:
         cmd = [sys.executable] + script
     else:
         deepspeed = str(Path(sys.executable).parent / "deepspeed")
         cmd = [deepspeed, "--num_gpus", str(nproc), "--master_port", str(free_port())] + script
     # A new session, so a timeout kills the launcher's whole process tree, not just the launcher.
-    proc = subprocess.Popen(cmd + args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=base,
+    proc = subprocess.Popen(cmd + args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                             cwd=ROOT, start_new_session=True)
     try:
         out, err = proc.communicate(timeout=timeout)
@@ -113,10 +119,7 @@ def pretrain(args: list[str], *, nproc: int = 1, timeout: float = 300, check: bo
         os.killpg(proc.pid, signal.SIGKILL)
         out, err = proc.communicate()
         raise AssertionError(f"pretrain timed out after {timeout} s:\n{out[-3000:]}\n{err[-3000:]}") from None
-    r = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
-    if check and r.returncode != 0:
-        raise AssertionError(f"pretrain failed ({r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-5000:]}")
-    return r
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 def _ranks_from_env(argv: list[str], nproc: int, env: dict, timeout: float) -> subprocess.CompletedProcess:
