@@ -5,7 +5,8 @@ plus megatok's ``megatok.json`` with the step and data layout, and per rank ``rn
 with its Python, NumPy and torch RNG states and ``stream_rank<r>.json`` with its data readers'
 cursors), then rank 0 renames the directory to ``<tag>``
 and only then replaces the ``latest`` pointer. A run killed at any moment therefore leaves
-``latest`` on a complete checkpoint; stale ``*.tmp`` directories are removed at the next start.
+``latest`` on a complete checkpoint (every file is fsync'd before the rename, so this holds for a
+crash of the machine too); stale ``*.tmp`` directories are removed at the next start.
 Nothing is written from weights that are not finite. The newest ``keep`` checkpoints are kept.
 
 Only JSON and DeepSpeed's files are read back; megatok's own files are never unpickled.
@@ -179,6 +180,30 @@ def _write_atomic(path: Path, text: str) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+def _fsync_dir(path: Path) -> None:
+    """Make a directory's entries (a rename into it) durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def sync_tree(path: Path) -> None:
+    """fsync every file under ``path``, then every directory: DeepSpeed writes its files with torch.save,
+    which leaves them in the page cache, and a checkpoint must be on disk before it is published
+    (renamed into place), or a crash of the machine could publish files with missing data."""
+    dirs = []
+    for root, _, files in os.walk(path):
+        dirs.append(Path(root))
+        for name in files:
+            with open(Path(root) / name, "rb") as f:
+                os.fsync(f.fileno())
+    for d in reversed(dirs):
+        _fsync_dir(d)
 
 
 def rng_state() -> dict:
@@ -268,6 +293,9 @@ def save(engine, run_dir: str | Path, step: int, meta: dict, keep: int = 3,
     if cursors:
         _write_atomic(tmp / stream_file(rank), json.dumps({"cursors": {str(r): c for r, c in sorted(cursors.items())}}))
     dist.barrier()
+    if int(os.environ.get("LOCAL_RANK", rank)) == 0:  # one process per machine flushes what its node wrote
+        sync_tree(tmp)
+    dist.barrier()
     faults.maybe_die_in_save(step)
     if rank == 0:
         _write_atomic(tmp / META, json.dumps({**meta, "tag": tag}, indent=2))
@@ -279,6 +307,7 @@ def save(engine, run_dir: str | Path, step: int, meta: dict, keep: int = 3,
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.replace(tmp, final)
+        _fsync_dir(ckdir)
         set_latest(run_dir, tag)
         for old_tag in published_tags(run_dir)[:-keep] if keep > 0 else []:
             if old_tag != tag:

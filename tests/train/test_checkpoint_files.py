@@ -1,7 +1,10 @@
-"""megatok's own files in a checkpoint directory, without an engine: what a restart cleans up or
-restores, and how the data readers' cursors are read back."""
+"""megatok's own files in a checkpoint directory, without DeepSpeed: what a restart cleans up or
+restores, how the data readers' cursors are read back, what counts as damage, and that a save is on
+disk before it is published."""
 
 import json
+import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -107,3 +110,56 @@ def test_what_else_counts_as_damage_and_what_does_not(tmp_path):
     assert checkpoint.resume_tag(tmp_path, "auto") == checkpoint.resume_tag(tmp_path, "step00000004") == "step00000004"
     checkpoint.remove_stale(tmp_path)
     assert not aside.exists() and checkpoint.read_meta(tmp_path, "step00000004")["step"] == 4
+
+
+class FilesEngine:
+    """What checkpoint.save needs of a DeepSpeed engine: its weights, and a save that writes files
+    (into a subdirectory too, as ZeRO's universal layout does)."""
+    device = torch.device("cpu")
+
+    def __init__(self):
+        self.module = torch.nn.Linear(2, 2)
+
+    def save_checkpoint(self, save_dir, tag, client_state, save_latest):
+        d = Path(save_dir) / tag
+        (d / "zero").mkdir(parents=True, exist_ok=True)
+        torch.save(self.module.state_dict(), d / "mp_rank_00_model_states.pt")
+        torch.save({"state": torch.ones(4)}, d / "zero_pp_rank_0_mp_rank_00_optim_states.pt")
+        (d / "zero" / "fp32.pt").write_bytes(b"\0" * 64)
+
+
+@pytest.fixture
+def one_rank():
+    import torch.distributed as dist
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def test_every_file_of_a_checkpoint_is_on_disk_before_it_is_published(tmp_path, monkeypatch, one_rank):
+    events, real_fsync, real_replace = [], os.fsync, os.replace
+
+    def fsync(fd):
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+        real_fsync(fd)
+
+    def replace(src, dst):
+        events.append(("replace", str(src), str(dst)))
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    tag = checkpoint.save(FilesEngine(), tmp_path, 3, {"step": 3, "layout": {"world_size": 1}})
+    ckdir = tmp_path / "checkpoints"
+    publish = events.index(("replace", str(ckdir / f"{tag}.tmp"), str(ckdir / tag)))
+    synced_before = set()
+    for e in events[:publish]:  # a file is on disk when it was fsync'd, or renamed after it was (megatok's)
+        if e[0] == "fsync" or e[1] in synced_before:
+            synced_before.add(e[-1])
+    tmp = ckdir / f"{tag}.tmp"
+    files = {str(tmp / p.relative_to(ckdir / tag)) for p in (ckdir / tag).rglob("*")}
+    assert files and files | {str(tmp)} <= synced_before  # every file and directory, DeepSpeed's included
+    # the rename is on disk before ``latest`` points at it
+    latest = next(i for i, e in enumerate(events) if e[0] == "replace" and e[2] == str(ckdir / "latest"))
+    assert ("fsync", str(ckdir)) in events[publish:latest]
+    assert checkpoint.latest_tag(tmp_path) == tag and checkpoint.damage(tmp_path, tag) is None
