@@ -12,8 +12,9 @@ document by document and logs one ``"split": "h2h"`` row with, side by side:
   ``h2h_bpb_gap`` = baseline - this model (positive: this model is better). The baseline is
   re-scored only when its latest checkpoint changes (it may be training at the same time);
 - ``by_lang`` / ``by_domain``: all of the above (with ``h2h_documents`` and ``h2h_bytes``) per "lang" /
-  "domain" metadata of the documents. On a parallel set, check that every language got the same
-  documents: ``eval.heldout_max_bytes`` reads a prefix of the file;
+  "domain" metadata of the documents. A heldout file larger than ``eval.heldout_max_bytes`` gives
+  every (lang, domain) group its turn (heldout_documents); on a parallel set, check that every
+  language got the same documents;
 - ``h2h_seconds`` and ``h2h_cost_fraction``: time spent here, and its share of wall time since start.
 
 The ranks share the documents' batches and merge their sums (under ZeRO-3, where every rank must
@@ -44,23 +45,49 @@ def read_documents(spec: str | list[str]):
 
 
 def heldout_documents(cfg: Config) -> list[Document]:
-    """The head-to-head documents: whole documents until eval.heldout_max_bytes is reached (taken in
-    turn from each source of a mixture, so every source is represented)."""
+    """The head-to-head documents: whole documents until eval.heldout_max_bytes is reached. A shard
+    set's val split (shuffled when built) is read in order, taken in turn from each source of a mixture;
+    a heldout file or directory is read whole and its documents taken in turn from each (lang, domain)
+    group (see balanced), so that a file sorted by language keeps every language."""
     from megatok.data.stream import iter_shard_documents, resolve_sources
 
     spec = cfg.eval.heldout or cfg.data.val_shards
+    budget = cfg.eval.heldout_max_bytes
     if spec is None or isinstance(spec, dict):  # shard sets' val splits (one stream unless a mixture)
         streams = [iter_shard_documents(u) for u in resolve_sources(spec or cfg.data.shards, "val")[0]]
         docs = (d for group in itertools.zip_longest(*streams) for d in group if d is not None)
-    else:
-        docs = read_documents(spec)
-    out, n = [], 0
-    for d in docs:
-        if n >= cfg.eval.heldout_max_bytes:
-            break
-        out.append(d)
-        n += len(d.text)
-    return out
+        out, n = [], 0
+        for d in docs:
+            if n >= budget:
+                break
+            out.append(d)
+            n += len(d.text)
+        return out
+    return balanced(read_documents(spec), budget)
+
+
+def balanced(docs, budget: int) -> list[Document]:
+    """Whole documents until ``budget`` bytes, one from each (lang, domain) group in turn (groups in
+    the order they first appear, each group's documents in file order), returned in file order. With
+    one group (or a file within the budget) this is the file's first documents. Each group keeps at
+    most ``budget`` bytes while reading, so memory is bounded by the number of groups."""
+    groups: dict[tuple, list] = {}
+    for i, d in enumerate(docs):
+        kept = groups.setdefault((d.lang, d.domain), [0, []])
+        if kept[0] < budget:
+            kept[0] += len(d.text)
+            kept[1].append((i, d))
+    queues = [iter(kept[1]) for kept in groups.values()]
+    chosen, n = [], 0
+    while queues and n < budget:
+        for q in list(queues):
+            item = next(q, None) if n < budget else None
+            if item is None:
+                queues.remove(q)
+                continue
+            chosen.append(item)
+            n += len(item[1].text)
+    return [d for _, d in sorted(chosen, key=lambda item: item[0])]
 
 
 def tokenizer_path(cfg: Config) -> str | None:

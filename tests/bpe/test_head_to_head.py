@@ -12,7 +12,7 @@ import pytest
 from megatok import bpe
 from megatok.data.documents import iter_documents
 from megatok.metrics import read_metrics
-from tests.conftest import PARALLEL, TINY, pretrain, run_tool, stdlib_texts
+from tests.conftest import PARALLEL, ROOT, TINY, pretrain, run_tool, stdlib_texts
 
 BPE_SET = ["model.kind=bpe", "model.vocab_size=512", "model.bytes_per_token=3.0", "model.n_encoder_layers=0",
            "model.n_decoder_layers=0", "model.n_main_layers=2", "data.seq_len=24", "train.save_every=3",
@@ -141,3 +141,28 @@ def test_bad_head_to_head_inputs_fail_before_training(runs, tmp_path):
                   f"model.tokenizer={tmp_path / 'missing'}", f"train.run_dir={tmp_path / 'r'}"], check=False)
     assert r.returncode == 2 and "error: model.tokenizer:" in r.stderr and "Traceback" not in r.stderr
     assert not (tmp_path / "r").exists()
+
+
+def test_a_heldout_file_sorted_by_language_keeps_every_language(tmp_path):
+    """eval.heldout_max_bytes smaller than the file: every (lang, domain) group takes its turn, so a
+    file sorted by language is not cut down to its first languages; file order is kept."""
+    from megatok.config import load_config
+    from megatok.eval.head_to_head import heldout_documents
+
+    heldout = tmp_path / "sorted.jsonl"
+    with heldout.open("w") as f:
+        for lang, n in [("en", 40), ("ru", 3), ("zh", 40)]:
+            for i in range(n):
+                f.write(json.dumps({"text": f"{lang} {i:02d} " + "x" * 94, "lang": lang, "domain": "d"}) + "\n")
+    cfg = load_config(ROOT / "configs/tiny.json", overrides=[f"eval.heldout={heldout}", "eval.heldout_max_bytes=1500"])
+    docs = heldout_documents(cfg)
+    langs = [d.lang for d in docs]
+    # 100 bytes each: 15 documents, ru's 3, then en and zh in turn
+    assert langs.count("ru") == 3 and langs.count("en") == 6 and langs.count("zh") == 6
+    assert [d.text[:5] for d in docs if d.lang == "en"] == [f"en {i:02d}".encode() for i in range(6)]
+    assert [int(d.source.rsplit(":", 1)[1]) for d in docs] == sorted(int(d.source.rsplit(":", 1)[1]) for d in docs)
+    # one group: the file's first documents, as before
+    one = tmp_path / "en.jsonl"
+    one.write_text("".join(line for line in heldout.read_text().splitlines(True) if '"lang": "en"' in line))
+    cfg = load_config(ROOT / "configs/tiny.json", overrides=[f"eval.heldout={one}", "eval.heldout_max_bytes=250"])
+    assert [d.text[:5] for d in heldout_documents(cfg)] == [b"en 00", b"en 01", b"en 02"]
