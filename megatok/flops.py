@@ -77,6 +77,16 @@ from megatok.vocab import VOCAB_SIZE
 PEAK_BF16_TFLOPS = {"H200": 989.0, "H100": 989.0, "GH200": 989.0, "A100": 312.0, "L40S": 362.0, "A10": 125.0}
 
 
+def device_peak_tflops(device) -> float | None:
+    """The dense bf16 peak of a CUDA device by its name (PEAK_BF16_TFLOPS), or None (unknown, or not a GPU)."""
+    import torch
+
+    if torch.device(device).type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((value for key, value in PEAK_BF16_TFLOPS.items() if key in name), None)
+
+
 # ----------------------------------------------------------------------------- shapes and parameters
 
 def ffn_hidden(w: int, mult: float, multiple_of: int) -> int:

@@ -62,15 +62,7 @@ def sync(device: torch.device) -> None:
 
 
 def peak_tflops(device: torch.device, override: float | None) -> float | None:
-    if override:
-        return override
-    if device.type != "cuda":
-        return None
-    name = torch.cuda.get_device_name(device)
-    for key, value in flops.PEAK_BF16_TFLOPS.items():  # "H200" before "H100": both 989 anyway
-        if key in name:
-            return value
-    return None
+    return override or flops.device_peak_tflops(device)
 
 
 def environment(device: torch.device) -> dict:

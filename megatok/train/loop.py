@@ -24,7 +24,7 @@ from megatok.config import Config, builds_partitioned, deepspeed_config, lr_lamb
 from megatok.data.encoding import encoding_for
 from megatok.data.stream import PackedByteStream, make_loader, resolve_sources
 from megatok.eval.head_to_head import HeadToHead
-from megatok.flops import flops_per_byte
+from megatok.flops import device_peak_tflops, flops_per_byte
 from megatok.metrics import MetricsLogger
 from megatok.model import build_model
 from megatok.stats import ratios
@@ -301,6 +301,7 @@ def train(cfg: Config, *, resume: str = "auto") -> dict:
                              lambda: f"last good checkpoint: {checkpoint.latest_tag(run_dir)}")
     totals = Totals(device)
     skipped_in_row, t_last, paused, last_row = 0, time.time(), 0.0, {}
+    peak_tflops = cfg.train.peak_tflops or device_peak_tflops(device)
     if not start_batch:  # a fresh stream: a reader nothing has been consumed from yet is at its start
         workers = max(1, cfg.data.num_workers)
         cursors = {r: {**stream.start_state(r)[0], "offset": 0} for r in range(rank * workers, (rank + 1) * workers)}
@@ -349,11 +350,15 @@ def train(cfg: Config, *, resume: str = "auto") -> dict:
             now = time.time()
             n = max(1.0, s["micro_batches"])
             bytes_seen += s["targets"]
-            flops_seen += interval_flops(cfg, s)
+            interval = interval_flops(cfg, s)
+            flops_seen += interval
+            seconds = now - t_last - paused
+            tflops = interval / seconds / world / 1e12  # model FLOP/s per device
             terms = LOSS_TERMS if cfg.model.kind == "unet" else ("loss", "lm_loss")
             last_row = {"step": step, "split": "train", **{k: s[k] / n for k in terms}, **ratios(s),
                         "lr": lr, "grad_norm": engine.get_global_grad_norm(),
-                        "bytes_per_s": s["targets"] / (now - t_last - paused),
+                        "bytes_per_s": s["targets"] / seconds, "tflops_per_device": tflops,
+                        **({"mfu": tflops / peak_tflops} if peak_tflops else {}),
                         "bytes_seen": bytes_seen, "flops": flops_seen,
                         "epoch": max(position.epochs), "bad_shards": int(s["bad_shards"]),
                         "nonfinite_losses": int(s["nonfinite_losses"]), "skipped_steps": int(s["skipped_steps"] / world)}
@@ -361,7 +366,7 @@ def train(cfg: Config, *, resume: str = "auto") -> dict:
             logger.log(last_row)
             logger.progress(step, loss=last_row["loss"], bpb=last_row["bpb"],
                             **({"rate": last_row["boundary_rate"]} if "boundary_rate" in last_row else {}),
-                            bytes_per_s=last_row["bytes_per_s"])
+                            bytes_per_s=last_row["bytes_per_s"], **({"mfu": last_row["mfu"]} if "mfu" in last_row else {}))
             t_last, paused = now, 0.0
 
         t_pause = time.time()

@@ -27,7 +27,8 @@ from tests.conftest import run_tool as tool
 
 STEPS = 4
 TRAIN_KEYS = ("step", "loss", "lm_loss", "policy_loss", "rate_loss", "bpb", "boundary_rate", "bytes_per_chunk",
-              "lr", "grad_norm", "bytes_per_s")
+              "lr", "grad_norm", "bytes_per_s", "tflops_per_device", "mfu")
+PEAK_TFLOPS = 0.002  # train.peak_tflops: a CPU has no known peak, so the run is given one
 FIGURES = ("bpb", "bpb_doc_mean", "bytes_per_chunk", "boundary_rate", "whitespace_boundary_fraction")
 # A short document (fewer bytes than data.seq_len = 64, so a single window) with whitespace in it.
 SHORT_DOC = "def f(x):\n    return x + 1  # café\n"
@@ -57,6 +58,7 @@ def run(shards, tmp_path_factory):
     env = {"WANDB_MODE": "offline", "WANDB_DIR": str(wandb_dir), "WANDB_CONFIG_DIR": str(wandb_dir / "config"),
            "WANDB_CACHE_DIR": str(wandb_dir / "cache"), "WANDB_DATA_DIR": str(wandb_dir / "data")}
     pretrain(["--config", "configs/tiny.json", "--set", *TINY, "logging.wandb_mode=offline",
+              f"train.peak_tflops={PEAK_TFLOPS}",
               f"data.shards={shards}", f"train.run_dir={run_dir}", f"train.max_steps={STEPS}",
               "train.micro_batch_size=2", "train.global_batch_size=2"], env=env)
     return run_dir
@@ -100,6 +102,11 @@ def test_run_dir_holds_resolved_config_metrics_checkpoint_and_wandb(run, shards)
         assert not missing, (missing, r)
         assert all(isinstance(r[k], (int, float)) and math.isfinite(r[k]) for k in TRAIN_KEYS), r
         assert 0 < r["bpb"] < 12 and 0 < r["boundary_rate"] <= 1 and r["bytes_per_chunk"] >= 1
+    # model FLOP/s per device over each row's interval (the interval's seconds from bytes / bytes_per_s)
+    for before, r in zip([{"flops": 0, "bytes_seen": 0}, *train], train):
+        seconds = (r["bytes_seen"] - before["bytes_seen"]) / r["bytes_per_s"]
+        assert r["tflops_per_device"] == pytest.approx((r["flops"] - before["flops"]) / seconds / 1e12, rel=1e-6)
+        assert r["tflops_per_device"] > 0 and r["mfu"] == pytest.approx(r["tflops_per_device"] / PEAK_TFLOPS)
     val = [r for r in rows if r.get("split") == "val"]
     assert val and val[-1]["step"] == STEPS
     assert 0 < val[-1]["val_bpb"] < 12 and val[-1]["val_bytes_per_chunk"] >= 1
@@ -110,6 +117,12 @@ def test_run_dir_holds_resolved_config_metrics_checkpoint_and_wandb(run, shards)
     offline = list((run / "wandb").glob("offline-run-*"))
     assert len(offline) == 1, list((run / "wandb").iterdir()) if (run / "wandb").exists() else "no wandb dir"
     assert list(offline[0].glob("*.wandb")), list(offline[0].iterdir())
+
+
+def test_no_mfu_where_the_peak_is_unknown(tiny_run):
+    """A CPU run without train.peak_tflops logs its FLOP/s but no MFU (there is no peak to divide by)."""
+    train = [r for r in read_metrics(tiny_run) if r.get("split") == "train"]
+    assert train and all(r["tflops_per_device"] > 0 and "mfu" not in r for r in train)
 
 
 # --------------------------------------------------------------------------- evaluate.py

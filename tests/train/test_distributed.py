@@ -55,6 +55,10 @@ def test_two_ranks_match_one_rank_and_resume_continues(stage, one_rank, shards, 
         for key in ("loss", "grad_norm", "bpb", "boundary_rate"):
             assert rows[step][key] == pytest.approx(one_rank[step][key], rel=REL_TOL), (step, key)
     assert two[STEPS] < two[1]
+    # FLOP/s per device: the job's model FLOPs over the interval, divided by the 2 ranks
+    seconds = (rows[2]["bytes_seen"] - rows[1]["bytes_seen"]) / rows[2]["bytes_per_s"]
+    assert rows[2]["tflops_per_device"] == pytest.approx((rows[2]["flops"] - rows[1]["flops"]) / seconds / 2 / 1e12,
+                                                         rel=1e-6)
     # Validation (sampled boundaries) at the end: the same global batches and seeds at either world size.
     val = read_rows(run, "val")[STEPS]
     assert val["val_bytes"] == one_rank_val[STEPS]["val_bytes"]
