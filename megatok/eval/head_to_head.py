@@ -81,12 +81,14 @@ def balanced(docs, budget: int) -> list[Document]:
     chosen, n = [], 0
     while queues and n < budget:
         for q in list(queues):
-            item = next(q, None) if n < budget else None
+            item = next(q, None)
             if item is None:
                 queues.remove(q)
                 continue
             chosen.append(item)
             n += len(item[1].text)
+            if n >= budget:
+                break
     return [d for _, d in sorted(chosen, key=lambda item: item[0])]
 
 
