@@ -73,18 +73,26 @@ from typing import Any
 from megatok.vocab import VOCAB_SIZE
 
 
-# Dense bf16 peak of one GPU (TFLOP/s, no sparsity), for MFU. Matched against torch's device name.
-PEAK_BF16_TFLOPS = {"H200": 989.0, "H100": 989.0, "GH200": 989.0, "A100": 312.0, "L40S": 362.0, "A10": 125.0}
+# Dense bf16 peak of one GPU (TFLOP/s, no sparsity), for MFU: the first key found as whole words in
+# torch's device name ("NVIDIA H100 80GB HBM3"), so the PCIe and NVL H100s come before the SXM one.
+PEAK_BF16_TFLOPS = {"H200": 989.0, "GH200": 989.0, "H100 PCIe": 756.0, "H100 NVL": 835.0, "H100": 989.0, "A100": 312.0,
+                    "L40S": 362.0, "A10": 125.0}
+
+
+def peak_tflops_for(name: str) -> float | None:
+    """The dense bf16 peak of a GPU by its device name (PEAK_BF16_TFLOPS), or None if unknown."""
+    import re
+
+    return next((v for k, v in PEAK_BF16_TFLOPS.items() if re.search(rf"\b{re.escape(k)}\b", name)), None)
 
 
 def device_peak_tflops(device) -> float | None:
-    """The dense bf16 peak of a CUDA device by its name (PEAK_BF16_TFLOPS), or None (unknown, or not a GPU)."""
+    """The dense bf16 peak of a CUDA device (peak_tflops_for its name), or None (unknown, or not a GPU)."""
     import torch
 
     if torch.device(device).type != "cuda":
         return None
-    name = torch.cuda.get_device_name(device)
-    return next((value for key, value in PEAK_BF16_TFLOPS.items() if key in name), None)
+    return peak_tflops_for(torch.cuda.get_device_name(device))
 
 
 # ----------------------------------------------------------------------------- shapes and parameters

@@ -38,24 +38,33 @@ def read_documents(spec: str | list[str]):
     from megatok.data.stream import iter_shard_documents, resolve_shards
 
     for p in [spec] if isinstance(spec, str) else spec:
-        if Path(p, "manifest.json").is_file() or "{" in p or ".tar" in p:
+        if is_shards(p):
             yield from iter_shard_documents(resolve_shards(p, "val"))
         else:
             yield from iter_documents([p])
 
 
+def is_shards(path: str) -> bool:
+    """A shard directory, brace pattern or tar URL (read as a shard set's val split), not a document file."""
+    return Path(path, "manifest.json").is_file() or "{" in path or ".tar" in path
+
+
 def heldout_documents(cfg: Config) -> list[Document]:
     """The head-to-head documents: whole documents until eval.heldout_max_bytes is reached. A shard
-    set's val split (shuffled when built) is read in order, taken in turn from each source of a mixture;
-    a heldout file or directory is read whole and its documents taken in turn from each (lang, domain)
-    group (see balanced), so that a file sorted by language keeps every language."""
+    set's val split (shuffled when built) is read in order, taken in turn from each source of a mixture,
+    and read no further; a heldout file or directory of documents is read whole and its documents taken
+    in turn from each (lang, domain) group (see balanced), so that a file sorted by language keeps every
+    language."""
     from megatok.data.stream import iter_shard_documents, resolve_sources
 
     spec = cfg.eval.heldout or cfg.data.val_shards
     budget = cfg.eval.heldout_max_bytes
-    if spec is None or isinstance(spec, dict):  # shard sets' val splits (one stream unless a mixture)
-        streams = [iter_shard_documents(u) for u in resolve_sources(spec or cfg.data.shards, "val")[0]]
-        docs = (d for group in itertools.zip_longest(*streams) for d in group if d is not None)
+    if not cfg.eval.heldout or all(map(is_shards, [spec] if isinstance(spec, str) else spec)):
+        if spec is None or isinstance(spec, dict):  # shard sets' val splits (one stream unless a mixture)
+            streams = [iter_shard_documents(u) for u in resolve_sources(spec or cfg.data.shards, "val")[0]]
+            docs = (d for group in itertools.zip_longest(*streams) for d in group if d is not None)
+        else:
+            docs = read_documents(spec)
         out, n = [], 0
         for d in docs:
             if n >= budget:

@@ -15,6 +15,7 @@ Only JSON and DeepSpeed's files are read back; megatok's own files are never unp
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import random
@@ -184,10 +185,14 @@ def _write_atomic(path: Path, text: str) -> None:
 
 
 def _fsync_dir(path: Path) -> None:
-    """Make a directory's entries (a rename into it) durable."""
+    """Make a directory's entries (a rename into it) durable, where the filesystem supports that (some
+    FUSE and network filesystems refuse fsync on a directory: they order metadata themselves)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
+    except OSError as exn:
+        if exn.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF):
+            raise
     finally:
         os.close(fd)
 
@@ -293,7 +298,9 @@ def save(engine, run_dir: str | Path, step: int, meta: dict, keep: int = 3,
     if cursors:
         _write_atomic(tmp / stream_file(rank), json.dumps({"cursors": {str(r): c for r, c in sorted(cursors.items())}}))
     dist.barrier()
-    if int(os.environ.get("LOCAL_RANK", rank)) == 0:  # one process per machine flushes what its node wrote
+    # One process per machine flushes what its machine wrote; every rank when the launcher does not
+    # say which ranks share a machine (no LOCAL_RANK).
+    if os.environ.get("LOCAL_RANK", "0") == "0":
         sync_tree(tmp)
     dist.barrier()
     faults.maybe_die_in_save(step)

@@ -300,7 +300,7 @@ def train(cfg: Config, *, resume: str = "auto") -> dict:
     watchdog = dist.Watchdog(cfg.train.dist_timeout_s,
                              lambda: f"last good checkpoint: {checkpoint.latest_tag(run_dir)}")
     totals = Totals(device)
-    skipped_in_row, t_last, paused, last_row = 0, time.time(), 0.0, {}
+    skipped_in_row, t_last, paused, last_row = 0, time.monotonic(), 0.0, {}
     peak_tflops = cfg.train.peak_tflops or device_peak_tflops(device)
     if not start_batch:  # a fresh stream: a reader nothing has been consumed from yet is at its start
         workers = max(1, cfg.data.num_workers)
@@ -347,7 +347,7 @@ def train(cfg: Config, *, resume: str = "auto") -> dict:
                 or stopping:
             totals.add("bad_shards", torch.tensor(float(position.bad_shards)))  # this rank's running count
             s = totals.all_sum()
-            now = time.time()
+            now = time.monotonic()
             n = max(1.0, s["micro_batches"])
             bytes_seen += s["targets"]
             interval = interval_flops(cfg, s)
@@ -369,7 +369,7 @@ def train(cfg: Config, *, resume: str = "auto") -> dict:
                             bytes_per_s=last_row["bytes_per_s"], **({"mfu": last_row["mfu"]} if "mfu" in last_row else {}))
             t_last, paused = now, 0.0
 
-        t_pause = time.time()
+        t_pause = time.monotonic()
         watchdog.beat()
         last = step == cfg.train.max_steps
         eval_due = bool(cfg.eval.every and step % cfg.eval.every == 0) or last
@@ -388,7 +388,7 @@ def train(cfg: Config, *, resume: str = "auto") -> dict:
                                                    "layout": layout(cfg, world), "bytes_seen": bytes_seen,
                                                    "flops": flops_seen}, keep=cfg.train.keep_checkpoints,
                             cursors=position.cursors)
-        paused += time.time() - t_pause
+        paused += time.monotonic() - t_pause
         if stopping:
             logger.log({"step": step, "split": "event", "event": stop.reason(),
                         "checkpoint": checkpoint.tag_for(step)})

@@ -166,3 +166,29 @@ def test_a_heldout_file_sorted_by_language_keeps_every_language(tmp_path):
     one.write_text("".join(line for line in heldout.read_text().splitlines(True) if '"lang": "en"' in line))
     cfg = load_config(ROOT / "configs/tiny.json", overrides=[f"eval.heldout={one}", "eval.heldout_max_bytes=250"])
     assert [d.text[:5] for d in heldout_documents(cfg)] == [b"en 00", b"en 01", b"en 02"]
+
+
+def test_a_shard_sets_val_split_is_read_as_a_prefix(tmp_path):
+    """Named as data.val_shards or eval.heldout, a shard set's val split (shuffled when it was built)
+    is read only up to the budget, in order: not read whole to be balanced like a document file."""
+    from megatok.config import load_config
+    from megatok.data.shards import build_shards
+    from megatok.data.stream import iter_shard_documents, resolve_shards
+    from megatok.eval.head_to_head import balanced, heldout_documents
+
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"text": f"{lang} {i} " + "y" * 50, "lang": lang}) + "\n"
+                              for lang in ("en", "ru") for i in range(30)))
+    shards = tmp_path / "shards"
+    build_shards([str(corpus)], str(shards), val_fraction=0.5, num_shards=2, progress=False)
+    val = list(iter_shard_documents(resolve_shards(str(shards), "val")))
+
+    def first(k):
+        return val[:k], sum(len(d.text) for d in val[:k])
+
+    # a budget where the two rules differ
+    prefix, budget = next(first(k) for k in range(1, len(val)) if balanced(val, first(k)[1]) != first(k)[0])
+    for key in ("data.val_shards", "eval.heldout"):
+        cfg = load_config(ROOT / "configs/tiny.json", overrides=[f"data.shards={shards}", f"{key}={shards}",
+                                                                 f"eval.heldout_max_bytes={budget}"])
+        assert [d.source for d in heldout_documents(cfg)] == [d.source for d in prefix], key

@@ -159,7 +159,10 @@ def test_every_file_of_a_checkpoint_is_on_disk_before_it_is_published(tmp_path, 
     tmp = ckdir / f"{tag}.tmp"
     files = {str(tmp / p.relative_to(ckdir / tag)) for p in (ckdir / tag).rglob("*")}
     assert files and files | {str(tmp)} <= synced_before  # every file and directory, DeepSpeed's included
-    # the rename is on disk before ``latest`` points at it
+    # a name renamed into the directory (megatok.json) is on disk: the directory is fsync'd after it
+    last_into_tmp = max(i for i, e in enumerate(events[:publish]) if e[0] == "replace")
+    assert ("fsync", str(tmp)) in events[last_into_tmp:publish]
+    # the rename is on disk before ``latest`` points at it, and ``latest`` itself after
     latest = next(i for i, e in enumerate(events) if e[0] == "replace" and e[2] == str(ckdir / "latest"))
-    assert ("fsync", str(ckdir)) in events[publish:latest]
+    assert ("fsync", str(ckdir)) in events[publish:latest] and ("fsync", str(ckdir)) in events[latest:]
     assert checkpoint.latest_tag(tmp_path) == tag and checkpoint.damage(tmp_path, tag) is None
