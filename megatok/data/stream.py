@@ -262,6 +262,14 @@ def unread_pieces(n_shards: list[int], cursors: dict[int, dict], n_readers: int,
     return epochs, pieces
 
 
+def is_cursor(c, n_sources: int | None = None) -> bool:
+    """Whether ``c`` has a reader cursor's shape (see PackedByteStream), for ``n_sources`` sources if given."""
+    return (isinstance(c, dict) and isinstance(c.get("sources"), list) and isinstance(c.get("read"), list)
+            and len(c["read"]) == len(c["sources"]) > 0 and n_sources in (None, len(c["sources"]))
+            and isinstance(c.get("bad_shards"), int) and isinstance(c.get("offset"), int)
+            and all(isinstance(p, list) and len(p) == 4 and all(isinstance(v, int) for v in p) for p in c["sources"]))
+
+
 class PackedByteStream(IterableDataset):
     """An endless stream of {"tokens": LongTensor[batch_size, seq_len + 1], "epoch", "epochs", "bad_shards",
     "reader", "cursor"} batches: ``epochs`` lists each source's epoch of the reader that made the batch (one
@@ -317,8 +325,7 @@ class PackedByteStream(IterableDataset):
         self.unread = unread
         self.cursors = {int(r): c for r, c in (cursors or {}).items()}
         for r, c in self.cursors.items():
-            if not (isinstance(c, dict) and len(c.get("sources", ())) == len(sources) == len(c.get("read", ()))
-                    and all(len(p) == 4 for p in c["sources"]) and {"bad_shards", "offset"} <= c.keys()):
+            if not is_cursor(c, len(sources)):
                 raise ValueError(f"cursor of reader {r} does not fit {len(sources)} source(s): {c}")
 
     def epoch_shards(self, epoch: int, reader: int, n_readers: int, source: int = 0) -> list[str]:

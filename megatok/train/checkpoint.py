@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from megatok.config import Config, load_config, zero_stage
+from megatok.data.stream import is_cursor
 from megatok.train import faults
 
 CHECKPOINTS = "checkpoints"
@@ -87,11 +88,7 @@ def _parse_cursors(path: Path) -> dict[int, dict]:
     """A ``stream_rank<r>.json``: {reader: cursor}; ValueError unless every cursor has the stream's shape."""
     out = {}
     for r, c in json.loads(path.read_text())["cursors"].items():
-        ok = (isinstance(c, dict) and isinstance(c.get("sources"), list) and isinstance(c.get("read"), list)
-              and len(c["read"]) == len(c["sources"]) > 0 and isinstance(c.get("bad_shards"), int)
-              and isinstance(c.get("offset"), int)
-              and all(isinstance(p, list) and len(p) == 4 and all(isinstance(v, int) for v in p) for p in c["sources"]))
-        if not ok:
+        if not is_cursor(c):
             raise ValueError(f"reader {r}: not a cursor: {c}")
         out[int(r)] = c
     return out
