@@ -77,7 +77,10 @@ def main(argv=None) -> int:
     except (ConfigError, DataError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    if args.resume != "none":  # a damaged checkpoint fails here, before any process group
+    # A damaged checkpoint fails here, before any process group. One process per machine reads the
+    # checkpoint's files (the launchers end its siblings when it exits 2; Slurm's srun path passes
+    # --kill-on-bad-exit), not every rank: that would be ranks x files reads on a shared filesystem.
+    if args.resume != "none" and os.environ.get("LOCAL_RANK", "0") == "0":
         from megatok.train.checkpoint import CheckpointError, resume_tag
 
         try:

@@ -137,6 +137,38 @@ def test_killed_while_writing_a_checkpoint_resumes_from_the_previous_one(shards,
     assert [got[s]["loss"] for s in range(3, 7)] == [want[s]["loss"] for s in range(3, 7)]
 
 
+def test_one_process_per_machine_checks_the_checkpoint_before_the_process_group(shards, tmp_path, monkeypatch,
+                                                                                capsys):
+    """The pre-start check of --resume reads every file of a checkpoint: once per machine (LOCAL_RANK 0,
+    or a process no launcher started), not once per rank, which on a shared filesystem would be ranks x
+    files reads. The launchers end the other ranks when that one exits 2."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("pretrain_main", ROOT / "launch/pretrain.py")
+    launch = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(launch)
+    run = tmp_path / "run"
+    damaged = run / "checkpoints" / "step00000003"
+    damaged.mkdir(parents=True)
+    (damaged / checkpoint.META).write_text("{not json")
+    checks, started = [], []
+    real_damage = checkpoint.damage
+    monkeypatch.setattr(checkpoint, "damage", lambda *a: checks.append(a) or real_damage(*a))
+    monkeypatch.setattr(launch, "run", lambda cfg, resume: started.append(resume) or 0)
+    argv = args(shards, run, "--resume", "step00000003")
+    for local_rank, want_rc, want_checks, want_started in [(None, 2, 1, []), ("0", 2, 1, []),
+                                                             ("1", 0, 0, ["step00000003"]), ("7", 0, 0, ["step00000003"])]:
+        checks.clear(), started.clear()
+        if local_rank is None:
+            monkeypatch.delenv("LOCAL_RANK", raising=False)
+        else:
+            monkeypatch.setenv("LOCAL_RANK", local_rank)
+        assert launch.main(argv) == want_rc, local_rank
+        assert (len(checks), started) == (want_checks, want_started), local_rank
+        err = capsys.readouterr().err
+        assert (f"error: --resume step00000003: {damaged}: cannot be resumed: megatok.json" in err) == (want_rc == 2)
+
+
 def test_nan_loss_on_one_rank_is_skipped_counted_and_bounded(shards, tmp_path):
     run = tmp_path / "run"
     pretrain(args(shards, run, "train.max_steps=5", "train.global_batch_size=8", "train.save_every=5"), nproc=2,
