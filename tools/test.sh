@@ -4,4 +4,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tools/setup.sh
 export WANDB_MODE=disabled DS_ACCELERATOR=cpu
-exec .venv/bin/python -m pytest -q "$@"
+# Two workers (pytest-xdist), each test file on one worker so its fixtures are built once;
+# MEGATOK_TEST_WORKERS=0 runs in one process. Later options win: `bash tools/test.sh -n 0 tests/x.py`.
+exec .venv/bin/python -m pytest -q -n "${MEGATOK_TEST_WORKERS:-2}" --dist loadfile "$@"
