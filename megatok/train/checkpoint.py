@@ -276,6 +276,28 @@ def read_cursors(run_dir: str | Path, tag: str, rank: int, n_sources: int) -> di
     return cursors
 
 
+def _write_failed(exn: Exception) -> bool:
+    """An error of writing files: an OSError, or torch.save's zip writer failing (it reports a full disk
+    or a quota as a RuntimeError such as "[enforce fail at inline_container.cc:...] unexpected pos")."""
+    return isinstance(exn, OSError) or (isinstance(exn, RuntimeError) and any(
+        s in str(exn) for s in ("inline_container", "PytorchStreamWriter")))
+
+
+def _unwritten(run_dir: str | Path, tmp: Path, step: int, exn: Exception) -> CheckpointError:
+    reason = str(exn).splitlines()[0] if str(exn) else type(exn).__name__
+    if not isinstance(exn, OSError):
+        reason = f"torch.save: {reason}"
+    try:
+        free = f"; {shutil.disk_usage(checkpoint_dir(run_dir)).free / 2**30:.2f} GiB free on its filesystem"
+    except OSError:
+        free = ""
+    latest = latest_tag(run_dir)
+    return CheckpointError(f"{tmp}: the step-{step} checkpoint could not be written ({reason}{free}); it was "
+                           f"not published, " + (f"the last good checkpoint is still {latest}" if latest else
+                                                 "and there is no earlier checkpoint")
+                           + "; the next start deletes the partial copy")
+
+
 def save(engine, run_dir: str | Path, step: int, meta: dict, keep: int = 3,
          cursors: dict[int, dict] | None = None) -> str:
     """Collective: every rank calls it, with its readers' data ``cursors``. Returns the published tag."""
@@ -290,19 +312,28 @@ def save(engine, run_dir: str | Path, step: int, meta: dict, keep: int = 3,
     if rank == 0:
         shutil.rmtree(tmp, ignore_errors=True)
     dist.barrier()
-    engine.save_checkpoint(str(ckdir), tag=tmp.name, client_state={"megatok": meta}, save_latest=False)
-    _write_atomic(tmp / f"rng_rank{rank}.json", json.dumps(rng_state()))
-    if cursors:
-        _write_atomic(tmp / stream_file(rank), json.dumps({"cursors": {str(r): c for r, c in sorted(cursors.items())}}))
-    dist.barrier()
-    # One process per machine flushes what its machine wrote; every rank when the launcher does not
-    # say which ranks share a machine (no LOCAL_RANK).
-    if os.environ.get("LOCAL_RANK", "0") == "0":
-        sync_tree(tmp)
+    try:
+        engine.save_checkpoint(str(ckdir), tag=tmp.name, client_state={"megatok": meta}, save_latest=False)
+        _write_atomic(tmp / f"rng_rank{rank}.json", json.dumps(rng_state()))
+        if cursors:
+            _write_atomic(tmp / stream_file(rank),
+                          json.dumps({"cursors": {str(r): c for r, c in sorted(cursors.items())}}))
+        dist.barrier()
+        # One process per machine flushes what its machine wrote; every rank when the launcher does not
+        # say which ranks share a machine (no LOCAL_RANK).
+        if os.environ.get("LOCAL_RANK", "0") == "0":
+            sync_tree(tmp)
+    except (OSError, RuntimeError) as exn:  # a full disk, a quota, a lost mount: the last good one stays
+        if not _write_failed(exn):
+            raise
+        raise _unwritten(run_dir, tmp, step, exn) from None
     dist.barrier()
     faults.maybe_die_in_save(step)
     if rank == 0:
-        _write_atomic(tmp / META, json.dumps({**meta, "tag": tag}, indent=2))
+        try:
+            _write_atomic(tmp / META, json.dumps({**meta, "tag": tag}, indent=2))
+        except OSError as exn:
+            raise _unwritten(run_dir, tmp, step, exn) from None
         final = ckdir / tag
         if final.exists():  # saved again at the same step (e.g. a pre-emption right after a save)
             old = ckdir / f"{tag}.old-{os.getpid()}.tmp"

@@ -2,6 +2,7 @@
 restores, how the data readers' cursors are read back, what counts as damage, and that a save is on
 disk before it is published."""
 
+import errno
 import json
 import os
 from pathlib import Path
@@ -166,3 +167,70 @@ def test_every_file_of_a_checkpoint_is_on_disk_before_it_is_published(tmp_path, 
     latest = next(i for i, e in enumerate(events) if e[0] == "replace" and e[2] == str(ckdir / "latest"))
     assert ("fsync", str(ckdir)) in events[publish:latest] and ("fsync", str(ckdir)) in events[latest:]
     assert checkpoint.latest_tag(tmp_path) == tag and checkpoint.damage(tmp_path, tag) is None
+
+
+class FullDiskEngine(FilesEngine):
+    """The disk fills while DeepSpeed writes its second file: torch.save under a 16 KB file-size limit
+    fails as on a full disk (torch's zip writer raises a RuntimeError, not an OSError); or ``error``."""
+
+    def __init__(self, error=None):
+        super().__init__()
+        self.error = error
+
+    def save_checkpoint(self, save_dir, tag, client_state, save_latest):
+        import resource
+        import signal
+
+        d = Path(save_dir) / tag
+        d.mkdir(parents=True, exist_ok=True)
+        torch.save(self.module.state_dict(), d / "mp_rank_00_model_states.pt")
+        if self.error:
+            raise self.error
+        limit, handler = resource.getrlimit(resource.RLIMIT_FSIZE), signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (16_000, limit[1]))  # a write past it fails with EFBIG
+        try:
+            torch.save({"state": torch.ones(16_000)}, d / "zero_pp_rank_0_mp_rank_00_optim_states.pt")
+        finally:
+            resource.setrlimit(resource.RLIMIT_FSIZE, limit)
+            signal.signal(signal.SIGXFSZ, handler)
+
+
+@pytest.mark.parametrize("where", ["torch.save", "deepspeed", "megatok.json"])
+def test_a_checkpoint_that_cannot_be_written_is_one_error_and_keeps_the_last_good_one(tmp_path, monkeypatch,
+                                                                                   one_rank, where):
+    meta = {"step": 3, "layout": {"world_size": 1}}
+    good = checkpoint.save(FilesEngine(), tmp_path, 3, meta)
+    engine = FilesEngine()
+    if where == "torch.save":
+        engine = FullDiskEngine()
+    elif where == "deepspeed":
+        engine = FullDiskEngine(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "zero_pp_rank_0_optim_states.pt"))
+    else:
+        real_write = checkpoint._write_atomic
+
+        def write(path, text):
+            if path.name == checkpoint.META:
+                raise OSError(errno.EDQUOT, os.strerror(errno.EDQUOT), str(path))
+            real_write(path, text)
+
+        monkeypatch.setattr(checkpoint, "_write_atomic", write)
+    tmp = tmp_path / "checkpoints" / "step00000005.tmp"
+    with pytest.raises(checkpoint.CheckpointError) as info:
+        checkpoint.save(engine, tmp_path, 5, {**meta, "step": 5})
+    message = str(info.value)
+    assert message.startswith(f"{tmp}: the step-5 checkpoint could not be written (")
+    assert {"torch.save": "(torch.save: [enforce fail at inline_container", "deepspeed": os.strerror(errno.ENOSPC),
+            "megatok.json": os.strerror(errno.EDQUOT)}[where] in message
+    assert " GiB free on its filesystem); it was not published" in message
+    assert message.endswith(f"the last good checkpoint is still {good}; the next start deletes the partial copy")
+    assert "\n" not in message and isinstance(info.value, FileNotFoundError)  # the tools' one-line errors
+    assert checkpoint.latest_tag(tmp_path) == good and checkpoint.damage(tmp_path, good) is None
+    assert checkpoint.published_tags(tmp_path) == [good] and tmp.is_dir()
+    checkpoint.remove_stale(tmp_path)
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["latest", good]
+
+
+def test_other_errors_in_a_save_are_not_taken_for_a_full_disk(tmp_path, one_rank):
+    with pytest.raises(RuntimeError, match="^a bug$"):
+        checkpoint.save(FullDiskEngine(RuntimeError("a bug")), tmp_path, 5, {"step": 5})
+    assert checkpoint.latest_tag(tmp_path) is None

@@ -169,6 +169,28 @@ def test_one_process_per_machine_checks_the_checkpoint_before_the_process_group(
         assert (f"error: --resume step00000003: {damaged}: cannot be resumed: megatok.json" in err) == (want_rc == 2)
 
 
+def test_a_checkpoint_the_disk_cannot_hold_ends_the_run_with_one_line(shards, tmp_path):
+    """A file-size limit (RLIMIT_FSIZE, SIGXFSZ ignored) makes DeepSpeed's torch.save fail as a full disk
+    or a quota does: a RuntimeError from torch's zip writer, which the trainer names in one line."""
+    import resource
+
+    def limit_file_size():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG
+        resource.setrlimit(resource.RLIMIT_FSIZE, (64_000, 64_000))  # metrics and config fit, weights do not
+
+    run = tmp_path / "run"
+    r = subprocess.run([sys.executable, str(ROOT / "launch/pretrain.py"),
+                        *args(shards, run, "train.max_steps=2", "train.save_every=2")],
+                       capture_output=True, text=True, cwd=ROOT, timeout=240, preexec_fn=limit_file_size,
+                       env={**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 3, r.stderr[-3000:]
+    (line,) = [x for x in r.stderr.splitlines() if x.startswith("error:")]
+    assert line.startswith(f"error: rank 0: {run / 'checkpoints' / 'step00000002.tmp'}: the step-2 checkpoint "
+                           f"could not be written (torch.save: ") and "Traceback" not in r.stderr
+    assert line.endswith("and there is no earlier checkpoint; the next start deletes the partial copy")
+    assert sorted(train_rows(run)) == [1, 2] and checkpoint.latest_tag(run) is None
+
+
 def test_nan_loss_on_one_rank_is_skipped_counted_and_bounded(shards, tmp_path):
     run = tmp_path / "run"
     pretrain(args(shards, run, "train.max_steps=5", "train.global_batch_size=8", "train.save_every=5"), nproc=2,
