@@ -243,9 +243,10 @@ def weights_finite(engine) -> bool:
 
 
 def remove_stale(run_dir: str | Path) -> None:
-    """Rank 0 at start: drop half-written ``*.tmp`` checkpoints left by a killed run, and ``universal-*``
-    conversions a killed run did not get to remove (derived copies: a later resume converts afresh,
-    and must not load one made from an earlier checkpoint of the same step). A published checkpoint
+    """Rank 0 at start: drop half-written ``*.tmp`` checkpoints and ``latest`` updates left by a killed or
+    failed run, and ``universal-*`` conversions a killed run did not get to remove (derived copies: a
+    later resume converts afresh, and must not load one made from an earlier checkpoint of the same
+    step). A published checkpoint
     that a re-save at its step had moved aside (``<tag>.old-<pid>.tmp``) when the run was killed goes
     back in place first."""
     d = checkpoint_dir(run_dir)
@@ -255,6 +256,8 @@ def remove_stale(run_dir: str | Path) -> None:
             os.replace(old, final)
     for p in [*d.glob("*.tmp"), *d.glob("universal-*")] if d.is_dir() else []:
         shutil.rmtree(p, ignore_errors=True)
+    for p in d.glob("latest.tmp-*") if d.is_dir() else []:  # a ``latest`` update that never landed
+        p.unlink(missing_ok=True)
 
 
 def stream_file(rank: int) -> str:
@@ -277,10 +280,12 @@ def read_cursors(run_dir: str | Path, tag: str, rank: int, n_sources: int) -> di
 
 
 def _write_failed(exn: Exception) -> bool:
-    """An error of writing files: an OSError, or torch.save's zip writer failing (it reports a full disk
-    or a quota as a RuntimeError such as "[enforce fail at inline_container.cc:...] unexpected pos")."""
-    return isinstance(exn, OSError) or (isinstance(exn, RuntimeError) and any(
-        s in str(exn) for s in ("inline_container", "PytorchStreamWriter")))
+    """An error of writing files: an OSError (not a lost connection), or torch.save's zip writer failing
+    (it reports a full disk or a quota as a RuntimeError such as "[enforce fail at inline_container.cc:...]
+    unexpected pos")."""
+    if isinstance(exn, OSError):
+        return not isinstance(exn, (ConnectionError, TimeoutError))
+    return isinstance(exn, RuntimeError) and any(s in str(exn) for s in ("inline_container", "PytorchStreamWriter"))
 
 
 def _unwritten(run_dir: str | Path, tmp: Path, step: int, exn: Exception) -> CheckpointError:
@@ -291,11 +296,30 @@ def _unwritten(run_dir: str | Path, tmp: Path, step: int, exn: Exception) -> Che
         free = f"; {shutil.disk_usage(checkpoint_dir(run_dir)).free / 2**30:.2f} GiB free on its filesystem"
     except OSError:
         free = ""
-    latest = latest_tag(run_dir)
-    return CheckpointError(f"{tmp}: the step-{step} checkpoint could not be written ({reason}{free}); it was "
-                           f"not published, " + (f"the last good checkpoint is still {latest}" if latest else
-                                                 "and there is no earlier checkpoint")
-                           + "; the next start deletes the partial copy")
+    try:  # a lost mount fails here too
+        latest = latest_tag(run_dir)
+        last = f"the last good checkpoint is still {latest}" if latest else "and there is no earlier checkpoint"
+    except OSError as again:
+        last = f"`latest` cannot be read either ({again})"
+    return CheckpointError(f"{tmp}: the step-{step} checkpoint could not be written ({reason}{free}); it was not "
+                           f"published, {last}; the next start deletes the partial copy")
+
+
+def _publish(run_dir: str | Path, tmp: Path, tag: str, meta: dict) -> None:
+    """Rank 0: the metadata, the rename into place (moving aside a copy saved before at this step), then
+    ``latest``, each durable before the next."""
+    ckdir = tmp.parent
+    _write_atomic(tmp / META, json.dumps({**meta, "tag": tag}, indent=2))
+    final = ckdir / tag
+    if final.exists():  # saved again at the same step (e.g. a pre-emption right after a save)
+        old = ckdir / f"{tag}.old-{os.getpid()}.tmp"
+        os.replace(final, old)
+        os.replace(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, final)
+    _fsync_dir(ckdir)
+    set_latest(run_dir, tag)
 
 
 def save(engine, run_dir: str | Path, step: int, meta: dict, keep: int = 3,
@@ -331,19 +355,11 @@ def save(engine, run_dir: str | Path, step: int, meta: dict, keep: int = 3,
     faults.maybe_die_in_save(step)
     if rank == 0:
         try:
-            _write_atomic(tmp / META, json.dumps({**meta, "tag": tag}, indent=2))
+            _publish(run_dir, tmp, tag, meta)
         except OSError as exn:
+            if not _write_failed(exn):
+                raise
             raise _unwritten(run_dir, tmp, step, exn) from None
-        final = ckdir / tag
-        if final.exists():  # saved again at the same step (e.g. a pre-emption right after a save)
-            old = ckdir / f"{tag}.old-{os.getpid()}.tmp"
-            os.replace(final, old)
-            os.replace(tmp, final)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, final)
-        _fsync_dir(ckdir)
-        set_latest(run_dir, tag)
         for old_tag in published_tags(run_dir)[:-keep] if keep > 0 else []:
             if old_tag != tag:
                 shutil.rmtree(ckdir / old_tag, ignore_errors=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import socket
 import sys
 import time
@@ -12,6 +13,23 @@ import torch
 
 
 def free_port() -> int:
+    """A free TCP port for a rendezvous, chosen at random below the kernel's ephemeral range: the port is
+    released before the store binds it, and a port the kernel hands out itself (to any connection on
+    the machine, e.g. another job's ranks) could be taken in between."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            first_ephemeral = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        first_ephemeral = 32768
+    rng = random.SystemRandom()
+    for _ in range(100 if first_ephemeral > 12000 else 0):
+        port = rng.randrange(10000, first_ephemeral)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+                return port
+            except OSError:
+                continue
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

@@ -40,6 +40,7 @@ def test_a_restart_removes_half_written_copies_and_restores_a_checkpoint_moved_a
     checkpoint.set_latest(tmp_path, "step00000004")
     (tmp_path / "checkpoints" / "step00000006.tmp").mkdir()  # half written, never published
     (tmp_path / "checkpoints" / "universal-step00000002").mkdir()  # a conversion left behind
+    (tmp_path / "checkpoints" / "latest.tmp-99").write_text("step00000006")  # an update that never landed
     published(tmp_path, "step00000002.old-7.tmp", 2)  # moved aside, and its re-save did land
     checkpoint.remove_stale(tmp_path)
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["latest", "step00000002", "step00000004"]
@@ -195,7 +196,7 @@ class FullDiskEngine(FilesEngine):
             signal.signal(signal.SIGXFSZ, handler)
 
 
-@pytest.mark.parametrize("where", ["torch.save", "deepspeed", "megatok.json"])
+@pytest.mark.parametrize("where", ["torch.save", "deepspeed", "megatok.json", "latest"])
 def test_a_checkpoint_that_cannot_be_written_is_one_error_and_keeps_the_last_good_one(tmp_path, monkeypatch,
                                                                                    one_rank, where):
     meta = {"step": 3, "layout": {"world_size": 1}}
@@ -205,11 +206,11 @@ def test_a_checkpoint_that_cannot_be_written_is_one_error_and_keeps_the_last_goo
         engine = FullDiskEngine()
     elif where == "deepspeed":
         engine = FullDiskEngine(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "zero_pp_rank_0_optim_states.pt"))
-    else:
+    else:  # rank 0's metadata, or the ``latest`` update after the rename
         real_write = checkpoint._write_atomic
 
         def write(path, text):
-            if path.name == checkpoint.META:
+            if path.name == {"megatok.json": checkpoint.META, "latest": "latest"}[where]:
                 raise OSError(errno.EDQUOT, os.strerror(errno.EDQUOT), str(path))
             real_write(path, text)
 
@@ -220,17 +221,35 @@ def test_a_checkpoint_that_cannot_be_written_is_one_error_and_keeps_the_last_goo
     message = str(info.value)
     assert message.startswith(f"{tmp}: the step-5 checkpoint could not be written (")
     assert {"torch.save": "(torch.save: [enforce fail at inline_container", "deepspeed": os.strerror(errno.ENOSPC),
-            "megatok.json": os.strerror(errno.EDQUOT)}[where] in message
+            "megatok.json": os.strerror(errno.EDQUOT), "latest": os.strerror(errno.EDQUOT)}[where] in message
     assert " GiB free on its filesystem); it was not published" in message
     assert message.endswith(f"the last good checkpoint is still {good}; the next start deletes the partial copy")
     assert "\n" not in message and isinstance(info.value, FileNotFoundError)  # the tools' one-line errors
     assert checkpoint.latest_tag(tmp_path) == good and checkpoint.damage(tmp_path, good) is None
+    if where == "latest":  # renamed into place, but ``latest`` still names the last good one
+        assert checkpoint.published_tags(tmp_path) == [good, "step00000005"] and not tmp.exists()
+        return
     assert checkpoint.published_tags(tmp_path) == [good] and tmp.is_dir()
     checkpoint.remove_stale(tmp_path)
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["latest", good]
 
 
-def test_other_errors_in_a_save_are_not_taken_for_a_full_disk(tmp_path, one_rank):
-    with pytest.raises(RuntimeError, match="^a bug$"):
-        checkpoint.save(FullDiskEngine(RuntimeError("a bug")), tmp_path, 5, {"step": 5})
-    assert checkpoint.latest_tag(tmp_path) is None
+def test_a_lost_mount_is_named_even_when_latest_cannot_be_read(tmp_path, monkeypatch, one_rank):
+    def unreachable(run_dir):
+        raise OSError(errno.ENOTCONN, os.strerror(errno.ENOTCONN), str(checkpoint.checkpoint_dir(run_dir) / "latest"))
+
+    monkeypatch.setattr(checkpoint, "latest_tag", unreachable)
+    engine = FullDiskEngine(OSError(errno.ESTALE, os.strerror(errno.ESTALE), "mp_rank_00_model_states.pt"))
+    with pytest.raises(checkpoint.CheckpointError) as info:
+        checkpoint.save(engine, tmp_path, 5, {"step": 5})
+    assert f"([Errno {errno.ESTALE}] {os.strerror(errno.ESTALE)}: 'mp_rank_00_model_states.pt'; " in str(info.value)
+    assert str(info.value).endswith(f"it was not published, `latest` cannot be read either ([Errno {errno.ENOTCONN}] "
+                                    f"{os.strerror(errno.ENOTCONN)}: '{tmp_path / 'checkpoints' / 'latest'}'); the "
+                                    f"next start deletes the partial copy")
+
+
+@pytest.mark.parametrize("error", [RuntimeError("a bug"), ConnectionResetError(errno.ECONNRESET, "a rank is gone")])
+def test_other_errors_in_a_save_are_not_taken_for_a_full_disk(tmp_path, one_rank, error):
+    with pytest.raises(type(error)) as info:  # a lost rank stays a lost rank (exit 4), a bug a traceback
+        checkpoint.save(FullDiskEngine(error), tmp_path, 5, {"step": 5})
+    assert info.value is error and checkpoint.latest_tag(tmp_path) is None
