@@ -10,6 +10,7 @@ costs one line on stderr and exit code 2, never a half-started job.
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import sys
 import warnings
@@ -101,6 +102,14 @@ def run(cfg, resume: str) -> int:
         row = train(cfg, resume=resume)
     except (FloatingPointError, DataError, checkpoint.CheckpointError) as e:
         return _die(3, f"error: rank {rank}: {e}")
+    except OSError as e:  # a write that failed outside a checkpoint (metrics, config, evaluation output)
+        if e.errno not in _STORAGE_ERRORS:
+            raise
+        try:
+            last = checkpoint.latest_tag(cfg.train.run_dir)
+        except OSError:
+            last = "unknown (the run directory cannot be read)"
+        return _die(3, f"error: rank {rank}: {e}; last good checkpoint: {last}")
     except Exception as e:  # noqa: BLE001 - a lost rank shows up as many different exception types
         if not dist.is_comm_failure(e):
             raise
@@ -112,6 +121,10 @@ def run(cfg, resume: str) -> int:
         print(f"megatok: {row['stopped']} at step {row['step']}; checkpoint written; run the same command to "
               f"resume", flush=True)
     return 0
+
+
+# A full disk, a quota, a file-size limit, a read-only or stale (NFS) mount, an I/O error.
+_STORAGE_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EIO, errno.ESTALE}
 
 
 def _die(code: int, message: str) -> int:

@@ -69,8 +69,11 @@ class MetricsLogger:
             return
         row = {k: _clean(v) for k, v in row.items()}
         row.setdefault("time", time.time())
-        self.file.write(json.dumps(row) + "\n")
-        self.file.flush()
+        try:
+            self.file.write(json.dumps(row) + "\n")
+            self.file.flush()
+        except OSError as e:  # a full disk: name the file (a write error does not)
+            raise OSError(e.errno, e.strerror, str(self.path)) from None
         if self.wandb is not None:
             prefix = {"val": "val/", "h2h": "h2h/"}.get(row.get("split"), "train/")
             self.wandb.log({prefix + k: v for k, v in flatten(row).items()
@@ -101,5 +104,17 @@ def wandb_run_id(run_dir, name: str | None) -> str:
 
 
 def read_metrics(run_dir: str | Path) -> list[dict]:
+    """The rows of RUN_DIR/metrics.jsonl. A last line cut short (the run was killed, or the disk filled,
+    while writing it) is left out with a warning; the trainer drops it when the run resumes."""
     path = Path(run_dir) / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    rows = []
+    for i, line in enumerate(lines, 1):
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as e:
+            if i < len(lines):
+                raise ValueError(f"{path}:{i}: not a JSON row ({e})") from None
+            warnings.warn(f"{path}:{i}: the last row was cut short (the run was killed or the disk filled while "
+                          f"writing it); left out")
+    return rows

@@ -269,3 +269,16 @@ def test_summarize(run, shards):
     entropy = -sum(c / n * math.log2(c / n) for c in counts.values())
     assert summary["byte_unigram_entropy"] == pytest.approx(entropy, rel=1e-9)
     assert f"{entropy:.4f}" in next(line for line in r.stdout.splitlines() if "byte-unigram entropy" in line)
+
+
+def test_metrics_with_a_last_row_cut_short_still_read(tmp_path):
+    """A run killed (or out of disk) while writing a row leaves it half written: the tools read the rest,
+    warn, and a damaged row elsewhere is an error naming the file and line."""
+    rows = [{"step": 1, "split": "train", "loss": 2.0}, {"step": 2, "split": "train", "loss": 1.5}]
+    text = "".join(json.dumps(r) + "\n" for r in rows)
+    (tmp_path / "metrics.jsonl").write_text(text + '{"step": 3, "split": "tr')
+    with pytest.warns(UserWarning, match=r"metrics.jsonl:3: the last row was cut short"):
+        assert read_metrics(tmp_path) == rows
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "spl\n' + text)
+    with pytest.raises(ValueError, match=r"metrics.jsonl:1: not a JSON row"):
+        read_metrics(tmp_path)

@@ -6,6 +6,7 @@ Faults are injected through megatok/train/faults.py's environment variables.
 """
 
 import contextlib
+import errno
 import json
 import os
 import shutil
@@ -173,22 +174,40 @@ def test_one_process_per_machine_checks_the_checkpoint_before_the_process_group(
         assert (f"error: --resume step00000003: {damaged}: cannot be resumed: megatok.json" in err) == (want_rc == 2)
 
 
+def with_file_size_limit(limit, argv):
+    """launch/pretrain.py ARGV in one process whose files cannot grow past LIMIT bytes (RLIMIT_FSIZE;
+    CPython ignores SIGXFSZ, so such a write fails with EFBIG, as one on a full disk fails with ENOSPC)."""
+    limited = (f"import resource, runpy, sys; resource.setrlimit(resource.RLIMIT_FSIZE, ({limit}, {limit})); "
+               "sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')")
+    return subprocess.run([sys.executable, "-c", limited, str(ROOT / "launch/pretrain.py"), *argv],
+                          capture_output=True, text=True, cwd=ROOT, timeout=240,
+                          env={**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)})
+
+
 def test_a_checkpoint_the_disk_cannot_hold_ends_the_run_with_one_line(shards, tmp_path):
-    """A file-size limit (RLIMIT_FSIZE; CPython ignores SIGXFSZ) makes DeepSpeed's torch.save fail as a
-    full disk or a quota does: a RuntimeError from torch's zip writer, which the trainer names in one line."""
+    """DeepSpeed's torch.save fails as on a full disk or a quota: a RuntimeError from torch's zip writer,
+    which the trainer names in one line."""
     run = tmp_path / "run"
-    limited = ("import resource, runpy, sys; resource.setrlimit(resource.RLIMIT_FSIZE, (64_000, 64_000)); "
-               "sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')")  # metrics fit, weights do not
-    r = subprocess.run([sys.executable, "-c", limited, str(ROOT / "launch/pretrain.py"),
-                        *args(shards, run, "train.max_steps=2", "train.save_every=2")],
-                       capture_output=True, text=True, cwd=ROOT, timeout=240,
-                       env={**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)})
+    r = with_file_size_limit(64_000, args(shards, run, "train.max_steps=2", "train.save_every=2"))  # metrics fit
     assert r.returncode == 3, r.stderr[-3000:]
     (line,) = [x for x in r.stderr.splitlines() if x.startswith("error:")]
     assert line.startswith(f"error: rank 0: {run / 'checkpoints' / 'step00000002.tmp'}: the step-2 checkpoint "
                            f"could not be written (torch.save: ") and "Traceback" not in r.stderr
     assert line.endswith("and there is no earlier checkpoint; the next start deletes the partial copy")
     assert sorted(train_rows(run)) == [1, 2] and checkpoint.latest_tag(run) is None
+
+
+def test_a_full_disk_outside_a_checkpoint_ends_the_run_with_one_line(shards, tmp_path):
+    run = tmp_path / "run"  # config.json (2 KB) fits, metrics.jsonl outgrows 4 KB within a few steps
+    r = with_file_size_limit(4_000, args(shards, run, "train.max_steps=12", "train.save_every=100",
+                                         "data.num_workers=0"))
+    assert r.returncode == 3, r.stderr[-3000:]
+    (line,) = [x for x in r.stderr.splitlines() if x.startswith("error:")]
+    assert line == (f"error: rank 0: [Errno {errno.EFBIG}] {os.strerror(errno.EFBIG)}: '{run / 'metrics.jsonl'}'; "
+                    f"last good checkpoint: None") and "Traceback" not in r.stderr
+    with pytest.warns(UserWarning, match="the last row was cut short"):  # the row being written when it failed
+        rows = train_rows(run)
+    assert 0 < len(rows) < 12 and sorted(rows) == list(range(1, len(rows) + 1))
 
 
 def test_nan_loss_on_one_rank_is_skipped_counted_and_bounded(shards, tmp_path):
