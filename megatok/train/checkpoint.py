@@ -246,9 +246,8 @@ def remove_stale(run_dir: str | Path) -> None:
     """Rank 0 at start: drop half-written ``*.tmp`` checkpoints and ``latest`` updates left by a killed or
     failed run, and ``universal-*`` conversions a killed run did not get to remove (derived copies: a
     later resume converts afresh, and must not load one made from an earlier checkpoint of the same
-    step). A published checkpoint
-    that a re-save at its step had moved aside (``<tag>.old-<pid>.tmp``) when the run was killed goes
-    back in place first."""
+    step). A published checkpoint that a re-save at its step had moved aside (``<tag>.old-<pid>.tmp``)
+    when the run was killed goes back in place first."""
     d = checkpoint_dir(run_dir)
     for old in sorted(d.glob("step*.old-*.tmp")) if d.is_dir() else []:
         final = d / old.name.split(".old-")[0]

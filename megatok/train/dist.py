@@ -26,7 +26,7 @@ def free_port() -> int:
         port = rng.randrange(10000, first_ephemeral)
         with socket.socket() as s:
             try:
-                s.bind(("127.0.0.1", port))
+                s.bind(("", port))  # every interface, as the store binds it
                 return port
             except OSError:
                 continue
