@@ -10,7 +10,6 @@ costs one line on stderr and exit code 2, never a half-started job.
 from __future__ import annotations
 
 import argparse
-import errno
 import os
 import sys
 import warnings
@@ -102,29 +101,25 @@ def run(cfg, resume: str) -> int:
         row = train(cfg, resume=resume)
     except (FloatingPointError, DataError, checkpoint.CheckpointError) as e:
         return _die(3, f"error: rank {rank}: {e}")
-    except OSError as e:  # a write that failed outside a checkpoint (metrics, config, evaluation output)
-        if e.errno not in _STORAGE_ERRORS:
-            raise
+    except Exception as e:  # noqa: BLE001 - a lost rank shows up as many different exception types
         try:
             last = checkpoint.latest_tag(cfg.train.run_dir)
         except OSError:
             last = "unknown (the run directory cannot be read)"
-        return _die(3, f"error: rank {rank}: {e}; last good checkpoint: {last}")
-    except Exception as e:  # noqa: BLE001 - a lost rank shows up as many different exception types
+        if checkpoint.storage_failure(e):  # a write outside a checkpoint (metrics, evaluation, a conversion)
+            free = checkpoint.free_space(cfg.train.run_dir)
+            what = str(e) if isinstance(e, OSError) else (
+                f"a write failed (torch.save: {str(e).splitlines()[0]}{'; ' + free if free else ''})")
+            return _die(3, f"error: rank {rank}: {what}; last good checkpoint: {last}")
         if not dist.is_comm_failure(e):
             raise
         return _die(4, f"error: rank {rank}: lost contact with another rank, which died, hung or was killed "
                        f"(no answer within train.dist_timeout_s={cfg.train.dist_timeout_s:g} s: "
-                       f"{str(e).splitlines()[0][:200]}); last good checkpoint: "
-                       f"{checkpoint.latest_tag(cfg.train.run_dir)}")
+                       f"{str(e).splitlines()[0][:200]}); last good checkpoint: {last}")
     if row.get("stopped") and rank == "0":
         print(f"megatok: {row['stopped']} at step {row['step']}; checkpoint written; run the same command to "
               f"resume", flush=True)
     return 0
-
-
-# A full disk, a quota, a file-size limit, a read-only or stale (NFS) mount, an I/O error.
-_STORAGE_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EIO, errno.ESTALE}
 
 
 def _die(code: int, message: str) -> int:

@@ -278,23 +278,42 @@ def read_cursors(run_dir: str | Path, tag: str, rank: int, n_sources: int) -> di
     return cursors
 
 
+# A full disk, a quota, a file-size limit, a read-only or stale (NFS) mount, an I/O error.
+STORAGE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EIO, errno.ESTALE}
+
+
+def torch_write_failed(exn: BaseException) -> bool:
+    """torch.save's zip writer failing: it reports a full disk or a quota as a RuntimeError such as
+    "[enforce fail at inline_container.cc:...] unexpected pos", without the file's name."""
+    return isinstance(exn, RuntimeError) and any(s in str(exn) for s in ("inline_container", "PytorchStreamWriter"))
+
+
+def storage_failure(exn: BaseException) -> bool:
+    """Whether an error anywhere in a run is the storage failing (see STORAGE_ERRNOS), not a bug."""
+    return (isinstance(exn, OSError) and exn.errno in STORAGE_ERRNOS) or torch_write_failed(exn)
+
+
+def free_space(path: str | Path) -> str:
+    """"12.34 GiB free on its filesystem", or "" where that cannot be read (a lost mount)."""
+    try:
+        return f"{shutil.disk_usage(path).free / 2**30:.2f} GiB free on its filesystem"
+    except OSError:
+        return ""
+
+
 def _write_failed(exn: Exception) -> bool:
-    """An error of writing files: an OSError (not a lost connection), or torch.save's zip writer failing
-    (it reports a full disk or a quota as a RuntimeError such as "[enforce fail at inline_container.cc:...]
-    unexpected pos")."""
+    """Inside a save, any OSError but a lost connection is a failed write; so is torch's writer failing."""
     if isinstance(exn, OSError):
         return not isinstance(exn, (ConnectionError, TimeoutError))
-    return isinstance(exn, RuntimeError) and any(s in str(exn) for s in ("inline_container", "PytorchStreamWriter"))
+    return torch_write_failed(exn)
 
 
 def _unwritten(run_dir: str | Path, tmp: Path, step: int, exn: Exception) -> CheckpointError:
     reason = str(exn).splitlines()[0] if str(exn) else type(exn).__name__
     if not isinstance(exn, OSError):
         reason = f"torch.save: {reason}"
-    try:
-        free = f"; {shutil.disk_usage(checkpoint_dir(run_dir)).free / 2**30:.2f} GiB free on its filesystem"
-    except OSError:
-        free = ""
+    free = free_space(checkpoint_dir(run_dir))
+    free = f"; {free}" if free else ""
     try:  # a lost mount fails here too
         latest = latest_tag(run_dir)
         last = f"the last good checkpoint is still {latest}" if latest else "and there is no earlier checkpoint"

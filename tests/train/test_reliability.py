@@ -142,16 +142,62 @@ def test_killed_while_writing_a_checkpoint_resumes_from_the_previous_one(shards,
     assert [got[s]["loss"] for s in range(3, 7)] == [want[s]["loss"] for s in range(3, 7)]
 
 
-def test_one_process_per_machine_checks_the_checkpoint_before_the_process_group(shards, tmp_path, monkeypatch,
-                                                                                capsys):
-    """The pre-start check of --resume reads every file of a checkpoint: once per machine (LOCAL_RANK 0,
-    or a process no launcher started), not once per rank, which on a shared filesystem would be ranks x
-    files reads. The launchers end the other ranks when that one exits 2."""
+def launch_module():
+    """launch/pretrain.py as a module, to call its main() and run() in this process."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("pretrain_main", ROOT / "launch/pretrain.py")
     launch = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(launch)
+    return launch
+
+
+GLOO_LOST = "[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:20915"
+TORCH_WRITE = "[enforce fail at inline_container.cc:672] . unexpected pos 576 vs 534"
+
+
+@pytest.mark.parametrize("error, code, line", [
+    (OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "RUN/eval.json"), 3,
+     f"error: rank 0: [Errno {errno.ENOSPC}] {os.strerror(errno.ENOSPC)}: 'RUN/eval.json'; last good checkpoint: "
+     f"step00000002"),
+    (RuntimeError(TORCH_WRITE), 3, f"error: rank 0: a write failed (torch.save: {TORCH_WRITE}; "),
+    (RuntimeError(GLOO_LOST), 4, "error: rank 0: lost contact with another rank, which died, hung or was killed"),
+    (RuntimeError("a bug"), None, None),
+    (FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), "a/missing/file"), None, None),
+])
+def test_how_a_failed_run_ends(tmp_path, monkeypatch, capsys, error, code, line):
+    """The storage failing anywhere is one line and exit 3 (a write of a checkpoint is named in more
+    detail by checkpoint.save), a lost rank exit 4; anything else is a bug and keeps its traceback."""
+    from megatok.config import load_config
+    from megatok.train import loop
+
+    launch = launch_module()
+    (tmp_path / "checkpoints").mkdir()
+    checkpoint.set_latest(tmp_path, "step00000002")
+    cfg = load_config(ROOT / "configs/tiny.json", [f"train.run_dir={tmp_path}"])
+
+    def fail(cfg, resume):
+        raise error
+
+    monkeypatch.setattr(loop, "train", fail)
+    monkeypatch.setattr(launch, "_die", lambda c, message: print(message, file=sys.stderr) or c)  # not os._exit
+    if code is None:
+        with pytest.raises(type(error)) as info:
+            launch.run(cfg, "auto")
+        assert info.value is error and not capsys.readouterr().err
+        return
+    assert launch.run(cfg, "auto") == code
+    (got,) = capsys.readouterr().err.splitlines()
+    assert got.startswith(line) and got.endswith("; last good checkpoint: step00000002"), got
+    assert code != 3 or "GiB free on its filesystem)" in got or isinstance(error, OSError)
+
+
+def test_one_process_per_machine_checks_the_checkpoint_before_the_process_group(shards, tmp_path, monkeypatch,
+                                                                                capsys):
+    """The pre-start check of --resume reads every file of a checkpoint: once per machine (LOCAL_RANK 0,
+    or a process no launcher started), not once per rank, which on a shared filesystem would be ranks x
+    files reads. The launchers end the other ranks when that one exits 2."""
+    launch = launch_module()
     run = tmp_path / "run"
     damaged = run / "checkpoints" / "step00000003"
     damaged.mkdir(parents=True)
