@@ -102,24 +102,31 @@ def run(cfg, resume: str) -> int:
     except (FloatingPointError, DataError, checkpoint.CheckpointError) as e:
         return _die(3, f"error: rank {rank}: {e}")
     except Exception as e:  # noqa: BLE001 - a lost rank shows up as many different exception types
-        try:
-            last = checkpoint.latest_tag(cfg.train.run_dir)
-        except OSError:
-            last = "unknown (the run directory cannot be read)"
         if checkpoint.storage_failure(e):  # a write outside a checkpoint (metrics, evaluation, a conversion)
             free = checkpoint.free_space(cfg.train.run_dir)
-            what = str(e) if isinstance(e, OSError) else (
-                f"a write failed (torch.save: {str(e).splitlines()[0]}{'; ' + free if free else ''})")
-            return _die(3, f"error: rank {rank}: {what}; last good checkpoint: {last}")
+            if isinstance(e, OSError):  # a failed write through an open file does not name it
+                what = str(e) if e.filename else f"{e} (writing under {cfg.train.run_dir}{'; ' + free if free else ''})"
+            else:
+                what = f"a write failed (torch.save: {str(e).splitlines()[0]}{'; ' + free if free else ''})"
+            return _die(3, f"error: rank {rank}: {what}; last good checkpoint: {_last_good(cfg)}")
         if not dist.is_comm_failure(e):
             raise
         return _die(4, f"error: rank {rank}: lost contact with another rank, which died, hung or was killed "
                        f"(no answer within train.dist_timeout_s={cfg.train.dist_timeout_s:g} s: "
-                       f"{str(e).splitlines()[0][:200]}); last good checkpoint: {last}")
+                       f"{str(e).splitlines()[0][:200]}); last good checkpoint: {_last_good(cfg)}")
     if row.get("stopped") and rank == "0":
         print(f"megatok: {row['stopped']} at step {row['step']}; checkpoint written; run the same command to "
               f"resume", flush=True)
     return 0
+
+
+def _last_good(cfg) -> str:
+    from megatok.train import checkpoint
+
+    try:
+        return checkpoint.latest_tag(cfg.train.run_dir) or "none yet"
+    except Exception as e:  # noqa: BLE001 - reporting a failure must not fail
+        return f"unknown ({type(e).__name__}: {e})"
 
 
 def _die(code: int, message: str) -> int:

@@ -107,14 +107,14 @@ def read_metrics(run_dir: str | Path) -> list[dict]:
     """The rows of RUN_DIR/metrics.jsonl. A last line cut short (the run was killed, or the disk filled,
     while writing it) is left out with a warning; the trainer drops it when the run resumes."""
     path = Path(run_dir) / "metrics.jsonl"
-    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    lines = [(i, line) for i, line in enumerate(path.read_text().splitlines(), 1) if line.strip()]
     rows = []
-    for i, line in enumerate(lines, 1):
+    for n, (i, line) in enumerate(lines, 1):
         try:
             rows.append(json.loads(line))
         except json.JSONDecodeError as e:
-            if i < len(lines):
+            if n < len(lines):
                 raise ValueError(f"{path}:{i}: not a JSON row ({e})") from None
             warnings.warn(f"{path}:{i}: the last row was cut short (the run was killed or the disk filled while "
-                          f"writing it); left out")
+                          f"writing it); left out", stacklevel=2)
     return rows

@@ -30,11 +30,11 @@ def stdlib_texts(n_files: int = 80, max_bytes: int = 40_000) -> list[str]:
 
 
 def pytest_collection_modifyitems(items):
-    """tools/test.sh gives each file to one of two workers (pytest-xdist --dist loadfile), in this
-    order; a long file handed out last runs alone at the end. So the files with multi-process runs
-    (marked dist) go first, those with the most tests first; the order inside a file is kept."""
-    counts = Counter(item.path for item in items)
-    items.sort(key=lambda item: (0, -counts[item.path]) if item.get_closest_marker("dist") else (1, 0))
+    """tools/test.sh gives each file to one of two workers (pytest-xdist --dist loadfile
+    --no-loadscope-reorder), in this order; a long file handed out last runs alone at the end. So the
+    files with the most multi-process runs (tests marked dist) go first; the order inside a file is kept."""
+    runs = Counter(item.path for item in items if item.get_closest_marker("dist"))
+    items.sort(key=lambda item: -runs[item.path])
 
 
 @pytest.fixture(scope="session")

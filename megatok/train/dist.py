@@ -21,9 +21,9 @@ def free_port() -> int:
             first_ephemeral = int(f.read().split()[0])
     except (OSError, ValueError, IndexError):
         first_ephemeral = 32768
-    rng = random.SystemRandom()
-    for _ in range(100 if first_ephemeral > 12000 else 0):
-        port = rng.randrange(10000, first_ephemeral)
+    rng, top = random.SystemRandom(), min(first_ephemeral, 30000)  # 30000-32767: Kubernetes node ports
+    for _ in range(100 if top > 12000 else 0):
+        port = rng.randrange(10000, top)
         with socket.socket() as s:
             try:
                 s.bind(("", port))  # every interface, as the store binds it
@@ -31,7 +31,7 @@ def free_port() -> int:
             except OSError:
                 continue
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind(("", 0))
         return s.getsockname()[1]
 
 

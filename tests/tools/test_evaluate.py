@@ -279,6 +279,6 @@ def test_metrics_with_a_last_row_cut_short_still_read(tmp_path):
     (tmp_path / "metrics.jsonl").write_text(text + '{"step": 3, "split": "tr')
     with pytest.warns(UserWarning, match=r"metrics.jsonl:3: the last row was cut short"):
         assert read_metrics(tmp_path) == rows
-    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "spl\n' + text)
-    with pytest.raises(ValueError, match=r"metrics.jsonl:1: not a JSON row"):
+    (tmp_path / "metrics.jsonl").write_text('\n{"step": 1, "spl\n' + text)  # line numbers count blank lines
+    with pytest.raises(ValueError, match=r"metrics.jsonl:2: not a JSON row"):
         read_metrics(tmp_path)
