@@ -382,8 +382,23 @@ def save(engine, run_dir: str | Path, step: int, meta: dict, keep: int = 3,
         for old_tag in published_tags(run_dir)[:-keep] if keep > 0 else []:
             if old_tag != tag:
                 shutil.rmtree(ckdir / old_tag, ignore_errors=True)
+        _warn_if_the_next_will_not_fit(ckdir / tag, step, keep)
     dist.barrier()
     return tag
+
+
+def _warn_if_the_next_will_not_fit(published: Path, step: int, keep: int) -> None:
+    """Rank 0 after a save: say so now, not at the next save, when the filesystem has less room than
+    the checkpoint just written took (old ones are deleted only after a new one is published)."""
+    try:
+        size = sum(f.stat().st_size for f in published.rglob("*") if f.is_file())
+        free = shutil.disk_usage(published.parent).free
+    except OSError:
+        return
+    if free < size:
+        print(f"megatok: warning: {published.parent}: {free / 2**30:.2f} GiB free, less than the "
+              f"{size / 2**30:.2f} GiB the step-{step} checkpoint took: the next save will not fit (old checkpoints "
+              f"are deleted only after a new one is published; train.keep_checkpoints={keep})", flush=True)
 
 
 def load(engine, run_dir: str | Path, tag: str, *, restore_rng: bool = True) -> dict:

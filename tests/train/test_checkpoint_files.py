@@ -253,3 +253,20 @@ def test_other_errors_in_a_save_are_not_taken_for_a_full_disk(tmp_path, one_rank
     with pytest.raises(type(error)) as info:  # a lost rank stays a lost rank (exit 4), a bug a traceback
         checkpoint.save(FullDiskEngine(error), tmp_path, 5, {"step": 5})
     assert info.value is error and checkpoint.latest_tag(tmp_path) is None
+
+
+def test_a_save_warns_when_the_next_one_will_not_fit(tmp_path, monkeypatch, capsys, one_rank):
+    meta = {"step": 3, "layout": {"world_size": 1}}
+    tag = checkpoint.save(FilesEngine(), tmp_path, 3, meta)
+    assert "warning" not in capsys.readouterr().out  # this machine has room
+    size = sum(f.stat().st_size for f in (tmp_path / "checkpoints" / tag).rglob("*") if f.is_file())
+    real = checkpoint.shutil.disk_usage
+    monkeypatch.setattr(checkpoint.shutil, "disk_usage",
+                        lambda path: real(path)._replace(free=size // 2))  # half a checkpoint's room left
+    checkpoint.save(FilesEngine(), tmp_path, 4, {**meta, "step": 4}, keep=2)
+    out = capsys.readouterr().out
+    assert f"megatok: warning: {tmp_path / 'checkpoints'}: 0.00 GiB free, less than the 0.00 GiB the step-4 " \
+           f"checkpoint took: the next save will not fit" in out and "train.keep_checkpoints=2" in out
+    monkeypatch.setattr(checkpoint.shutil, "disk_usage", lambda path: real(path)._replace(free=2 * size))
+    checkpoint.save(FilesEngine(), tmp_path, 5, {**meta, "step": 5})
+    assert "warning" not in capsys.readouterr().out
