@@ -180,20 +180,19 @@ class FullDiskEngine(FilesEngine):
 
     def save_checkpoint(self, save_dir, tag, client_state, save_latest):
         import resource
-        import signal
 
         d = Path(save_dir) / tag
         d.mkdir(parents=True, exist_ok=True)
         torch.save(self.module.state_dict(), d / "mp_rank_00_model_states.pt")
         if self.error:
             raise self.error
-        limit, handler = resource.getrlimit(resource.RLIMIT_FSIZE), signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-        resource.setrlimit(resource.RLIMIT_FSIZE, (16_000, limit[1]))  # a write past it fails with EFBIG
+        limit = resource.getrlimit(resource.RLIMIT_FSIZE)
+        # a write past it fails with EFBIG (CPython ignores SIGXFSZ, which would otherwise end the process)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (16_000, limit[1]))
         try:
             torch.save({"state": torch.ones(16_000)}, d / "zero_pp_rank_0_mp_rank_00_optim_states.pt")
         finally:
             resource.setrlimit(resource.RLIMIT_FSIZE, limit)
-            signal.signal(signal.SIGXFSZ, handler)
 
 
 @pytest.mark.parametrize("where", ["torch.save", "deepspeed", "megatok.json", "latest"])
