@@ -93,21 +93,21 @@ class Watchdog:
 
     A rank that dies or hangs leaves the others blocked in a collective, and not every collective
     honours the process-group timeout (DeepSpeed's ZeRO groups are created with torch's 30-minute
-    default). The loop calls ``beat()`` at every step, evaluation and checkpoint; if no beat comes in
-    time, this prints one clear line and exits the process, so the launcher ends the job. Never an
-    endless wait."""
+    default). The loop calls ``beat(doing)`` at every step, evaluation and checkpoint; if no beat comes in
+    time, this prints one clear line, naming what this rank was doing, and exits the process, so the
+    launcher ends the job. Never an endless wait."""
 
     def __init__(self, timeout_s: float, describe):
         import threading
 
         self.timeout_s, self.describe = timeout_s, describe
-        self.last = time.monotonic()
+        self.last, self.doing = time.monotonic(), "starting"
         self.stopped = threading.Event()
         self.thread = threading.Thread(target=self._watch, name="megatok-watchdog", daemon=True)
         self.thread.start()
 
-    def beat(self) -> None:
-        self.last = time.monotonic()
+    def beat(self, doing: str = "training") -> None:
+        self.last, self.doing = time.monotonic(), doing
 
     def stop(self) -> None:
         self.stopped.set()
@@ -117,7 +117,8 @@ class Watchdog:
             idle = time.monotonic() - self.last
             if idle > self.timeout_s:
                 print(f"error: rank {os.environ.get('RANK', '0')}: no training progress for {idle:.0f} s "
-                      f"(train.dist_timeout_s={self.timeout_s:g}): a rank died, hung or was killed; stopping the "
+                      f"(train.dist_timeout_s={self.timeout_s:g}) while {self.doing}: a rank died, hung or was "
+                      f"killed, or {self.doing} takes longer than that (then raise the timeout); stopping the "
                       f"job; {self.describe()}", file=sys.stderr, flush=True)
                 os._exit(4)
 

@@ -308,7 +308,7 @@ def train(cfg: Config, *, resume: str = "auto") -> dict:
     position = StreamPosition(start_epochs, cursors)
     engine.train()
     while step < cfg.train.max_steps:
-        watchdog.beat()
+        watchdog.beat(f"training step {step + 1}")
         faults.maybe_hang(step + 1)
         lr, skipped_before = engine.get_lr()[0], engine.skipped_steps
         finite = torch.ones((), dtype=torch.bool, device=device)
@@ -370,13 +370,13 @@ def train(cfg: Config, *, resume: str = "auto") -> dict:
             t_last, paused = now, 0.0
 
         t_pause = time.monotonic()
-        watchdog.beat()
         last = step == cfg.train.max_steps
         eval_due = bool(cfg.eval.every and step % cfg.eval.every == 0) or last
         if eval_due and not stopping:
+            watchdog.beat(f"evaluating step {step}")
             evaluate(step)
-            watchdog.beat()
         if step % cfg.train.save_every == 0 or last or stopping:
+            watchdog.beat(f"writing the step-{step} checkpoint")
             top = torch.tensor([float(e) for e in position.epochs], device=device)
             tdist.all_reduce(top, op=tdist.ReduceOp.MAX)
             top_epochs = [int(e) for e in top.tolist()]
