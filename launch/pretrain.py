@@ -104,10 +104,11 @@ def run(cfg, resume: str) -> int:
     except Exception as e:  # noqa: BLE001 - a lost rank shows up as many different exception types
         if checkpoint.storage_failure(e):  # a write outside a checkpoint (metrics, evaluation, a conversion)
             free = checkpoint.free_space(cfg.train.run_dir)
+            free = f"; {free}" if free else ""
             if isinstance(e, OSError):  # a failed write through an open file does not name it
-                what = str(e) if e.filename else f"{e} (writing under {cfg.train.run_dir}{'; ' + free if free else ''})"
+                what = str(e) if e.filename else f"{e} (writing under {cfg.train.run_dir}{free})"
             else:
-                what = f"a write failed (torch.save: {str(e).splitlines()[0]}{'; ' + free if free else ''})"
+                what = f"a write failed (torch.save: {str(e).splitlines()[0]}{free})"
             return _die(3, f"error: rank {rank}: {what}; last good checkpoint: {_last_good(cfg)}")
         if not dist.is_comm_failure(e):
             raise
