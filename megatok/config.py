@@ -142,9 +142,17 @@ class TrainConfig(_Section):
     keep_checkpoints: int = Field(3, ge=1, description="newest checkpoints kept in RUN_DIR/checkpoints")
     max_skipped_steps: int = Field(10, ge=0, description="abort after this many optimizer steps in a row skipped for non-finite gradients")
     dist_timeout_s: float = Field(600.0, gt=0, description="collectives that take longer fail instead of hanging")
+    save_timeout_s: float | None = Field(None, gt=0, description="how long one checkpoint save may take before the "
+                                                               "watchdog ends the run (default: dist_timeout_s); "
+                                                               "the process-group timeout is the larger of the two")
     peak_tflops: float | None = Field(None, gt=0, description="dense TFLOP/s of one device for the mfu column (default: the GPU's bf16 peak by name, megatok.flops.PEAK_BF16_TFLOPS; no mfu on a CPU)")
     zero_init: bool = Field(True, description="ZeRO-3: build the model already partitioned over the ranks "
                                               "(deepspeed.zero.Init), so no rank holds it whole")
+
+    @property
+    def collective_timeout_s(self) -> float:
+        """The process group's timeout: a collective may wait out the slowest rank's checkpoint save."""
+        return max(self.dist_timeout_s, self.save_timeout_s or 0.0)
 
 
 class EvalConfig(_Section):

@@ -167,7 +167,7 @@ def train_check(config: str, overrides: list[str], *, device: torch.device, engi
         from megatok.train import dist
 
         if not torch.distributed.is_initialized():
-            dist.init(cfg.train.dist_timeout_s)
+            dist.init(cfg.train.collective_timeout_s)
         runner, _, _, _ = deepspeed.initialize(model=model, config=deepspeed_config(cfg, 1),
                                                model_parameters=param_groups(model, cfg.train.weight_decay))
 

@@ -361,6 +361,7 @@ def save(engine, run_dir: str | Path, step: int, meta: dict, keep: int = 3,
         if cursors:
             _write_atomic(tmp / stream_file(rank),
                           json.dumps({"cursors": {str(r): c for r, c in sorted(cursors.items())}}))
+        faults.maybe_slow_save(step)
         dist.barrier()
         # One process per machine flushes what its machine wrote; every rank when the launcher does not
         # say which ranks share a machine (no LOCAL_RANK).

@@ -94,32 +94,36 @@ class Watchdog:
     A rank that dies or hangs leaves the others blocked in a collective, and not every collective
     honours the process-group timeout (DeepSpeed's ZeRO groups are created with torch's 30-minute
     default). The loop calls ``beat(doing)`` at every step, evaluation and checkpoint; if no beat comes in
-    time, this prints one clear line, naming what this rank was doing, and exits the process, so the
-    launcher ends the job. Never an endless wait."""
+    time, this prints one clear line, naming what this rank was doing and the config key that bounds it,
+    and exits the process, so the launcher ends the job. Never an endless wait. A beat may allow the next
+    piece of work another limit than ``timeout_s`` (a checkpoint save: ``train.save_timeout_s``)."""
 
-    def __init__(self, timeout_s: float, describe):
+    def __init__(self, timeout_s: float, describe, key: str = "train.dist_timeout_s"):
         import threading
 
-        self.timeout_s, self.describe = timeout_s, describe
-        self.last, self.doing = time.monotonic(), "starting"
+        self.describe, self.default = describe, (timeout_s, key)
+        # (when, what, (seconds, config key)): one tuple, so the watching thread never sees half a beat
+        self.state = (time.monotonic(), "starting", self.default)
         self.stopped = threading.Event()
         self.thread = threading.Thread(target=self._watch, name="megatok-watchdog", daemon=True)
         self.thread.start()
 
-    def beat(self, doing: str = "training") -> None:
-        self.last, self.doing = time.monotonic(), doing
+    def beat(self, doing: str = "training", limit: tuple[float, str] | None = None) -> None:
+        """Progress: what comes next, and (seconds, config key) it may take if not the default timeout."""
+        self.state = (time.monotonic(), doing, limit or self.default)
 
     def stop(self) -> None:
         self.stopped.set()
 
     def _watch(self) -> None:
-        while not self.stopped.wait(min(1.0, self.timeout_s / 4)):
-            idle = time.monotonic() - self.last
-            if idle > self.timeout_s:
+        while not self.stopped.wait(min(1.0, self.default[0] / 4)):
+            last, doing, (timeout_s, key) = self.state
+            idle = time.monotonic() - last
+            if idle > timeout_s:
                 print(f"error: rank {os.environ.get('RANK', '0')}: no training progress for {idle:.0f} s "
-                      f"(train.dist_timeout_s={self.timeout_s:g}) while {self.doing}: a rank died, hung or was "
-                      f"killed, or {self.doing} takes longer than that (then raise the timeout); stopping the "
-                      f"job; {self.describe()}", file=sys.stderr, flush=True)
+                      f"({key}={timeout_s:g}) while {doing}: a rank died, hung or was killed, or {doing} "
+                      f"takes longer than that (then raise {key}); stopping the job; {self.describe()}",
+                      file=sys.stderr, flush=True)
                 os._exit(4)
 
 

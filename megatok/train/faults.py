@@ -4,6 +4,7 @@
     MEGATOK_FAULT_NAN_RANK=0          ...only on this rank (default: every rank)
     MEGATOK_FAULT_DIE_IN_SAVE=6       SIGKILL this process while the step-6 checkpoint is half written
     MEGATOK_FAULT_HANG=1:3            rank 1 stops responding (sleeps) at step 3
+    MEGATOK_FAULT_SLOW_SAVE=4:20      rank 0 takes 20 s longer to write the step-4 checkpoint
 """
 
 from __future__ import annotations
@@ -35,3 +36,9 @@ def maybe_hang(step: int) -> None:
     spec = os.environ.get("MEGATOK_FAULT_HANG")
     if spec and tuple(map(int, spec.split(":"))) == (_rank(), step):
         time.sleep(3600)
+
+
+def maybe_slow_save(step: int) -> None:
+    spec = os.environ.get("MEGATOK_FAULT_SLOW_SAVE")
+    if spec and _rank() == 0 and int(spec.split(":")[0]) == step:
+        time.sleep(float(spec.split(":")[1]))

@@ -192,7 +192,7 @@ def train(cfg: Config, *, resume: str = "auto") -> dict:
     import deepspeed
     from torch.optim.lr_scheduler import LambdaLR
 
-    device = dist.init(cfg.train.dist_timeout_s)
+    device = dist.init(cfg.train.collective_timeout_s)
     rank, world = tdist.get_rank(), tdist.get_world_size()
     run_dir = Path(cfg.train.run_dir)
     choice = [None, None]  # rank 0 picks the checkpoint for all ranks (their views of a filesystem may lag)
@@ -298,7 +298,8 @@ def train(cfg: Config, *, resume: str = "auto") -> dict:
             checkpoint.mark_evaluated(run_dir, meta["tag"])
     stop = StopRequest(run_dir, rank)
     watchdog = dist.Watchdog(cfg.train.dist_timeout_s,
-                             lambda: f"last good checkpoint: {checkpoint.latest_tag(run_dir)}")
+                             lambda: f"last good checkpoint: {checkpoint.latest_tag(run_dir) or 'none yet'}")
+    save_limit = (cfg.train.save_timeout_s, "train.save_timeout_s") if cfg.train.save_timeout_s else None
     totals = Totals(device)
     skipped_in_row, t_last, paused, last_row = 0, time.monotonic(), 0.0, {}
     peak_tflops = cfg.train.peak_tflops or device_peak_tflops(device)
@@ -376,7 +377,7 @@ def train(cfg: Config, *, resume: str = "auto") -> dict:
             watchdog.beat(f"evaluating step {step}")
             evaluate(step)
         if step % cfg.train.save_every == 0 or last or stopping:
-            watchdog.beat(f"writing the step-{step} checkpoint")
+            watchdog.beat(f"writing the step-{step} checkpoint", save_limit)
             top = torch.tensor([float(e) for e in position.epochs], device=device)
             tdist.all_reduce(top, op=tdist.ReduceOp.MAX)
             top_epochs = [int(e) for e in top.tolist()]

@@ -315,6 +315,17 @@ def test_a_hung_rank_makes_the_job_exit_within_the_timeout(shards, tmp_path):
     assert checkpoint.latest_tag(run) is None or checkpoint.read_meta(run, checkpoint.latest_tag(run))
 
 
+def test_a_checkpoint_slower_than_the_timeout_is_waited_for_with_save_timeout_s(shards, tmp_path):
+    """Rank 0 takes 20 s to write the last checkpoint, beyond train.dist_timeout_s (8 s): rank 1 waits in
+    the save's barrier and neither watchdog ends the run, since train.save_timeout_s allows 90 s."""
+    run = tmp_path / "run"
+    r = pretrain(args(shards, run, "train.max_steps=4", "train.global_batch_size=8", "train.save_every=4",
+                      "train.dist_timeout_s=8", "train.save_timeout_s=90"),
+                 nproc=2, check=False, env={"MEGATOK_FAULT_SLOW_SAVE": "4:20"}, timeout=240, launcher="deepspeed")
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    assert checkpoint.latest_tag(run) == "step00000004"
+
+
 def test_sigterm_checkpoints_and_exits_cleanly(shards, tmp_path):
     run = tmp_path / "run"
     argv = args(shards, run, "train.max_steps=100000", "train.global_batch_size=8", "train.save_every=100000")

@@ -21,5 +21,43 @@ def test_the_watchdog_says_what_the_rank_was_doing():
     (line,) = r.stderr.splitlines()
     assert line.startswith("error: rank 3: no training progress for ")
     assert line.endswith(" s (train.dist_timeout_s=0.5) while writing the step-6 checkpoint: a rank died, hung or "
-                         "was killed, or writing the step-6 checkpoint takes longer than that (then raise the "
-                         "timeout); stopping the job; last good checkpoint: step00000002")
+                         "was killed, or writing the step-6 checkpoint takes longer than that (then raise "
+                         "train.dist_timeout_s); stopping the job; last good checkpoint: step00000002")
+
+
+def test_a_checkpoint_save_gets_its_own_allowance():
+    """train.save_timeout_s: a save may take longer than train.dist_timeout_s, and the line names the key
+    that ran out; the next step is held to dist_timeout_s again."""
+    code = ("import time\n"
+            "from megatok.train.dist import Watchdog\n"
+            "w = Watchdog(0.5, lambda: 'last good checkpoint: step00000002')\n"
+            "w.beat('writing the step-6 checkpoint', (3.0, 'train.save_timeout_s'))\n"
+            "time.sleep(1.5)\n"  # three times dist_timeout_s: still within the save's allowance
+            "print('survived the save', flush=True)\n"
+            "w.beat('writing the step-7 checkpoint', (1.0, 'train.save_timeout_s'))\n"
+            "time.sleep(10)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60,
+                       env={"PYTHONPATH": str(ROOT), "RANK": "0", "PATH": "/usr/bin:/bin"})
+    assert r.returncode == 4, r.stderr
+    assert r.stdout == "survived the save\n"
+    (line,) = r.stderr.splitlines()
+    assert "(train.save_timeout_s=1) while writing the step-7 checkpoint: " in line, line
+    assert "(then raise train.save_timeout_s); stopping the job; last good checkpoint: step00000002" in line
+
+    code = ("import time\n"
+            "from megatok.train.dist import Watchdog\n"
+            "w = Watchdog(0.5, lambda: 'x')\n"
+            "w.beat('writing the step-6 checkpoint', (30.0, 'train.save_timeout_s'))\n"
+            "w.beat('training step 7')\n"  # back to the default limit
+            "time.sleep(10)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60,
+                       env={"PYTHONPATH": str(ROOT), "RANK": "0", "PATH": "/usr/bin:/bin"})
+    assert r.returncode == 4 and "(train.dist_timeout_s=0.5) while training step 7" in r.stderr, r.stderr
+
+
+def test_the_process_group_waits_out_the_longest_allowance():
+    from megatok.config import TrainConfig
+
+    assert TrainConfig().collective_timeout_s == 600
+    assert TrainConfig(dist_timeout_s=900, save_timeout_s=3600).collective_timeout_s == 3600
+    assert TrainConfig(dist_timeout_s=900, save_timeout_s=60).collective_timeout_s == 900
