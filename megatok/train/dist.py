@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import random
 import socket
@@ -10,6 +11,29 @@ import time
 from datetime import timedelta
 
 import torch
+
+
+def _bindable(port: int) -> bool:
+    """Whether ``port`` is free on every IPv4 and every IPv6 interface: torch's store binds both."""
+    held = []
+    try:
+        for family, host in ((socket.AF_INET, ""), (socket.AF_INET6, "::")):
+            try:
+                s = socket.socket(family)
+            except OSError:  # IPv6 switched off on this machine
+                continue
+            held.append(s)
+            if family == socket.AF_INET6:
+                s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)  # the IPv4 side is checked above
+            try:
+                s.bind((host, port))
+            except OSError as e:
+                if family == socket.AF_INET or e.errno in (errno.EADDRINUSE, errno.EACCES):
+                    return False
+        return True
+    finally:
+        for s in held:
+            s.close()
 
 
 def free_port() -> int:
@@ -24,12 +48,8 @@ def free_port() -> int:
     rng, top = random.SystemRandom(), min(first_ephemeral, 30000)  # 30000-32767: Kubernetes node ports
     for _ in range(100 if top > 12000 else 0):
         port = rng.randrange(10000, top)
-        with socket.socket() as s:
-            try:
-                s.bind(("", port))  # every interface, as the store binds it
-                return port
-            except OSError:
-                continue
+        if _bindable(port):
+            return port
     with socket.socket() as s:
         s.bind(("", 0))
         return s.getsockname()[1]
