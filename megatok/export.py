@@ -1,8 +1,9 @@
 """Export a trained model out of DeepSpeed's checkpoint format, and load it back.
 
 An export directory holds ``model.safetensors`` (full weights, fp32 or bf16, merged from any ZeRO
-stage), ``config.json`` (the run's resolved config) and ``export.json`` (where it came from).
-Loading reads only safetensors and JSON: nothing is unpickled.
+stage), ``config.json`` (the run's resolved config), ``export.json`` (where it came from) and the
+tokenizer the model needs, if any (``tokenizer.model``, ``boundary.model``), so it can be moved and
+loaded anywhere. Loading reads only safetensors, JSON and sentencepiece's model: nothing is unpickled.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 def export(run_dir: str | Path, out_dir: str | Path, *, dtype: str = "fp32", tag: str | None = None) -> Path:
     """Write the export of ``run_dir``'s checkpoint ``tag`` (default: latest); returns out_dir."""
     run_dir, out_dir = Path(run_dir), Path(out_dir)
+    check_out_dir(out_dir)
     cfg = checkpoint.run_config(run_dir)
     tag = tag or checkpoint.latest_tag(run_dir)
     if tag is None:
@@ -35,14 +37,32 @@ def export(run_dir: str | Path, out_dir: str | Path, *, dtype: str = "fp32", tag
     tmp.mkdir(parents=True)
     save_file({k: v.to(DTYPES[dtype]).contiguous() for k, v in state.items()}, str(tmp / WEIGHTS),
               metadata={"format": "pt", "megatok_tag": tag})
-    cfg.dump(tmp / CONFIG)
+    raw = cfg.to_dict()
+    for (section, key), name in zip(checkpoint.MODEL_FILES, ("tokenizer.model", "boundary.model")):
+        if raw[section].get(key):  # the run's tokenizer, copied in: the export does not depend on its path
+            src = Path(raw[section][key])
+            shutil.copyfile(src / "tokenizer.model" if src.is_dir() else src, tmp / name)
+            raw[section][key] = name
+    (tmp / CONFIG).write_text(json.dumps(raw, indent=2) + "\n")
     meta = checkpoint.read_meta(run_dir, tag)
     (tmp / INFO).write_text(json.dumps({"run_dir": str(run_dir), "tag": tag, "step": meta["step"], "dtype": dtype,
                                         "parameters": sum(v.numel() for v in state.values())}, indent=2) + "\n")
-    if out_dir.exists():
-        shutil.rmtree(out_dir)
+    old = out_dir.with_name(out_dir.name + f".old-{os.getpid()}")
+    if out_dir.exists():  # an earlier export: moved aside first, so one of the two is always whole
+        os.replace(out_dir, old)
     os.replace(tmp, out_dir)
+    shutil.rmtree(old, ignore_errors=True)
     return out_dir
+
+
+def check_out_dir(out_dir: str | Path) -> None:
+    """An export replaces only an earlier export: never a file, a run or someone's notes."""
+    out_dir = Path(out_dir)
+    if out_dir.is_dir() and any(out_dir.iterdir()) and not (out_dir / INFO).is_file():
+        raise FileExistsError(f"{out_dir}: exists and is not a megatok export (no {INFO}); choose another --out "
+                              f"or remove it")
+    if out_dir.exists() and not out_dir.is_dir():
+        raise FileExistsError(f"{out_dir}: exists and is not a directory; choose another --out")
 
 
 def load_exported(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None):
@@ -52,9 +72,10 @@ def load_exported(path: str | Path, device: str | torch.device = "cpu", dtype: t
     path = Path(path)
     if not (path / WEIGHTS).is_file():
         raise FileNotFoundError(f"{path / WEIGHTS}: not a megatok export")
-    t = json.loads((path / CONFIG).read_text())["train"]
+    raw = json.loads((path / CONFIG).read_text())
+    t = raw["train"]
     world = (t["global_batch_size"] // (t["micro_batch_size"] * t["grad_accum"])) if t.get("global_batch_size") else 1
-    cfg: Config = load_config(path / CONFIG, world_size=world)
+    cfg: Config = load_config(path / CONFIG, checkpoint.model_files_from(raw, path.resolve(), base_first=True), world_size=world)
     model = build_model(cfg)
     state = load_file(str(path / WEIGHTS), device="cpu")
     model.load_state_dict({k: v.to(dtype or torch.float32) for k, v in state.items()})

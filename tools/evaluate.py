@@ -51,6 +51,7 @@ def main(argv=None) -> int:
 
 def _evaluate(args, result_out) -> int:
 
+    from megatok.config import ConfigError
     from megatok.data.encoding import encoding_for
     from megatok.train.checkpoint import load_model
 
@@ -65,7 +66,7 @@ def _evaluate(args, result_out) -> int:
                                     batch_size=args.batch_size, mode=args.boundary, seed=args.seed,
                                     device=args.device, progress=bar, encoding=encoding_for(cfg))
         bar.close()
-    except (DataError, FileNotFoundError) as e:
+    except (DataError, FileNotFoundError, ConfigError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if not result["documents"]:

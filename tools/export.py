@@ -18,15 +18,16 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--run", required=True, help="run directory")
-    ap.add_argument("--out", required=True, help="export directory (replaced atomically if it exists)")
+    ap.add_argument("--out", required=True, help="export directory (an earlier export there is replaced; anything else is refused)")
     ap.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
     ap.add_argument("--checkpoint", default=None, help="checkpoint tag (default: latest)")
     args = ap.parse_args(argv)
+    from megatok.config import ConfigError
     from megatok.export import export
 
     try:
         out = export(args.run, args.out, dtype=args.dtype, tag=args.checkpoint)
-    except FileNotFoundError as e:
+    except (FileNotFoundError, FileExistsError, ConfigError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(f"exported {args.run} -> {out}")

@@ -29,7 +29,7 @@ def main(argv=None) -> int:
     ap.add_argument("--run", required=True, help="run directory (its latest checkpoint, or --tag)")
     ap.add_argument("--tag", default=None, help="checkpoint tag, e.g. step00000200")
     prompt = ap.add_mutually_exclusive_group()
-    prompt.add_argument("--prompt", default="", help="text to continue (default: none, a new document)")
+    prompt.add_argument("--prompt", default="", help="text to continue, its bytes as given (default: none, a new document)")
     prompt.add_argument("--prompt-file", default=None, help="read the prompt's bytes from a file")
     ap.add_argument("--max-bytes", type=int, default=200,
                     help="bytes to generate per sample (default 200; a BPE model's last token may run past it)")
@@ -60,7 +60,7 @@ def main(argv=None) -> int:
 
     sizing.quiet_deepspeed_import()  # stdout carries only the samples (--json stays parseable)
     try:
-        data = Path(args.prompt_file).read_bytes() if args.prompt_file else args.prompt.encode("utf-8")
+        data = Path(args.prompt_file).read_bytes() if args.prompt_file else os.fsencode(args.prompt)
         model, cfg, tag = load_model(args.run, args.tag, device=args.device)
         encoding = encoding_for(cfg)
     except (FileNotFoundError, ConfigError) as e:

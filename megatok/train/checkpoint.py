@@ -441,14 +441,44 @@ def universal(run_dir: str | Path, tag: str, ds_config: dict) -> str:
     return out.name
 
 
+# Files a model needs to be built (a tokenizer): a run records them as it was given them, often relative
+# to the directory it was started from.
+MODEL_FILES = (("model", "tokenizer"), ("boundary", "model_path"))
+
+
+def launch_dir(run_dir: str | Path, recorded: str) -> Path | None:
+    """The directory a run was started from, when it was given a relative ``train.run_dir`` (``recorded``):
+    the run directory's absolute path less that. None if they do not line up (the run was renamed)."""
+    rel, here = Path(recorded), Path(run_dir).resolve()
+    n = len(rel.parts)
+    if rel.is_absolute() or ".." in rel.parts or n == 0 or here.parts[-n:] != rel.parts:
+        return None
+    return Path(*here.parts[:-n])
+
+
 def run_config(run_dir: str | Path) -> Config:
-    """The resolved config a run wrote, loaded for the world size it was written with."""
+    """The resolved config a run wrote, loaded for the world size it was written with. A relative
+    tokenizer path that does not exist from here is looked up from the directory the run was started
+    from, so a run can be read from any directory."""
     path = Path(run_dir) / "config.json"
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no config.json here; is {run_dir} a megatok run directory?")
-    t = json.loads(path.read_text())["train"]
+    raw = json.loads(path.read_text())
+    t = raw["train"]
     world = (t["global_batch_size"] // (t["micro_batch_size"] * t["grad_accum"])) if t.get("global_batch_size") else 1
-    return load_config(path, world_size=world)
+    return load_config(path, model_files_from(raw, launch_dir(run_dir, t.get("run_dir", ""))), world_size=world)
+
+
+def model_files_from(raw: dict, base: Path | None, *, base_first: bool = False) -> list[str]:
+    """``--set`` overrides that point a config's relative MODEL_FILES paths at ``base``, where they exist:
+    those that do not exist from the working directory, or all of them with ``base_first``."""
+    found = []
+    for section, key in MODEL_FILES if base is not None else ():
+        value = raw.get(section, {}).get(key)
+        if value and not Path(value).is_absolute() and (base_first or not Path(value).exists()) \
+                and (base / value).exists():
+            found.append(f"{section}.{key}={base / value}")
+    return found
 
 
 def consolidated_state_dict(run_dir: str | Path, tag: str, cfg: Config) -> dict[str, torch.Tensor]:

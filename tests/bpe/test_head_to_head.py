@@ -71,6 +71,40 @@ def test_evaluate_and_summarize_a_token_model(runs):
     assert "boundary rate" not in r.stdout
 
 
+def test_a_run_with_relative_paths_is_read_from_anywhere_and_exports_whole(runs, tmp_path):
+    """A run started from directory L as `--set model.tokenizer=tok train.run_dir=runs/bpe` records those
+    relative paths. The tools read it from another directory (here the repository root), and its export
+    carries the tokenizer, so it loads after L is gone."""
+    from megatok.data.encoding import encoding_for
+    from megatok.export import load_exported
+    from megatok.train import checkpoint
+
+    launch = tmp_path / "L"
+    shutil.copytree(runs["tok"], launch / "tok")
+    shutil.copytree(runs["bpe"], launch / "runs" / "bpe")
+    config = launch / "runs" / "bpe" / "config.json"
+    raw = json.loads(config.read_text())
+    raw["model"]["tokenizer"], raw["train"]["run_dir"] = "tok", "runs/bpe"
+    config.write_text(json.dumps(raw))
+    assert checkpoint.launch_dir(launch / "runs" / "bpe", "runs/bpe") == launch.resolve()
+    assert checkpoint.launch_dir(launch / "runs" / "bpe", "elsewhere/bpe") is None
+
+    moved = launch / "runs" / "bpe"
+    ev = run_tool("evaluate.py", "--run", moved, "--data", runs["heldout"], "--max-bytes", 2000)
+    assert ev.returncode == 0, ev.stderr[-2000:]
+    same = run_tool("evaluate.py", "--run", runs["bpe"], "--data", runs["heldout"], "--max-bytes", 2000)
+    assert json.loads(ev.stdout)["bpb"] == json.loads(same.stdout)["bpb"]
+
+    out = tmp_path / "export"
+    r = run_tool("export.py", "--run", moved, "--out", out)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert (out / "tokenizer.model").read_bytes() == (runs["tok"] / "tokenizer.model").read_bytes()
+    shutil.rmtree(launch)
+    model, cfg = load_exported(out)
+    assert cfg.model.tokenizer == str((out / "tokenizer.model").resolve())
+    assert encoding_for(cfg).byte_lengths is not None and model.training is False
+
+
 def test_token_stream_resumes_exactly(runs):
     """Resume the BPE run from its step-3 checkpoint: steps 4-6 repeat bit for bit (data, losses, counters)."""
     copy = runs["tmp"] / "bpe-resumed"

@@ -37,3 +37,33 @@ def test_bad_input_is_one_line(tiny_run, tmp_path):
     assert r.returncode == 2 and r.stderr.strip().startswith("error:") and len(r.stderr.strip().splitlines()) == 1
     r = run_tool("generate.py", "--run", tiny_run, "--temperature", "-1")
     assert r.returncode == 2 and "--temperature must be >= 0" in r.stderr
+
+
+def test_a_prompt_that_is_not_utf8_is_used_byte_for_byte(tiny_run, tmp_path):
+    """A shell passes any bytes as an argument: Python hands them over as surrogates, which the tool turns
+    back into those bytes, exactly as --prompt-file reads them."""
+    raw = b"caf\xe9 \xff("
+    (tmp_path / "prompt").write_bytes(raw)
+    common = ["--run", tiny_run, "--max-bytes", "20", "--json", "--temperature", "0"]
+    given = samples(*common, "--prompt", raw.decode("utf-8", "surrogateescape")).stdout
+    assert given == samples(*common, "--prompt-file", tmp_path / "prompt").stdout
+
+
+def test_export_replaces_only_an_earlier_export(tiny_run, tmp_path):
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "keep.txt").write_text("mine")
+    r = run_tool("export.py", "--run", tiny_run, "--out", notes)
+    assert r.returncode == 2 and r.stderr.strip() == (f"error: {notes}: exists and is not a megatok export (no "
+                                                      f"export.json); choose another --out or remove it")
+    assert (notes / "keep.txt").read_text() == "mine"
+    (tmp_path / "afile").write_text("x")
+    r = run_tool("export.py", "--run", tiny_run, "--out", tmp_path / "afile")
+    assert r.returncode == 2 and "afile: exists and is not a directory" in r.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "notes"]  # no partial export left behind
+    out = tmp_path / "export"
+    for _ in range(2):  # an earlier export is replaced
+        r = run_tool("export.py", "--run", tiny_run, "--out", out)
+        assert r.returncode == 0, r.stderr[-2000:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "export", "notes"]
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "export.json", "model.safetensors"]
