@@ -21,6 +21,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np  # noqa: E402
 
+from megatok.data.documents import DataError  # noqa: E402
 from megatok.data.stream import iter_shard_documents, resolve_shards  # noqa: E402
 from megatok.metrics import read_metrics  # noqa: E402
 
@@ -57,10 +58,25 @@ def main(argv=None) -> int:
         print(f"error: {run / 'metrics.jsonl'}: no training rows yet", file=sys.stderr)
         return 2
     eval_path = Path(args.eval) if args.eval else run / "eval.json"
-    ev = json.loads(eval_path.read_text()) if eval_path.is_file() else None
+    if args.eval and not eval_path.is_file():
+        print(f"error: --eval {eval_path}: no such file", file=sys.stderr)
+        return 2
+    try:
+        ev = json.loads(eval_path.read_text()) if eval_path.is_file() else None
+    except json.JSONDecodeError as e:  # e.g. an empty file left by `evaluate.py > RUN/eval.json` that failed
+        print(f"error: {eval_path}: not tools/evaluate.py output ({e.msg} at line {e.lineno}); rerun "
+              f"tools/evaluate.py, or remove the file", file=sys.stderr)
+        return 2
+    if ev is not None and not (isinstance(ev, dict) and "bpb" in ev):
+        print(f"error: {eval_path}: not tools/evaluate.py output (no \"bpb\")", file=sys.stderr)
+        return 2
 
-    entropy = unigram_entropy(d.text for d in iter_shard_documents(resolve_shards(data, "train")))
-    val_text = b"\n".join(d.text for d in iter_shard_documents(resolve_shards(data, "val")))
+    try:
+        entropy = unigram_entropy(d.text for d in iter_shard_documents(resolve_shards(data, "train")))
+        val_text = b"\n".join(d.text for d in iter_shard_documents(resolve_shards(data, "val")))
+    except DataError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     comp = compressor_bpb(val_text)
     tokens = (cfg.get("model") or {}).get("kind") == "bpe"  # the BPE token model: no boundaries
     unit = "token" if tokens else "chunk"

@@ -271,6 +271,24 @@ def test_summarize(run, shards):
     assert f"{entropy:.4f}" in next(line for line in r.stdout.splitlines() if "byte-unigram entropy" in line)
 
 
+def test_summarize_bad_inputs_are_one_line(run, shards, tmp_path):
+    copy = tmp_path / "run"
+    copy.mkdir()
+    for name in ("config.json", "metrics.jsonl"):
+        shutil.copy(run / name, copy / name)
+    missing = tmp_path / "nope.json"
+    assert_clean_error(tool("summarize.py", "--run", copy, "--data", shards, "--eval", missing), missing)
+    (copy / "eval.json").write_text("")  # what `evaluate.py ... > RUN/eval.json` leaves when it fails
+    r = tool("summarize.py", "--run", copy, "--data", shards)
+    assert_clean_error(r, copy / "eval.json")
+    assert "not tools/evaluate.py output" in r.stderr
+    (copy / "eval.json").write_text("[1, 2]")
+    assert_clean_error(tool("summarize.py", "--run", copy, "--data", shards), copy / "eval.json")
+    (copy / "eval.json").unlink()
+    assert_clean_error(tool("summarize.py", "--run", copy, "--data", tmp_path / "missing"), tmp_path / "missing")
+    assert not (copy / "summary.json").exists()
+
+
 def test_metrics_with_a_last_row_cut_short_still_read(tmp_path):
     """A run killed (or out of disk) while writing a row leaves it half written: the tools read the rest,
     warn, and a damaged row elsewhere is an error naming the file and line."""
