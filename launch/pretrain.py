@@ -20,6 +20,7 @@ warnings.filterwarnings("ignore", message=r".*all_gather_into_tensor.*", categor
 
 from megatok.config import ConfigError, load_config  # noqa: E402
 from megatok.data.documents import DataError  # noqa: E402
+from megatok.sizing import positive  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -29,7 +30,7 @@ def parse_args(argv=None):
                    help="override config values by dotted key, e.g. train.max_steps=20 data.shards=data/shards")
     p.add_argument("--resume", default="auto",
                    help="'auto' (latest checkpoint in the run directory, if any), 'none', or a checkpoint tag")
-    p.add_argument("--dry-run", nargs="?", type=int, const=0, default=None, metavar="RANKS",
+    p.add_argument("--dry-run", nargs="?", type=positive(int), const=0, default=None, metavar="RANKS",
                    help="resolve the config for RANKS ranks (default $WORLD_SIZE, else 8), build the model on the "
                         "meta device, print its size table and the DeepSpeed config, exit (no data, no process group)")
     p.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)  # deepspeed launcher

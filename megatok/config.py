@@ -230,6 +230,9 @@ def _check_deepspeed(ds: dict[str, Any], where: str) -> None:
         from deepspeed.runtime.zero.config import DeepSpeedZeroConfig  # DeepSpeed's own schema
     except ImportError:  # a machine without DeepSpeed (e.g. tools/gpu_check.py's plain-torch path)
         DeepSpeedZeroConfig = None
+    stage = zero.get("stage", 0)
+    if isinstance(stage, bool) or stage not in (0, 1, 2, 3):
+        raise ConfigError(f"{where}: deepspeed.zero_optimization.stage must be 0, 1, 2 or 3 (got {json.dumps(stage)})")
     try:
         if DeepSpeedZeroConfig is not None:
             DeepSpeedZeroConfig(**zero)
@@ -240,6 +243,9 @@ def _check_deepspeed(ds: dict[str, Any], where: str) -> None:
     for sec in ("bf16", "fp16"):
         if sec in ds and not isinstance(ds[sec], dict):
             raise ConfigError(f"{where}: deepspeed.{sec} must be an object like {{\"enabled\": true}}")
+        if not isinstance(ds.get(sec, {}).get("enabled", False), bool):
+            raise ConfigError(f"{where}: deepspeed.{sec}.enabled must be true or false "
+                              f"(got {json.dumps(ds[sec]['enabled'])})")
     if ds.get("fp16", {}).get("enabled"):
         raise ConfigError(f"{where}: deepspeed.fp16 is not supported (use bf16; byte-level losses overflow fp16)")
 
@@ -329,6 +335,9 @@ def _read_json(path: Path, chain: tuple[Path, ...] = ()) -> dict:
     except FileNotFoundError:
         where = f"{chain[-1]}: extends" if chain else "config"
         raise ConfigError(f"{where}: file not found: {path}") from None
+    except IsADirectoryError:
+        where = f"{chain[-1]}: extends" if chain else "config"
+        raise ConfigError(f"{where}: {path} is a directory, not a JSON config") from None
     except json.JSONDecodeError as e:
         raise ConfigError(f"{path}: not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
     if not isinstance(raw, dict):
@@ -441,7 +450,8 @@ def _check_derived(cfg: Config, where: str, world_size: int) -> None:
         if t.global_batch_size is not None and t.global_batch_size % per_step:
             raise ConfigError(
                 f"{where}: train.global_batch_size={t.global_batch_size} is not a multiple of train.micro_batch_size"
-                f" ({t.micro_batch_size}) x world size ({world_size})")
+                f" ({t.micro_batch_size}) x world size ({world_size}); for this many ranks lower train.micro_batch_size "
+                f"or raise train.global_batch_size")
         t.grad_accum = t.global_batch_size // per_step if t.global_batch_size is not None else 1
     total = per_step * t.grad_accum
     if t.global_batch_size is not None and t.global_batch_size != total:

@@ -312,6 +312,22 @@ def quiet_deepspeed_import() -> None:
         import deepspeed  # noqa: F401
 
 
+def positive(kind=int, most: float | None = None):
+    """An argparse type: a number > 0 (and <= ``most``), or a one-line usage error."""
+    import argparse
+
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {'a whole number' if kind is int else 'a number'}") from None
+        if not value > 0 or (most is not None and value > most):
+            raise argparse.ArgumentTypeError(f"must be > 0{f' and <= {most:g}' if most is not None else ''}, got {text}")
+        return value
+
+    return parse
+
+
 def dry_run(config: str, overrides: list[str] = (), world: int | None = None, out=None) -> int:
     """``launch/pretrain.py --dry-run``: resolve the config for ``world`` ranks (default $WORLD_SIZE,
     else 8: one node), build the model on the meta device, print the size table and the DeepSpeed
@@ -324,13 +340,31 @@ def dry_run(config: str, overrides: list[str] = (), world: int | None = None, ou
 
     out = out or sys.stdout
     quiet_deepspeed_import()
-    if world is None or world < 1:
-        world = int(os.environ.get("WORLD_SIZE", "8"))
+    if world is None:
+        try:
+            world = positive(int)(os.environ.get("WORLD_SIZE", "8"))
+        except Exception as e:  # noqa: BLE001 - argparse's error type
+            print(f"error: WORLD_SIZE: {e}", file=sys.stderr)
+            return 2
     try:
         cfg = load_config(config, list(overrides), world_size=world)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if cfg.model.kind == "bpe" and cfg.model.tokenizer:  # a few MB, read as the trainer will: it must fit
+        from pathlib import Path
+
+        from megatok.data.encoding import encoding_for
+
+        if not Path(cfg.model.tokenizer).exists():
+            print(f"note: model.tokenizer {cfg.model.tokenizer} is not on this machine; the trainer checks it "
+                  f"against model.vocab_size at launch", file=sys.stderr)
+        else:
+            try:
+                encoding_for(cfg)
+            except ConfigError as e:
+                print(f"error: {config}: {e}", file=sys.stderr)
+                return 2
     model = build_meta_model(cfg)
     report = size_report(cfg, gpus=world, nodes=1, model=model)
     print(f"dry run: {config}, {world} rank(s); model built on the meta device, no data read, no process group",

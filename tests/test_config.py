@@ -101,6 +101,16 @@ def test_deepspeed_section_is_checked(tmp_path):
     assert "did you mean 'deepspeed.zero_optimization'" in msg
     msg = error_of(write(tmp_path, "e.json", {"deepspeed": {"zero_optimization": {"stag": 2}}}))
     assert "deepspeed.zero_optimization.stag" in msg
+    msg = error_of(write(tmp_path, "f.json", {"deepspeed": {"zero_optimization": {"stage": 5}}}))
+    assert msg.endswith("deepspeed.zero_optimization.stage must be 0, 1, 2 or 3 (got 5)")
+    msg = error_of(write(tmp_path, "g.json", {"deepspeed": {"bf16": {"enabled": "maybe"}}}))
+    assert msg.endswith('deepspeed.bf16.enabled must be true or false (got "maybe")')  # DeepSpeed would refuse it late
+
+
+def test_a_directory_given_as_config(tmp_path):
+    assert error_of(tmp_path) == f"config: {tmp_path.resolve()} is a directory, not a JSON config"
+    msg = error_of(write(tmp_path, "c.json", {"extends": str(tmp_path)}))
+    assert msg.endswith(f"extends: {tmp_path} is a directory, not a JSON config")
 
 
 def test_mixture_weights_are_checked(tmp_path):

@@ -24,7 +24,7 @@ configs/bpe/<size>.json are this tool's output for configs/<size>.json with ``--
 on English-heavy web text gives roughly 4-4.5 bytes per token). Bytes per token set the token model's
 FLOPs per byte and its seq_len, so regenerate them from your own tokenizer's report before training:
 
-    python tools/train_bpe.py --data /data/shards --vocab-size 32000 --out data/bpe32k
+    python tools/train_bpe.py --data /data/shards --vocab-size 32768 --out data/bpe32k
     for s in 100m 350m 1b 3b 7b 13b; do
         python tools/match_bpe.py --config configs/$s.json --tokenizer data/bpe32k --out configs/bpe/$s.json
     done

@@ -28,9 +28,9 @@ from megatok.config import ConfigError, load_config  # noqa: E402
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", required=True, nargs="+", help="one config (full report) or several (summary table)")
-    ap.add_argument("--gpus", type=int, default=8, help="GPUs (ranks) per node (default 8)")
-    ap.add_argument("--nodes", type=int, default=1, help="nodes (default 1)")
-    ap.add_argument("--rate", type=float, default=None, help="chunks per byte (default boundary.target_rate); for a bpe config tokens per byte "
+    ap.add_argument("--gpus", type=sizing.positive(int), default=8, help="GPUs (ranks) per node (default 8)")
+    ap.add_argument("--nodes", type=sizing.positive(int), default=1, help="nodes (default 1)")
+    ap.add_argument("--rate", type=sizing.positive(float, most=1), default=None, help="chunks per byte (default boundary.target_rate); for a bpe config tokens per byte "
                          "(default 1 / model.bytes_per_token)")
     ap.add_argument("--json", action="store_true", help="print JSON instead of tables")
     ap.add_argument("--set", dest="overrides", nargs="+", action="extend", default=[], metavar="KEY=VALUE")

@@ -1,7 +1,7 @@
 """A scaling study: one run per (size, boundary strategy), all at the same number of training bytes.
 
     python tools/sweep.py --sizes 100m,350m,1b --strategies policy,fixed --bytes 2e9 --out sweeps/s1 \\
-        [--set data.shards=/shared/shards ...] [--option bpe.model_path=data/bpe.model ...] \\
+        [--set data.shards=/shared/shards ...] [--option bpe.model_path=data/bpe32k/tokenizer.model ...] \\
         [--strategies policy,bpe-lm --bpe-tokenizer runs/bpe32k | --bpe-vocab-size 32000 --bpe-bytes-per-token 4.2] \\
         [--gpus 8 --nodes 1] [--emit sbatch | --run-local [--nproc N]]
     python tools/sweep.py --out sweeps/s1 --collect          # table + loss-against-FLOPs plot
@@ -66,6 +66,8 @@ def size_config(size: str) -> Path:
     p = Path(size)
     if p.suffix == ".json" and p.is_file():
         return p
+    if p.suffix == ".json":
+        raise SweepError(f"--sizes {size}: no such file")
     p = ROOT / "configs" / f"{size}.json"
     if not p.is_file():
         raise SweepError(f"--sizes {size}: no configs/{size}.json")
@@ -87,7 +89,7 @@ def parse_options(items: list[str]) -> dict[str, dict]:
         key, sep, value = item.partition("=")
         strategy, dot, opt = key.partition(".")
         if not sep or not dot:
-            raise SweepError(f"--option {item}: expected STRATEGY.KEY=VALUE, e.g. bpe.model_path=data/bpe.model")
+            raise SweepError(f"--option {item}: expected STRATEGY.KEY=VALUE, e.g. bpe.model_path=data/bpe32k/tokenizer.model")
         try:
             parsed = json.loads(value)
         except json.JSONDecodeError:
@@ -154,6 +156,14 @@ def write(args) -> list[dict]:
     strategies = [s for s in args.strategies.split(",") if s]
     check_strategies(strategies)
     options = parse_options(args.option)
+    for strategy in options:
+        if strategy not in strategies:
+            raise SweepError(f"--option {strategy}.{next(iter(options[strategy]))}: {strategy} is not in --strategies "
+                             f"({','.join(strategies)})")
+    for item in args.overrides:
+        key = item.partition("=")[0]
+        if key in ("train.max_steps", "train.run_dir"):
+            raise SweepError(f"--set {key}: the sweep sets it (max_steps from --bytes, run_dir under --out)")
     bpe = (bpe_facts(args.bpe_tokenizer, args.bpe_vocab_size, args.bpe_bytes_per_token)
            if BPE_LM in strategies else None)
     world = args.nproc if args.run_local else args.gpus * args.nodes
@@ -183,8 +193,8 @@ def write(args) -> list[dict]:
     return runs
 
 
-def sbatch_lines(runs: list[dict], nodes: int) -> list[str]:
-    return [f"sbatch --nodes={nodes} --job-name=megatok-{r['name']} launch/slurm/pretrain.sbatch "
+def sbatch_lines(runs: list[dict], nodes: int, gpus: int) -> list[str]:
+    return [f"sbatch --nodes={nodes} --gpus-per-node={gpus} --job-name=megatok-{r['name']} launch/slurm/pretrain.sbatch "
             f"--config {shlex.quote(r['config'])}" for r in runs]
 
 
@@ -226,6 +236,8 @@ def run_local(runs: list[dict], nproc: int) -> int:
 def collect(out: Path) -> list[dict]:
     from megatok.metrics import read_metrics
 
+    if not (out / "sweep.json").is_file():
+        raise SweepError(f"{out / 'sweep.json'}: no such file; is --out a directory tools/sweep.py wrote?")
     manifest = json.loads((out / "sweep.json").read_text())
     rows = []
     for run in manifest["runs"]:
@@ -329,13 +341,13 @@ def main(argv=None) -> int:
     ap.add_argument("--sizes", default="100m,350m,1b", help="comma-separated config names or paths")
     ap.add_argument("--strategies", default="policy,fixed",
                     help=f"comma-separated boundary strategies, and {BPE_LM} for the matched BPE token model")
-    ap.add_argument("--bytes", type=float, default=2e9, help="training bytes per run")
-    ap.add_argument("--gpus", type=int, default=8, help="GPUs per node for the generated jobs")
-    ap.add_argument("--nodes", type=int, default=1, help="nodes per job")
+    ap.add_argument("--bytes", type=sizing.positive(float), default=2e9, help="training bytes per run")
+    ap.add_argument("--gpus", type=sizing.positive(int), default=8, help="GPUs per node for the generated jobs")
+    ap.add_argument("--nodes", type=sizing.positive(int), default=1, help="nodes per job")
     ap.add_argument("--set", dest="overrides", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
                     help="applied to every run, e.g. data.shards=/shared/shards")
     ap.add_argument("--option", nargs="+", action="extend", default=[], metavar="STRATEGY.KEY=VALUE",
-                    help="an option for one strategy's runs, e.g. bpe.model_path=data/bpe.model")
+                    help="an option for one strategy's runs, e.g. bpe.model_path=data/bpe32k/tokenizer.model")
     ap.add_argument("--bpe-tokenizer", default=None,
                     help=f"{BPE_LM}: tools/train_bpe.py output (directory or tokenizer.model); with --bpe-vocab-size "
                          f"and --bpe-bytes-per-token only the path written (default {DEFAULT_BPE_TOKENIZER})")
@@ -344,7 +356,7 @@ def main(argv=None) -> int:
                     help=f"{BPE_LM}: expected bytes per token (default: the tokenizer's report.json)")
     ap.add_argument("--emit", choices=["sbatch"], help="print (and write OUT/submit.sh) the sbatch commands")
     ap.add_argument("--run-local", action="store_true", help="run the configs here, one after another")
-    ap.add_argument("--nproc", type=int, default=None, help="ranks for --run-local (default: GPUs here, else 1)")
+    ap.add_argument("--nproc", type=sizing.positive(int), default=None, help="ranks for --run-local (default: GPUs here, else 1)")
     ap.add_argument("--collect", action="store_true", help="gather finished runs: OUT/results.md, OUT/loss_vs_flops.png")
     args = ap.parse_args(argv)
     out = Path(args.out)
@@ -363,7 +375,7 @@ def main(argv=None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if args.emit == "sbatch":
-        lines = sbatch_lines(runs, args.nodes)
+        lines = sbatch_lines(runs, args.nodes, args.gpus)
         (out / "submit.sh").write_text("#!/bin/bash\nset -e\n" + "\n".join(lines) + "\n")
         print("\n".join(lines))
     if args.run_local:

@@ -51,7 +51,8 @@ def slurm_env(tmp_path, launcher):
     env.update(PATH=f"{fake_bin(tmp_path)}:{env['PATH']}", VIRTUAL_ENV="/fake/venv", LAUNCHER=launcher,
                SLURM_JOB_ID="4242", SLURM_JOB_NODELIST="gpu-a[01-02]", SLURM_JOB_NUM_NODES="2",
                SLURM_GPUS_ON_NODE="8", SLURM_CPUS_ON_NODE="96", JOB_DIR=str(tmp_path / "job"),
-               NCCL_SOCKET_IFNAME="ib0", NCCL_IB_HCA="mlx5", WANDB_MODE="offline", AWS_PROFILE="shards",
+               NCCL_SOCKET_IFNAME="ib0", NCCL_IB_HCA="mlx5", GLOO_SOCKET_IFNAME="ib0", WANDB_MODE="offline",
+               AWS_PROFILE="shards",
                FORWARD_ENV="AWS_PROFILE UNSET_VARIABLE")
     return env
 
@@ -85,6 +86,7 @@ def test_sbatch_deepspeed_launch_for_2_nodes_x_8_gpus(tmp_path, capsys):
     assert (job / "hostfile").read_text() == "gpu-a01 slots=8\ngpu-a02 slots=8\n"
     envfile = dict(line.split("=", 1) for line in (job / ".deepspeed_env").read_text().splitlines())
     assert envfile["NCCL_SOCKET_IFNAME"] == "ib0" and envfile["NCCL_IB_HCA"] == "mlx5"
+    assert envfile["GLOO_SOCKET_IFNAME"] == "ib0"  # torch's start-up uses gloo too; DeepSpeed does not pass it on
     assert envfile["WANDB_MODE"] == "offline" and envfile["OMP_NUM_THREADS"] == "12"  # 96 cores / 8 GPUs
     assert envfile["AWS_PROFILE"] == "shards" and "UNSET_VARIABLE" not in envfile
     assert envfile["PYTHONPATH"].split(":")[0] == str(ROOT) and "MEGATOK_PRINT_ONLY" not in envfile

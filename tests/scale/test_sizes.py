@@ -15,7 +15,7 @@ import pytest
 
 from megatok import flops, sizing
 from megatok.config import ConfigError, load_config
-from tests.conftest import ROOT
+from tests.conftest import ROOT, stdlib_texts
 
 CONFIGS = sorted(p.name for p in (ROOT / "configs").glob("*.json"))
 SIZED = [n for n in CONFIGS if re.fullmatch(r"\d+(\.\d+)?[mb]\.json", n)]
@@ -176,7 +176,23 @@ def test_dry_run_13b_under_a_minute_without_data_or_process_group():
     assert ds["gradient_accumulation_steps"] == 2048 // (8 * 8)
 
 
-def test_dry_run_reports_config_mistakes_like_the_trainer(capsys):
+@pytest.mark.parametrize("argv, message", [
+    (["tools/model_size.py", "--config", "configs/1b.json", "--gpus", "0"], "argument --gpus: must be > 0, got 0"),
+    (["tools/model_size.py", "--config", "configs/1b.json", "--nodes", "-3"], "argument --nodes: must be > 0, got -3"),
+    (["tools/model_size.py", "--config", "configs/1b.json", "--rate", "5"], "argument --rate: must be > 0 and <= 1"),
+    (["launch/pretrain.py", "--config", "configs/1b.json", "--dry-run", "0"], "argument --dry-run: must be > 0, got 0"),
+    (["launch/pretrain.py", "--config", "configs", "--dry-run"], "configs is a directory, not a JSON config"),
+])
+def test_bad_sizes_and_paths_are_one_line(argv, message):
+    r = subprocess.run([sys.executable, *argv], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]
+
+
+def test_dry_run_reports_config_mistakes_like_the_trainer(capsys, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "abc")
+    assert sizing.dry_run(str(ROOT / "configs/tiny.json")) == 2
+    assert capsys.readouterr().err.strip() == "error: WORLD_SIZE: 'abc' is not a whole number"
+    monkeypatch.delenv("WORLD_SIZE")
     assert sizing.dry_run(str(ROOT / "configs/tiny.json")) == 2  # 16 sequences do not split over 8 ranks x 8
     assert "global_batch_size" in capsys.readouterr().err
     assert sizing.dry_run(str(ROOT / "configs/tiny.json"), world=2) == 0
@@ -184,8 +200,8 @@ def test_dry_run_reports_config_mistakes_like_the_trainer(capsys):
 
 
 def test_model_size_and_dry_run_for_a_bpe_config(capsys, tmp_path):
-    """A BPE token-model config (configs/bpe/) is sized like a unet one; its tokenizer file is not read
-    (here it does not exist)."""
+    """A BPE token-model config (configs/bpe/) is sized like a unet one; its tokenizer is read only by
+    --dry-run, and only if it is on the machine."""
     (tmp_path / "bpe").mkdir()
     cfg_path = str(tmp_path / "bpe" / "1b.json")
     Path(cfg_path).write_text(json.dumps({"extends": str(ROOT / "configs/bpe/1b.json"),
@@ -204,8 +220,18 @@ def test_model_size_and_dry_run_for_a_bpe_config(capsys, tmp_path):
     rows = capsys.readouterr().out.splitlines()
     assert rows[2].startswith("| bpe/1b.json |") and "| 0% |" in rows[2] and rows[3].startswith("| 1b.json |")
     assert sizing.dry_run(cfg_path, world=8) == 0
-    out = capsys.readouterr().out
+    out, err = capsys.readouterr()
     assert f"instantiated on the meta device: {rep['params']['total']:,}" in out and "resolved DeepSpeed config" in out
+    assert "no-such.model is not on this machine" in err
+
+    # A tokenizer that is here is read, and one with more pieces than model.vocab_size fails as at launch.
+    from megatok import bpe
+
+    bpe.train_bpe([t.encode() for t in stdlib_texts(n_files=4)], tmp_path / "tok", 512)
+    Path(cfg_path).write_text(json.dumps({"extends": str(ROOT / "configs/bpe/1b.json"),
+                                          "model": {"tokenizer": str(tmp_path / "tok"), "vocab_size": 448}}))
+    assert sizing.dry_run(cfg_path, world=8) == 2
+    assert capsys.readouterr().err.strip().endswith("has 512 pieces, more than model.vocab_size=448")
 
 
 def test_bpe_configs_fit_an_80gb_gpu_as_configured():

@@ -36,7 +36,35 @@ def test_generated_configs_validate_at_equal_bytes(tmp_path, capsys):
         else:
             assert cfg.boundary.options["gamma"] == 0.99
         assert f"launch/slurm/pretrain.sbatch --config {r['config']}" in printed
-    assert (out / "submit.sh").read_text().count("sbatch --nodes=1") == 6
+    assert (out / "submit.sh").read_text().count("sbatch --nodes=1 --gpus-per-node=8 ") == 6
+
+
+def test_the_sbatch_lines_ask_for_the_ranks_the_configs_were_validated_for(tmp_path, capsys):
+    assert sweep.main(["--sizes", "1b", "--strategies", "policy", "--out", str(tmp_path / "s"), "--nodes", "4",
+                       "--gpus", "4", "--emit", "sbatch"]) == 0
+    printed = capsys.readouterr().out
+    assert "validated for 16 rank(s)" in printed and "sbatch --nodes=4 --gpus-per-node=4 " in printed
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--nodes", "0"], "argument --nodes: must be > 0, got 0"),
+    (["--gpus", "-8"], "argument --gpus: must be > 0, got -8"),
+    (["--bytes", "-5"], "argument --bytes: must be > 0, got -5"),
+    (["--set", "train.max_steps=5"], "--set train.max_steps: the sweep sets it"),
+    (["--option", "hnet.ratio_loss_weight=0.1"], "--option hnet.ratio_loss_weight: hnet is not in --strategies"),
+    (["--sizes", "configs/nope.json"], "--sizes configs/nope.json: no such file"),
+])
+def test_bad_sweep_arguments_are_one_line(args, message, tmp_path, capsys):
+    try:
+        code = sweep.main(["--sizes", "100m", "--strategies", "policy", "--out", str(tmp_path / "s"), *args])
+    except SystemExit as e:  # argparse
+        code = e.code
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and "Traceback" not in err, err
+    assert not (tmp_path / "s" / "sweep.json").exists()
+    if args[0] != "--sizes":
+        assert sweep.main(["--out", str(tmp_path / "nothing"), "--collect"]) == 2
+        assert "nothing/sweep.json: no such file" in capsys.readouterr().err
 
 
 def test_unknown_strategy_is_refused_with_the_available_ones(tmp_path, capsys):
