@@ -27,6 +27,15 @@ def _clean(v: Any) -> Any:
     return v
 
 
+def finite_or_none(v: Any) -> Any:
+    """``v`` with every NaN or infinity (nested in dicts and lists) as None: JSON files strict parsers read."""
+    if isinstance(v, dict):
+        return {k: finite_or_none(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [finite_or_none(x) for x in v]
+    return None if isinstance(v, float) and not math.isfinite(v) else v
+
+
 SHOWN = ("_bpb", "_bytes_per_chunk", "_bytes_per_token", "_bpb_gap", "cost_fraction")
 
 

@@ -40,7 +40,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from megatok.bpe import disparity  # noqa: E402
 from megatok.data.documents import DataError, iter_documents, list_input_files  # noqa: E402
-from megatok.metrics import read_metrics  # noqa: E402
+from megatok.metrics import finite_or_none, read_metrics  # noqa: E402
 
 
 def _num(v) -> float | None:
@@ -337,9 +337,20 @@ def main(argv=None) -> int:
     try:
         if args.heldout:
             list_input_files([args.heldout])
+            langs = [d.lang for d in iter_documents([args.heldout])]  # read whole: a bad line fails now
+            if not langs:
+                raise DataError(f"{args.heldout}: no documents")
+            if not any(langs):
+                raise DataError(f"{args.heldout}: no document has a \"lang\", and --heldout compares languages "
+                                f"(use tools/evaluate.py for text without one)")
         if args.tokenizer and not Path(args.tokenizer).exists():
             raise DataError(f"{args.tokenizer}: no such tokenizer model")
         runs = [load_run(r) for r in args.runs]
+        _distinct_names(runs)
+        if args.heldout:  # what the per-language evaluation needs, before anything is evaluated or written
+            for r in runs:
+                if r["kind"] == "bpe" and r["has_checkpoint"]:
+                    _check_tokenizer(r)
         out.mkdir(parents=True, exist_ok=True)
         result = {"runs": runs}
         md = ["# Run comparison", "", runs_table(runs), ""]
@@ -369,10 +380,34 @@ def main(argv=None) -> int:
         return 2
     result["plots"] = plots
     (out / "compare.md").write_text("\n".join(md).rstrip() + "\n")
-    (out / "compare.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
+    (out / "compare.json").write_text(json.dumps(finite_or_none(result), indent=1, default=str) + "\n")
     print("\n".join(md))
     print(f"\nwrote {out / 'compare.md'}, {out / 'compare.json'}" + "".join(f", {out / p}" for p in plots))
     return 0
+
+
+def _distinct_names(runs: list[dict]) -> None:
+    """Runs are named by their directory; two of the same name (runs/a/megatok, runs/b/megatok) get as many
+    parent directories as tell them apart."""
+    for depth in range(2, 64):
+        names = [r["name"] for r in runs]
+        clash = {n for n in names if names.count(n) > 1}
+        if not clash:
+            return
+        for r in runs:
+            if r["name"] in clash:
+                r["name"] = "/".join(Path(r["run"]).resolve().parts[-depth:])
+
+
+def _check_tokenizer(run: dict) -> None:
+    from megatok.config import ConfigError
+    from megatok.data.encoding import encoding_for
+    from megatok.train.checkpoint import run_config
+
+    try:
+        encoding_for(run_config(run["run"]))
+    except ConfigError as e:
+        raise DataError(f"{run['run']}: {e}") from None
 
 
 def _heldout_section(args, runs: list[dict], result: dict) -> list[str]:

@@ -53,7 +53,7 @@ def measure(sp, docs, desc: str, total: int | None = None) -> dict:
         r = bpe.bytes_per_token(sp, docs, progress=bar)
     finally:
         bar.close()
-    if "by_lang" in r:
+    if len(r.get("by_lang", {})) >= 2:  # max/min across languages
         r["lang_disparity"] = bpe.disparity({k: v["bytes_per_token"] for k, v in r["by_lang"].items()})
     return r
 
@@ -92,6 +92,9 @@ def main(argv=None) -> int:
     try:
         # fail on a missing or unreadable input before training anything
         list_input_files([p for p in args.data if not bpe.is_shard_dir(p)] + list(args.heldout))
+        for f in args.heldout:  # a malformed held-out file fails now, not after training
+            for _ in iter_documents([f]):
+                pass
         if out.exists() and not out.is_dir():
             raise DataError(f"{out}: exists and is not a directory")
         trained = bpe.train_bpe(bpe.input_documents(args.data), out, args.vocab_size, max_bytes=max_bytes,

@@ -464,7 +464,7 @@ def run_config(run_dir: str | Path) -> Config:
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no config.json here; is {run_dir} a megatok run directory?")
     raw = json.loads(path.read_text())
-    t = raw["train"]
+    t = raw.get("train", {})
     world = (t["global_batch_size"] // (t["micro_batch_size"] * t["grad_accum"])) if t.get("global_batch_size") else 1
     return load_config(path, model_files_from(raw, launch_dir(run_dir, t.get("run_dir", ""))), world_size=world)
 

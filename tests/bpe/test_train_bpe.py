@@ -57,6 +57,8 @@ def test_from_files_small_vocab_warns(tmp_path):
     assert "warning: the text supports only" in r.stderr
     report = json.loads((tmp_path / "o" / "report.json").read_text())
     assert report["vocab_size"] < 5000 and report["heldout"] == {}
+    assert "lang_disparity" not in report["train"]  # one language (or none): no max/min, never NaN
+    assert "NaN" not in (tmp_path / "o" / "report.json").read_text()
 
 
 def test_bad_input_is_one_error_line(tmp_path):
@@ -70,3 +72,8 @@ def test_bad_input_is_one_error_line(tmp_path):
     bad.write_text('{"text": "ok"}\nnot json\n')
     r = train_bpe("--data", bad, "--vocab-size", 300, "--out", tmp_path / "o")
     assert r.returncode == 2 and "bad.jsonl:2" in r.stderr and "Traceback" not in r.stderr
+    good = tmp_path / "good.txt"
+    good.write_text(MULTILINGUAL)
+    r = train_bpe("--data", good, "--vocab-size", 300, "--out", tmp_path / "o", "--heldout", bad)
+    assert r.returncode == 2 and "bad.jsonl:2" in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "o").exists()  # refused before training, not after

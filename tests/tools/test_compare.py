@@ -118,6 +118,38 @@ def test_bad_input_is_one_error_line(tmp_path):
     assert r.returncode == 2 and "missing.jsonl" in r.stderr and "Traceback" not in r.stderr
 
 
+def test_runs_of_the_same_name_are_told_apart(tmp_path):
+    a, _ = fake_runs(tmp_path / "short")
+    b, _ = fake_runs(tmp_path / "long")
+    out = tmp_path / "cmp"
+    assert compare.main([str(a), str(b), "--out", str(out)]) == 0
+    names = [r["name"] for r in json.loads((out / "compare.json").read_text())["runs"]]
+    assert names == ["short/policy", "long/policy"]
+    assert "| short/policy | unet/policy |" in (out / "compare.md").read_text()
+
+
+def test_heldout_without_languages_and_a_bpe_run_without_its_tokenizer_fail_first(tmp_path, capsys):
+    policy, _ = fake_runs(tmp_path)
+    nolang = tmp_path / "nolang.jsonl"
+    nolang.write_text(json.dumps({"text": "no language here"}) + "\n")
+    out = tmp_path / "cmp"
+    assert compare.main([str(policy), "--out", str(out), "--heldout", str(nolang)]) == 2
+    assert f'{nolang}: no document has a "lang"' in capsys.readouterr().err
+    # a BPE run whose tokenizer is gone: refused, naming the run, before anything is evaluated or written
+    token = fake_run(tmp_path / "tok-run", {"model": {"kind": "bpe", "tokenizer": str(tmp_path / "gone"),
+                                                      "vocab_size": 512, "bytes_per_token": 3.0,
+                                                      "n_encoder_layers": 0, "n_decoder_layers": 0}},
+                     [{"step": 1, "split": "train", "bytes_seen": 100}])
+    (token / "checkpoints").mkdir()
+    (token / "checkpoints" / "latest").write_text("step00000001")
+    heldout = tmp_path / "heldout.jsonl"
+    heldout.write_text(json.dumps({"text": "hello", "lang": "en"}) + "\n")
+    assert compare.main([str(policy), str(token), "--out", str(out), "--heldout", str(heldout)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {token}: model.tokenizer: ") and "gone" in err
+    assert not out.exists()
+
+
 def test_real_run_per_language(tiny_run, tmp_path):
     heldout = tmp_path / "parallel.jsonl"
     with heldout.open("w") as f:
@@ -140,7 +172,9 @@ def test_real_run_per_language(tiny_run, tmp_path):
     assert "bpe: no per-language evaluator for model kind 'mystery' yet, skipped" in md
     lang_rows = [line for line in md.splitlines() if line.startswith(("| en ", "| ru ", "| zh ", "| **max/min**"))]
     assert len(lang_rows) == 8  # two tables: 3 languages + the disparity row each
-    result = json.loads((out / "compare.json").read_text())
+    text = (out / "compare.json").read_text()
+    assert "NaN" not in text  # the tokenizer-only system has no bpb: its disparity is null, for strict parsers
+    result = json.loads(text)
     h = result["heldout"]
     assert h["languages"] == ["en", "ru", "zh"]
     assert h["bytes"] == {lang: sum(len(t.encode()) for t in texts) for lang, texts in PARALLEL.items()}
