@@ -5,7 +5,10 @@
 #   (tools/match_bpe.py) -> train it -> train megatok with the periodic head-to-head against it on held-out
 #   Bible chapters (the same verses in every language) -> tools/compare.py on the Bible and the UDHR
 #   held-out sets (tables, plots, per-language tables) into $OUT/compare-bible and $OUT/compare-udhr.
-# Environment: OUT (default runs/h2h), VOCAB (4096), CONFIG (configs/tiny.json), NPROC (2).
+# Environment: OUT (default runs/h2h), VOCAB (4096), CONFIG (configs/tiny.json), NPROC (2);
+# for a variant of the megatok run next to the same BPE run: MEGATOK_NAME (its directory under OUT, default
+# megatok; the comparisons go to OUT/compare-<set>-<name>), MEGATOK_SET (--set items for it alone) and
+# REUSE_BPE=1 (keep OUT/bpe if it has a checkpoint instead of training it again).
 # Extra arguments go to both training runs (for example: --set train.max_steps=50).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,6 +19,9 @@ OUT=${OUT:-runs/h2h}
 VOCAB=${VOCAB:-4096}
 CONFIG=${CONFIG:-configs/tiny.json}
 NPROC=${NPROC:-2}
+MEGATOK_NAME=${MEGATOK_NAME:-megatok}
+MEGATOK_SET=${MEGATOK_SET:-}
+SUFFIX=$([ "$MEGATOK_NAME" = megatok ] && echo "" || echo "-$MEGATOK_NAME")
 cores=$(nproc)
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(( cores / NPROC > 0 ? cores / NPROC : 1 ))}
 
@@ -34,11 +40,16 @@ $PY tools/match_bpe.py --config "$CONFIG" --tokenizer "$OUT/bpe$VOCAB" --out "$O
   --run-dir "$OUT/bpe" --set data.shards=data/shards-multi
 
 run() { .venv/bin/deepspeed --num_gpus "$NPROC" launch/pretrain.py --resume none "$@"; }
-run --config "$OUT/bpe-model.json" "$@"
-run --config "$CONFIG" --set train.run_dir="$OUT/megatok" data.shards=data/shards-multi \
-  eval.heldout=data/heldout_bible.jsonl eval.baseline_run="$OUT/bpe" "$@"
+if [ "${REUSE_BPE:-0}" = 1 ] && [ -f "$OUT/bpe/checkpoints/latest" ]; then
+  echo "head_to_head: REUSE_BPE=1: keeping $OUT/bpe ($(cat "$OUT/bpe/checkpoints/latest"))"
+else
+  run --config "$OUT/bpe-model.json" "$@"
+fi
+# shellcheck disable=SC2086  # MEGATOK_SET: one --set item per word
+run --config "$CONFIG" --set train.run_dir="$OUT/$MEGATOK_NAME" data.shards=data/shards-multi \
+  eval.heldout=data/heldout_bible.jsonl eval.baseline_run="$OUT/bpe" $MEGATOK_SET "$@"
 
 for set in bible udhr; do
-  $PY tools/compare.py "$OUT/megatok" "$OUT/bpe" --out "$OUT/compare-$set" --heldout "data/heldout_$set.jsonl" \
-    --tokenizer "$OUT/bpe$VOCAB/tokenizer.model"
+  $PY tools/compare.py "$OUT/$MEGATOK_NAME" "$OUT/bpe" --out "$OUT/compare-$set$SUFFIX" \
+    --heldout "data/heldout_$set.jsonl" --tokenizer "$OUT/bpe$VOCAB/tokenizer.model"
 done

@@ -168,13 +168,13 @@ def write(args) -> list[dict]:
            if BPE_LM in strategies else None)
     world = args.nproc if args.run_local else args.gpus * args.nodes
     out = Path(args.out).resolve()
-    (out / "configs").mkdir(parents=True, exist_ok=True)
     runs = []
     for size in sizes:
         for strategy in strategies:
             name = f"{Path(size).stem}-{strategy}"
             path = out / "configs" / f"{name}.json"
             raw = run_config(size, strategy, args.bytes, out, world, args.overrides, options, bpe)
+            path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps(raw, indent=2) + "\n")
             try:
                 cfg = load_config(path, world_size=world)

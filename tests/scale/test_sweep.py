@@ -53,6 +53,7 @@ def test_the_sbatch_lines_ask_for_the_ranks_the_configs_were_validated_for(tmp_p
     (["--set", "train.max_steps=5"], "--set train.max_steps: the sweep sets it"),
     (["--option", "hnet.ratio_loss_weight=0.1"], "--option hnet.ratio_loss_weight: hnet is not in --strategies"),
     (["--sizes", "configs/nope.json"], "--sizes configs/nope.json: no such file"),
+    (["--nodes", "2"], "is not a multiple of train.micro_batch_size (16) x world size (16); for this many ranks lower"),
 ])
 def test_bad_sweep_arguments_are_one_line(args, message, tmp_path, capsys):
     try:
@@ -61,7 +62,7 @@ def test_bad_sweep_arguments_are_one_line(args, message, tmp_path, capsys):
         code = e.code
     err = capsys.readouterr().err
     assert code == 2 and message in err and "Traceback" not in err, err
-    assert not (tmp_path / "s" / "sweep.json").exists()
+    assert not (tmp_path / "s").exists()  # nothing written, not even an empty directory
     if args[0] != "--sizes":
         assert sweep.main(["--out", str(tmp_path / "nothing"), "--collect"]) == 2
         assert "nothing/sweep.json: no such file" in capsys.readouterr().err
