@@ -74,7 +74,7 @@ def _evaluate(args, result_out) -> int:
         return 2
     out = {"run": str(args.run), "checkpoint": tag, "kind": cfg.model.kind,
            "strategy": cfg.boundary.strategy if cfg.model.kind == "unet" else None,
-           "boundary_rule": boundary_rule(args.boundary, args.seed), **result}
+           "boundary_rule": boundary_rule(args.boundary, args.seed) if cfg.model.kind == "unet" else None, **result}
     print(json.dumps(out, indent=2), file=result_out)
     return 0
 

@@ -63,6 +63,7 @@ def test_evaluate_and_summarize_a_token_model(runs):
     ev = run_tool("evaluate.py", "--run", runs["bpe"], "--data", runs["heldout"])
     assert ev.returncode == 0, ev.stderr[-2000:]
     (runs["bpe"] / "eval.json").write_text(ev.stdout)
+    assert json.loads(ev.stdout)["boundary_rule"] is None  # tokens, not sampled boundaries
     r = run_tool("summarize.py", "--run", runs["bpe"])
     assert r.returncode == 0, r.stderr[-2000:]
     summary = json.loads((runs["bpe"] / "summary.json").read_text())
