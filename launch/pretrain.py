@@ -64,6 +64,14 @@ def check_data(cfg) -> None:
             load_tokenizer(e.bpe_tokenizer)
         except (FileNotFoundError, TokenizerError) as err:
             raise ConfigError(f"eval.bpe_tokenizer: {err}") from None
+    if os.environ.get("LOCAL_RANK", "0") == "0":  # the run directory: created now, or a clear line
+        run_dir = cfg.train.run_dir
+        try:
+            os.makedirs(run_dir, exist_ok=True)
+        except OSError as err:
+            raise ConfigError(f"train.run_dir: {run_dir} cannot be created ({err.strerror or err})") from None
+        if not os.access(run_dir, os.W_OK | os.X_OK):
+            raise ConfigError(f"train.run_dir: {run_dir} is not writable")
 
 
 def main(argv=None) -> int:
@@ -78,14 +86,15 @@ def main(argv=None) -> int:
     except (ConfigError, DataError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    # A damaged checkpoint fails here, before any process group. One process per machine reads the
+    # A damaged checkpoint, or one of another model, fails here, before any process group. One process per machine reads the
     # checkpoint's files (the launchers end its siblings when it exits 2; Slurm's srun path passes
     # --kill-on-bad-exit), not every rank: that would be ranks x files reads on a shared filesystem.
     if args.resume != "none" and os.environ.get("LOCAL_RANK", "0") == "0":
-        from megatok.train.checkpoint import CheckpointError, resume_tag
+        from megatok.train.checkpoint import CheckpointError, check_same_model, resume_tag
 
         try:
-            resume_tag(cfg.train.run_dir, args.resume, warn=False)
+            if tag := resume_tag(cfg.train.run_dir, args.resume, warn=False):
+                check_same_model(cfg.train.run_dir, tag, cfg)
         except CheckpointError as e:
             print(f"error: --resume {args.resume}: {e}", file=sys.stderr)
             return 2
@@ -101,7 +110,7 @@ def run(cfg, resume: str) -> int:
     try:
         row = train(cfg, resume=resume)
     except (FloatingPointError, DataError, checkpoint.CheckpointError) as e:
-        return _die(3, f"error: rank {rank}: {e}")
+        return _die(3, f"error: rank {rank}: {_worker_message(e)}")
     except Exception as e:  # noqa: BLE001 - a lost rank shows up as many different exception types
         if checkpoint.storage_failure(e):  # a write outside a checkpoint (metrics, evaluation, a conversion)
             free = checkpoint.free_space(cfg.train.run_dir)
@@ -122,6 +131,17 @@ def run(cfg, resume: str) -> int:
         print(f"megatok: {row['stopped']} at step {row['step']}; checkpoint written; run the same command to "
               f"resume", flush=True)
     return 0
+
+
+def _worker_message(e: BaseException) -> str:
+    """The error's own message; for one re-raised from a DataLoader worker (its text is the worker's whole
+    traceback), the worker's last line, which names the shard."""
+    text = str(e)
+    if "Original Traceback" not in text:
+        return text
+    last = text.rstrip().splitlines()[-1]
+    head, _, rest = last.partition(": ")
+    return rest if rest and head.split(".")[-1] == type(e).__name__ else last
 
 
 def _last_good(cfg) -> str:

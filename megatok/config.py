@@ -133,10 +133,10 @@ class TrainConfig(_Section):
                               "then linear decay over the last decay_steps; constant")
     decay_steps: int | None = Field(None, gt=0, description="wsd: steps of the final decay (default: 20% of max_steps)")
     weight_decay: float = Field(0.1, ge=0, description="AdamW decay on matrices (not norms or biases)")
-    betas: tuple[float, float] = Field((0.9, 0.95), description="AdamW betas")
+    betas: tuple[float, float] = Field((0.9, 0.95), description="AdamW betas, each in [0, 1)")
     eps: float = Field(1e-8, gt=0, description="AdamW epsilon")
     grad_clip: float = Field(1.0, ge=0, description="clip the global gradient norm (0: off)")
-    seed: int = Field(0, description="init, data order and boundary sampling")
+    seed: int = Field(0, ge=0, description="init, data order and boundary sampling")
     log_every: int = Field(10, gt=0, description="steps between metrics rows")
     save_every: int = Field(100, gt=0, description="steps between checkpoints (and one at the end)")
     keep_checkpoints: int = Field(3, ge=1, description="newest checkpoints kept in RUN_DIR/checkpoints")
@@ -149,6 +149,13 @@ class TrainConfig(_Section):
     zero_init: bool = Field(True, description="ZeRO-3: build the model already partitioned over the ranks "
                                               "(deepspeed.zero.Init), so no rank holds it whole")
 
+    @field_validator("betas")
+    @classmethod
+    def _betas(cls, v: tuple[float, float]) -> tuple[float, float]:
+        if not all(0 <= b < 1 for b in v):
+            raise ValueError("each beta must be in [0, 1)")
+        return v
+
     @property
     def collective_timeout_s(self) -> float:
         """The process group's timeout: a collective may wait out the slowest rank's checkpoint save."""
@@ -160,7 +167,7 @@ class EvalConfig(_Section):
     max_sequences: int = Field(64, gt=0, description="validation sequences, split over ranks")
     batch_size: int | None = Field(None, gt=0, description="default: train.micro_batch_size")
     boundary_mode: Literal["sample", "threshold"] = Field("sample", description="validation boundaries: seeded samples, or p > 0.5")
-    seed: int = Field(1234, description="sampling seed for validation boundaries")
+    seed: int = Field(1234, ge=0, description="sampling seed for validation boundaries")
     heldout: str | list[str] | None = Field(None, description="head-to-head documents with lang/domain (a .jsonl, files, or a shard directory's val split); default: the validation split")
     heldout_max_bytes: int = Field(262144, gt=0, description="head-to-head: bytes of heldout scored (whole documents, every (lang, domain) group of a heldout file in turn)")
     baseline_run: str | None = Field(None, description="head-to-head: a run directory (usually the BPE token model) whose latest checkpoint is scored on the same bytes at every eval")
@@ -401,7 +408,8 @@ def _explain(err: dict, where: str, prefix: tuple = ()) -> ConfigError:
         section = ".".join(str(p) for p in loc[:-1])
         return ConfigError(f"{where}: {path}: unknown key{_suggest(loc[-1], valid, section + '.' if section else '')}")
     given = err.get("input")
-    shown = json.dumps(given) if isinstance(given, (int, float, str, bool, type(None))) else type(given).__name__
+    shown = (json.dumps(given, default=str) if isinstance(given, (int, float, str, bool, type(None))) or (
+        isinstance(given, (list, tuple)) and len(json.dumps(given, default=str)) <= 80) else type(given).__name__)
     return ConfigError(f"{where}: {path}: {err['msg']} (got {shown})")
 
 

@@ -66,13 +66,29 @@ def resolve_shards(spec: str | list[str] | dict[str, float], split: str = "train
     else:
         if isinstance(spec, str) and "{" not in spec and ":" not in spec.split("/")[0] and not os.path.exists(spec):
             raise DataError(f"{spec}: no such shard directory or file (build one with tools/build_shards.py)")
-        urls = [u for s in ([spec] if isinstance(spec, str) else spec) for u in shardlists.expand_urls(s)]
+        try:
+            urls = [u for s in ([spec] if isinstance(spec, str) else spec) for u in shardlists.expand_urls(s)]
+        except ValueError as e:  # braceexpand: unbalanced braces
+            raise DataError(f"{spec}: not a shard pattern ({e})") from None
         if not urls:
             raise DataError(f"no shards in {spec!r}")
     for url in urls:
-        if ":" not in url.split("/")[0] and not os.path.isfile(url):  # a local path, not pipe:/https:/file:
-            raise DataError(f"{url}: shard file not found")
+        if ":" not in url.split("/")[0]:  # a local path, not pipe:/https:/file:
+            if not os.path.isfile(url):
+                raise DataError(f"{url}: shard file not found")
+        elif (scheme := url.split(":", 1)[0]) not in url_schemes():
+            raise DataError(f"{url}: unknown URL scheme '{scheme}:' (WebDataset reads local paths and "
+                            f"{', '.join(s + ':' for s in sorted(url_schemes()))})")
     return urls
+
+
+def url_schemes() -> set[str]:
+    """The URL schemes WebDataset can open a shard from."""
+    import sys
+
+    import webdataset.gopen  # noqa: F401 - the module (its package exports a function of the same name)
+
+    return {s for s in sys.modules["webdataset.gopen"].gopen_schemes if s != "__default__"} | {"file"}
 
 
 def check_readers(n_shards: int, world_size: int, num_workers: int, source: str = "") -> int:

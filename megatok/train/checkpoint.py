@@ -123,6 +123,11 @@ def damage(run_dir: str | Path, tag: str) -> str | None:
         world = int(meta["layout"]["world_size"])
     except (OSError, ValueError, KeyError, TypeError) as exn:
         return f"{META}: {exn}"
+    for kind in ("rng_rank", "stream_rank"):  # every rank's, or none (written before cursors existed)
+        have = {f.name for f in d.glob(f"{kind}*.json")}
+        missing = [f"{kind}{r}.json" for r in range(world) if f"{kind}{r}.json" not in have]
+        if have and missing:
+            return f"{', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''} missing (written by {world} ranks)"
     for f in sorted(d.glob("rng_rank*.json")) + sorted(d.glob("stream_rank*.json")):
         try:
             _parse_cursors(f) if f.name.startswith("stream") else json.loads(f.read_text())
@@ -145,6 +150,11 @@ def resume_tag(run_dir: str | Path, requested: str, warn: bool = True) -> str | 
     "auto", ``latest`` or, when that is damaged, the newest usable checkpoint before it (rank 0 warns:
     the damaged ones are set aside with the abandoned trajectory, not deleted), with ``warn``."""
     if requested != "auto":
+        if not _restorable(run_dir, requested).is_dir():
+            tags = published_tags(run_dir)
+            raise CheckpointError(f"{checkpoint_dir(run_dir)}: no checkpoint {requested}; "
+                                  + (f"its checkpoints: {', '.join(tags)} (or --resume auto)" if tags else
+                                     "it holds none (--resume auto or none starts from step 0)"))
         if problem := damage(run_dir, requested):
             raise CheckpointError(f"{checkpoint_dir(run_dir) / requested}: cannot be resumed: {problem}")
         return requested
@@ -162,6 +172,39 @@ def resume_tag(run_dir: str | Path, requested: str, warn: bool = True) -> str | 
         skipped.append(f"{tag} ({problem})")
     raise CheckpointError(f"{checkpoint_dir(run_dir)}: no usable checkpoint: {'; '.join(skipped)} "
                           f"(--resume none starts over and sets them aside)")
+
+
+def model_shapes(cfg: Config) -> dict[str, list[int]]:
+    """Every parameter's full shape, from the model built on the meta device (no memory, any size)."""
+    from megatok.flops import build_meta_model
+
+    return {name: list(p.shape) for name, p in build_meta_model(cfg).named_parameters()}
+
+
+def check_same_model(run_dir: str | Path, tag: str, cfg: Config) -> None:
+    """A CheckpointError, naming what changed, when ``cfg`` builds another model than checkpoint ``tag``
+    holds (its ``param_shapes``; checkpoints from before they were recorded are not checked)."""
+    saved = read_meta(run_dir, tag).get("param_shapes")
+    now = model_shapes(cfg)
+    if saved is None or saved == now:
+        return
+    differ = [n for n in sorted(set(saved) | set(now)) if saved.get(n) != now.get(n)]
+    first = differ[0]
+    what = (f"{len(differ)} parameter(s) differ, e.g. {first}: {saved.get(first, 'absent')} in the checkpoint, "
+            f"{now.get(first, 'absent')} now")
+    try:  # the config keys behind it, from the config the run last started with
+        before = json.loads((Path(run_dir) / "config.json").read_text())
+        after = cfg.to_dict()
+        keys = [f"{sec}.{k}: {json.dumps(before[sec].get(k))} -> {json.dumps(after[sec].get(k))}"
+                for sec in ("model", "boundary") for k in sorted(set(before.get(sec, {})) | set(after[sec]))
+                if before.get(sec, {}).get(k) != after[sec].get(k)]
+        if keys:
+            what += f" ({'; '.join(keys[:4])}{'; ...' if len(keys) > 4 else ''})"
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        pass
+    raise CheckpointError(f"{checkpoint_dir(run_dir) / tag} holds another model than the config builds: {what}; "
+                          f"set the config back, or use another train.run_dir, or --resume none to start over "
+                          f"(the old run is set aside)")
 
 
 def read_meta(run_dir: str | Path, tag: str) -> dict:
@@ -348,7 +391,7 @@ def save(engine, run_dir: str | Path, step: int, meta: dict, keep: int = 3,
 
     if not weights_finite(engine):
         raise FloatingPointError(f"weights are not finite at step {step}: checkpoint not written "
-                                 f"(last good: {latest_tag(run_dir)})")
+                                 f"(last good: {latest_tag(run_dir) or 'none yet'})")
     rank = dist.get_rank()
     ckdir, tag = checkpoint_dir(run_dir), tag_for(step)
     tmp = ckdir / f"{tag}.tmp"

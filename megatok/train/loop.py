@@ -153,14 +153,15 @@ def _row_step(line: str) -> float:
         return math.inf
 
 
-def set_aside_abandoned(run_dir: Path, step: int, fresh: bool) -> Path | None:
+def set_aside_abandoned(run_dir: Path, step: int, fresh: bool, previous_config: str | None = None) -> Path | None:
     """Rank 0 at start, resuming from ``step`` (0: a fresh start). Checkpoints after ``step`` belong to
     a trajectory this run abandons (it resumes from an earlier checkpoint, or starts over in a used
     directory): they move, with the metrics rows after ``step``, into RUN_DIR/superseded-<time>/, so
     nothing is lost and the live directory holds one trajectory (``keep_checkpoints`` prunes only it,
     ``latest`` names the resumed checkpoint). Returns that directory. Otherwise the rows after ``step``
     are replays of what the resumed run is about to redo, and are dropped; a fresh start keeps every
-    earlier row aside too."""
+    earlier row aside too. The set-aside directory keeps ``previous_config`` (the config.json this start
+    replaced) as its config.json."""
     later = [t for t in checkpoint.published_tags(run_dir) if int(t.removeprefix("step")) > step]
     path = run_dir / "metrics.jsonl"
     rows = [line for line in path.read_text().splitlines(keepends=True) if line.strip()] if path.is_file() else []
@@ -174,6 +175,8 @@ def set_aside_abandoned(run_dir: Path, step: int, fresh: bool) -> Path | None:
             aside = aside.with_name(aside.name + "+")
         (aside / checkpoint.CHECKPOINTS).mkdir(parents=True)
         (aside / "metrics.jsonl").write_text("".join(after))
+        if previous_config is not None:
+            (aside / "config.json").write_text(previous_config)
         # ``latest`` first: killed halfway, the next start resumes from it and moves the rest.
         checkpoint.set_latest(run_dir, checkpoint.tag_for(step) if step else None)
         for tag in later:
@@ -196,14 +199,21 @@ def train(cfg: Config, *, resume: str = "auto") -> dict:
     rank, world = tdist.get_rank(), tdist.get_world_size()
     run_dir = Path(cfg.train.run_dir)
     choice = [None, None]  # rank 0 picks the checkpoint for all ranks (their views of a filesystem may lag)
+    shapes = checkpoint.model_shapes(cfg)  # recorded in every checkpoint: a resume must build the same model
+    previous_config = None  # the config.json a set-aside trajectory keeps
     if rank == 0:
         run_dir.mkdir(parents=True, exist_ok=True)
-        cfg.dump(run_dir / "config.json")
         checkpoint.remove_stale(run_dir)
         try:
             choice[0] = None if resume == "none" else checkpoint.resume_tag(run_dir, resume)
+            if choice[0]:
+                checkpoint.check_same_model(run_dir, choice[0], cfg)
         except checkpoint.CheckpointError as e:
             choice[1] = str(e)
+        if not choice[1]:  # a refused start leaves the run's config.json as it was
+            if (run_dir / "config.json").is_file():
+                previous_config = (run_dir / "config.json").read_text()
+            cfg.dump(run_dir / "config.json")
     tdist.broadcast_object_list(choice, src=0)
     if choice[1]:
         raise checkpoint.CheckpointError(choice[1])
@@ -237,7 +247,8 @@ def train(cfg: Config, *, resume: str = "auto") -> dict:
         if rank == 0 and tag.startswith("universal-"):
             shutil.rmtree(checkpoint.checkpoint_dir(run_dir) / tag, ignore_errors=True)  # a derived copy
     if rank == 0:
-        aside = set_aside_abandoned(run_dir, meta["step"] if meta else 0, fresh=meta is None)
+        aside = set_aside_abandoned(run_dir, meta["step"] if meta else 0, fresh=meta is None,
+                                    previous_config=previous_config)
         if aside:
             where = f"resuming from step {meta['step']}" if meta else "starting from step 0"
             print(f"megatok: {where}; the later checkpoints and metrics are kept in {aside}", flush=True)
@@ -285,6 +296,9 @@ def train(cfg: Config, *, resume: str = "auto") -> dict:
         print(f"megatok: {n_params:,} parameters, {world} rank(s), device {device.type}, "
               f"ZeRO stage {engine.zero_optimization_stage()}{built}, {precision}, "
               f"start step {step}{f' from {tag}' if tag else ''}, run dir {run_dir}", flush=True)
+        if step >= cfg.train.max_steps:
+            print(f"megatok: {tag} is at step {step} and train.max_steps is {cfg.train.max_steps}: nothing to "
+                  f"train (raise train.max_steps to go on)", flush=True)
 
     def evaluate(at_step: int) -> None:
         validate(engine, cfg, val, device, at_step, logger)
@@ -336,11 +350,11 @@ def train(cfg: Config, *, resume: str = "auto") -> dict:
         skipped_in_row = skipped_in_row + 1 if skipped else 0
         if nonfinite and engine.zero_optimization_stage() == 0:
             raise FloatingPointError(f"non-finite loss at step {step} under ZeRO stage 0, which cannot skip an "
-                                     f"update; last good checkpoint: {checkpoint.latest_tag(run_dir)}")
+                                     f"update; last good checkpoint: {checkpoint.latest_tag(run_dir) or 'none yet'}")
         if skipped_in_row > cfg.train.max_skipped_steps:
             raise FloatingPointError(f"{skipped_in_row} optimizer steps in a row skipped for non-finite gradients "
                                      f"(train.max_skipped_steps={cfg.train.max_skipped_steps}) at step {step}; "
-                                     f"last good checkpoint: {checkpoint.latest_tag(run_dir)}")
+                                     f"last good checkpoint: {checkpoint.latest_tag(run_dir) or 'none yet'}")
         totals.add("skipped_steps", torch.tensor(float(skipped)))
 
         # (every checkpoint step is logged too, so the cumulative bytes and FLOPs it saves are complete)
@@ -387,6 +401,7 @@ def train(cfg: Config, *, resume: str = "auto") -> dict:
                                                    "eval_pending": eval_due and bool(stopping),
                                                    "data_digest": digest,
                                                    "layout": layout(cfg, world), "bytes_seen": bytes_seen,
+                                                   "param_shapes": shapes,
                                                    "flops": flops_seen}, keep=cfg.train.keep_checkpoints,
                             cursors=position.cursors)
         paused += time.monotonic() - t_pause

@@ -101,6 +101,23 @@ def test_launch_config_missing(shards, tmp_path):
     launch_fails(tmp_path, f"data.shards={shards}", config=missing, names=[missing])
 
 
+@pytest.mark.parametrize("kind", ["scheme", "braces", "betas", "seed", "run_dir"])
+def test_launch_values_that_would_fail_after_start_up(kind, shards, tmp_path):
+    """Mistakes that used to get past the checks and end in a traceback once the process group was up."""
+    afile = tmp_path / "a-file"
+    afile.write_text("x")
+    args, names = {
+        "scheme": (["data.shards=htps://example.com/train-{00000..00007}.tar"], ["unknown URL scheme 'htps:'",
+                                                                             "htps://example.com/train-00000.tar"]),
+        "braces": (['data.shards={"a": 1, "b": 1'], ["not a shard pattern", "Unbalanced braces"]),
+        "betas": ([f"data.shards={shards}", "train.betas=[0.9,1.5]"], ["train.betas", "[0, 1)", "[0.9, 1.5]"]),
+        "seed": ([f"data.shards={shards}", "train.seed=-1"], ["train.seed", "greater than or equal to 0"]),
+        "run_dir": ([f"data.shards={shards}", f"train.run_dir={afile}/run"],
+                    [f"train.run_dir: {afile}/run cannot be created (Not a directory)"]),
+    }[kind]
+    launch_fails(tmp_path, *args, names=names)
+
+
 # --------------------------------------------------------------------------- tools/build_shards.py
 
 
@@ -177,6 +194,7 @@ def test_finished_run_started_again_leaves_checkpoints_alone(long_doc_run):
     before, metrics_before = tree(ckpts), (run_dir / "metrics.jsonl").read_text()
     r = pretrain(args)  # same run dir, same max_steps, --resume auto
     assert "start step 2" in r.stdout, r.stdout[-2000:]
+    assert "step00000002 is at step 2 and train.max_steps is 2: nothing to train" in r.stdout
     assert (ckpts / "latest").read_text().strip() == "step00000002"
     assert tree(ckpts) == before
     assert sorted(p.name for p in ckpts.iterdir() if p.is_dir()) == ["step00000002"]

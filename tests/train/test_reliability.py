@@ -302,6 +302,10 @@ def test_corrupt_shard_is_skipped_with_a_warning_and_counted(shards, tmp_path):
     r = pretrain(args(bad, tmp_path / "strict", "train.max_steps=4", "train.global_batch_size=8",
                       "data.on_bad_shard=error"), nproc=2, check=False, launcher="deepspeed")
     assert r.returncode != 0 and f"{first}: bad shard" in r.stdout + r.stderr
+    # the worker's error (data.num_workers=1) is its one line, not the traceback torch wraps it in
+    lines = [ln for ln in (r.stdout + r.stderr).splitlines() if ln.startswith("error: rank 0")]
+    assert lines and all(ln.startswith(f"error: rank 0: {first}: bad shard: ") for ln in lines), lines
+    assert "Original Traceback" not in r.stdout + r.stderr
 
 
 def test_a_hung_rank_makes_the_job_exit_within_the_timeout(shards, tmp_path):
@@ -461,8 +465,35 @@ def test_an_abandoned_trajectory_is_set_aside_not_lost(shards, tmp_path):
     assert (run / "checkpoints" / "latest").read_text().strip() == "step00000004"
     assert again[:2] == first[:2] and again[2]["loss"] == first[2]["loss"]  # the same step 3, redone
 
-    r = pretrain(args + ["train.max_steps=2", "--resume", "none"])  # start over in the used directory
+    old_config = (run / "config.json").read_text()
+    r = pretrain(args + ["train.max_steps=2", "train.lr=0.002", "--resume", "none"])  # start over in the used directory
     (fresh,) = set(run.glob("superseded-*")) - {aside}
     assert f"starting from step 0; the later checkpoints and metrics are kept in {fresh}" in r.stdout
     assert tags(fresh) == ["step00000002", "step00000004"] and read_metrics(fresh) == again
     assert tags(run) == ["step00000002"] and steps(read_metrics(run)) == [1, 2]
+    assert (fresh / "config.json").read_text() == old_config  # the set-aside run keeps the config it ran with
+    assert json.loads((run / "config.json").read_text())["train"]["lr"] == 0.002
+
+
+def test_resuming_with_another_model_is_refused_before_anything_changes(reference, shards, tmp_path, capsys):
+    """A config that builds another model than the checkpoint holds: one line naming the parameters and the
+    config keys, before any process group, and the run directory (its config.json too) untouched."""
+    launch = launch_module()
+    run = tmp_path / "run"
+    shutil.copytree(reference, run)
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    for extra, rc in ([], 2), (["--resume", "step00000004"], 2):
+        assert launch.main(args(shards, run, "train.max_steps=10", "train.global_batch_size=8",
+                                "model.d_model=64", *extra)) == rc
+        (line,) = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("error:")]
+        assert "holds another model than the config builds: " in line and "model.d_model: 32 -> 64" in line, line
+        assert line.endswith("or --resume none to start over (the old run is set aside)")
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
+
+    # a tag that is not there lists those that are; a rank's missing RNG file makes a checkpoint damaged
+    assert launch.main(args(shards, run, "train.global_batch_size=8", "--resume", "step00000099")) == 2
+    err = capsys.readouterr().err
+    assert f"no checkpoint step00000099; its checkpoints: step00000004, step00000006, step00000008" in err, err
+    (run / "checkpoints" / "step00000008" / "rng_rank1.json").unlink()
+    assert launch.main(args(shards, run, "train.global_batch_size=8", "--resume", "step00000008")) == 2
+    assert "cannot be resumed: rng_rank1.json missing (written by 2 ranks)" in capsys.readouterr().err
