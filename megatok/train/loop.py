@@ -363,7 +363,7 @@ def train(cfg: Config, *, resume: str = "auto") -> dict:
             totals.add("bad_shards", torch.tensor(float(position.bad_shards)))  # this rank's running count
             s = totals.all_sum()
             now = time.monotonic()
-            n = max(1.0, s["micro_batches"])
+            n = s["micro_batches"] or float("nan")  # every micro-batch non-finite: the losses are NaN, not 0
             bytes_seen += s["targets"]
             interval = interval_flops(cfg, s)
             flops_seen += interval

@@ -278,6 +278,8 @@ def test_nan_loss_on_one_rank_is_skipped_counted_and_bounded(shards, tmp_path):
                  env={"MEGATOK_FAULT_NAN_STEPS": "2,3,4,5,6,7,8"})
     assert r.returncode != 0
     assert "3 optimizer steps in a row skipped" in r.stdout + r.stderr
+    rows2 = train_rows(run2)
+    assert rows2[1]["loss"] > 0 and rows2[2]["loss"] == "nan" == rows2[2]["lm_loss"]  # not 0.0: no finite loss
     tag = checkpoint.latest_tag(run2)
     assert tag == "step00000003"  # skipped steps leave the weights as they were: still finite, still saved
     model, _, _ = checkpoint.load_model(run2, tag)
