@@ -122,11 +122,14 @@ def run(cfg, resume: str) -> int:
             return _die(3, f"error: rank {rank}: {what}; last good checkpoint: {_last_good(cfg)}")
         if not dist.is_comm_failure(e):
             raise
-        within = (f"train.dist_timeout_s={cfg.train.dist_timeout_s:g} s" if not cfg.train.save_timeout_s else
-                  f"{cfg.train.collective_timeout_s:g} s, the larger of train.dist_timeout_s and train.save_timeout_s")
+        reason = str(e).splitlines()[0][:200]
+        if "time" in reason.lower():  # it waited out the timeout; else the peer's connection closed at once
+            within = (f"train.dist_timeout_s={cfg.train.dist_timeout_s:g} s" if not cfg.train.save_timeout_s else
+                      f"{cfg.train.collective_timeout_s:g} s, the larger of train.dist_timeout_s and "
+                      f"train.save_timeout_s")
+            reason = f"no answer within {within}: {reason}"
         return _die(4, f"error: rank {rank}: lost contact with another rank, which died, hung or was killed "
-                       f"(no answer within {within}: {str(e).splitlines()[0][:200]}); last good checkpoint: "
-                       f"{_last_good(cfg)}")
+                       f"({reason}); last good checkpoint: {_last_good(cfg)}")
     if row.get("stopped") and rank == "0":
         print(f"megatok: {row['stopped']} at step {row['step']}; checkpoint written; run the same command to "
               f"resume", flush=True)

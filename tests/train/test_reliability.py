@@ -153,6 +153,7 @@ def launch_module():
 
 
 GLOO_LOST = "[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:20915"
+GLOO_TIMEOUT = "[../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 600000ms for recv"
 TORCH_WRITE = "[enforce fail at inline_container.cc:672] . unexpected pos 576 vs 534"
 TORCH_READ = "[enforce fail at inline_container.cc:340] . file in archive is not in a subdirectory archive/: data.pkl"
 
@@ -164,7 +165,10 @@ TORCH_READ = "[enforce fail at inline_container.cc:340] . file in archive is not
     (OSError(errno.EDQUOT, os.strerror(errno.EDQUOT)), 3,  # a write through an open file: no name
      f"error: rank 0: [Errno {errno.EDQUOT}] {os.strerror(errno.EDQUOT)} (writing under <run>; "),
     (RuntimeError(TORCH_WRITE), 3, f"error: rank 0: a write failed (torch.save: {TORCH_WRITE}; "),
-    (RuntimeError(GLOO_LOST), 4, "error: rank 0: lost contact with another rank, which died, hung or was killed"),
+    (RuntimeError(GLOO_LOST), 4, "error: rank 0: lost contact with another rank, which died, hung or was killed "
+                                 f"({GLOO_LOST})"),  # closed at once: no timeout to name
+    (RuntimeError(GLOO_TIMEOUT), 4, "error: rank 0: lost contact with another rank, which died, hung or was killed "
+                                    f"(no answer within train.dist_timeout_s=600 s: {GLOO_TIMEOUT})"),
     (RuntimeError("a bug"), None, None),
     (RuntimeError(TORCH_READ), None, None),  # torch's reader: a damaged archive is not a full disk
     (FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), "a/missing/file"), None, None),
