@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import warnings
 
@@ -123,7 +124,7 @@ def run(cfg, resume: str) -> int:
         if not dist.is_comm_failure(e):
             raise
         reason = str(e).splitlines()[0][:200]
-        if "time" in reason.lower():  # it waited out the timeout; else the peer's connection closed at once
+        if re.search(r"time[ds]? ?out", reason, re.IGNORECASE):  # it waited; else the connection closed at once
             within = (f"train.dist_timeout_s={cfg.train.dist_timeout_s:g} s" if not cfg.train.save_timeout_s else
                       f"{cfg.train.collective_timeout_s:g} s, the larger of train.dist_timeout_s and "
                       f"train.save_timeout_s")

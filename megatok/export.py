@@ -48,7 +48,7 @@ def export(run_dir: str | Path, out_dir: str | Path, *, dtype: str = "fp32", tag
     (tmp / INFO).write_text(json.dumps({"run_dir": str(run_dir), "tag": tag, "step": meta["step"], "dtype": dtype,
                                         "parameters": sum(v.numel() for v in state.values())}, indent=2) + "\n")
     old = out_dir.with_name(out_dir.name + f".old-{os.getpid()}")
-    if out_dir.exists():  # an earlier export: moved aside first, so one of the two is always whole
+    if out_dir.exists():  # an earlier export: moved aside first (killed in between, NAME.old-PID holds it)
         os.replace(out_dir, old)
     os.replace(tmp, out_dir)
     shutil.rmtree(old, ignore_errors=True)
@@ -58,9 +58,9 @@ def export(run_dir: str | Path, out_dir: str | Path, *, dtype: str = "fp32", tag
 def check_out_dir(out_dir: str | Path) -> None:
     """An export replaces only an earlier export: never a file, a run or someone's notes."""
     out_dir = Path(out_dir)
-    if out_dir.is_dir() and any(out_dir.iterdir()) and not (out_dir / INFO).is_file():
-        raise FileExistsError(f"{out_dir}: exists and is not a megatok export (no {INFO}); choose another --out "
-                              f"or remove it")
+    if out_dir.is_dir() and any(out_dir.iterdir()) and not all((out_dir / f).is_file() for f in (INFO, WEIGHTS, CONFIG)):
+        raise FileExistsError(f"{out_dir}: exists and is not a megatok export (no {INFO}, {WEIGHTS} and {CONFIG}); "
+                              f"choose another --out or remove it")
     if out_dir.exists() and not out_dir.is_dir():
         raise FileExistsError(f"{out_dir}: exists and is not a directory; choose another --out")
 

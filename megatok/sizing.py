@@ -321,7 +321,7 @@ def positive(kind=int, most: float | None = None):
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r} is not {'a whole number' if kind is int else 'a number'}") from None
-        if not value > 0 or (most is not None and value > most):
+        if not 0 < value < float("inf") or (most is not None and value > most):
             raise argparse.ArgumentTypeError(f"must be > 0{f' and <= {most:g}' if most is not None else ''}, got {text}")
         return value
 

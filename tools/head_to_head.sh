@@ -34,20 +34,20 @@ if [ ! -f data/shards-multi/manifest.json ] || [ data/corpus.jsonl.gz -nt data/s
     --overwrite
 fi
 mkdir -p "$OUT"
-$PY tools/train_bpe.py --data data/shards-multi --vocab-size "$VOCAB" --out "$OUT/bpe$VOCAB" \
-  --heldout data/heldout_bible.jsonl data/heldout_udhr.jsonl
-$PY tools/match_bpe.py --config "$CONFIG" --tokenizer "$OUT/bpe$VOCAB" --out "$OUT/bpe-model.json" \
-  --run-dir "$OUT/bpe" --set data.shards=data/shards-multi
-
 run() { .venv/bin/deepspeed --num_gpus "$NPROC" launch/pretrain.py --resume none "$@"; }
 if [ "${REUSE_BPE:-0}" = 1 ] && [ -f "$OUT/bpe/checkpoints/latest" ]; then
-  echo "head_to_head: REUSE_BPE=1: keeping $OUT/bpe ($(cat "$OUT/bpe/checkpoints/latest"))"
+  # the kept run, its tokenizer and its config as they are: nothing here is trained again
+  echo "head_to_head: REUSE_BPE=1: keeping $OUT/bpe ($(cat "$OUT/bpe/checkpoints/latest")) and $OUT/bpe$VOCAB"
 else
+  $PY tools/train_bpe.py --data data/shards-multi --vocab-size "$VOCAB" --out "$OUT/bpe$VOCAB" \
+    --heldout data/heldout_bible.jsonl data/heldout_udhr.jsonl
+  $PY tools/match_bpe.py --config "$CONFIG" --tokenizer "$OUT/bpe$VOCAB" --out "$OUT/bpe-model.json" \
+    --run-dir "$OUT/bpe" --set data.shards=data/shards-multi
   run --config "$OUT/bpe-model.json" "$@"
 fi
-# shellcheck disable=SC2086  # MEGATOK_SET: one --set item per word
+read -ra megatok_set <<< "$MEGATOK_SET"  # one --set item per word, never glob-expanded
 run --config "$CONFIG" --set train.run_dir="$OUT/$MEGATOK_NAME" data.shards=data/shards-multi \
-  eval.heldout=data/heldout_bible.jsonl eval.baseline_run="$OUT/bpe" $MEGATOK_SET "$@"
+  eval.heldout=data/heldout_bible.jsonl eval.baseline_run="$OUT/bpe" "${megatok_set[@]}" "$@"
 
 for set in bible udhr; do
   $PY tools/compare.py "$OUT/$MEGATOK_NAME" "$OUT/bpe" --out "$OUT/compare-$set$SUFFIX" \

@@ -43,8 +43,10 @@ import json
 import math
 import os
 import shlex
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -168,25 +170,32 @@ def write(args) -> list[dict]:
            if BPE_LM in strategies else None)
     world = args.nproc if args.run_local else args.gpus * args.nodes
     out = Path(args.out).resolve()
-    runs = []
-    for size in sizes:
-        for strategy in strategies:
-            name = f"{Path(size).stem}-{strategy}"
-            path = out / "configs" / f"{name}.json"
-            raw = run_config(size, strategy, args.bytes, out, world, args.overrides, options, bpe)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(raw, indent=2) + "\n")
-            try:
-                cfg = load_config(path, world_size=world)
-            except ConfigError as e:
-                raise SweepError(str(e)) from None
-            fpb = flops.flops_per_byte(cfg)
-            runs.append({"name": name, "size": Path(size).stem, "strategy": strategy, "kind": cfg.model.kind,
-                         "config": str(path),
-                         "run_dir": cfg.train.run_dir, "max_steps": cfg.train.max_steps, "world": world,
-                         "training_bytes": flops.training_bytes(cfg, world),
-                         "params": flops.param_counts(cfg)["total"], "flops_per_byte": fpb["training"],
-                         "training_flops": flops.training_flops(cfg, world)})
+    runs, written = [], []  # written: (name, size, strategy, validated config)
+    staging = Path(tempfile.mkdtemp(prefix="megatok-sweep-"))  # every config validates before any is written
+    try:
+        for size in sizes:
+            for strategy in strategies:
+                name = f"{Path(size).stem}-{strategy}"
+                raw = run_config(size, strategy, args.bytes, out, world, args.overrides, options, bpe)
+                (staging / f"{name}.json").write_text(json.dumps(raw, indent=2) + "\n")
+                try:
+                    cfg = load_config(staging / f"{name}.json", world_size=world)
+                except ConfigError as e:
+                    raise SweepError(str(e).replace(str(staging), str(out / "configs"))) from None
+                written.append((name, size, strategy, cfg))
+        (out / "configs").mkdir(parents=True, exist_ok=True)
+        for name, *_ in written:
+            shutil.move(staging / f"{name}.json", out / "configs" / f"{name}.json")
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    for name, size, strategy, cfg in written:
+        fpb = flops.flops_per_byte(cfg)
+        runs.append({"name": name, "size": Path(size).stem, "strategy": strategy, "kind": cfg.model.kind,
+                     "config": str(out / "configs" / f"{name}.json"),
+                     "run_dir": cfg.train.run_dir, "max_steps": cfg.train.max_steps, "world": world,
+                     "training_bytes": flops.training_bytes(cfg, world),
+                     "params": flops.param_counts(cfg)["total"], "flops_per_byte": fpb["training"],
+                     "training_flops": flops.training_flops(cfg, world)})
     (out / "sweep.json").write_text(json.dumps({"bytes": args.bytes, "runs": runs}, indent=2) + "\n")
     print(f"sweep: {len(runs)} configs in {out / 'configs'} ({args.bytes:.3g} training bytes each, "
           f"validated for {world} rank(s))")

@@ -20,10 +20,12 @@ a cursor opens that shard and goes on from there, reading nothing before it; wit
 regenerates and discards what it had produced (start_batch), which reads (and tokenizes) everything again.
 """
 
+import importlib
 import json
 import os
 import signal
 import tarfile
+import urllib.parse
 import warnings
 import zlib
 from typing import Iterable, Iterator
@@ -72,23 +74,17 @@ def resolve_shards(spec: str | list[str] | dict[str, float], split: str = "train
             raise DataError(f"{spec}: not a shard pattern ({e})") from None
         if not urls:
             raise DataError(f"no shards in {spec!r}")
+    gopen = importlib.import_module("webdataset.gopen")  # the module; the package exports a function of that name
+    schemes = {s for s in gopen.gopen_schemes if s != "__default__"} | {"", "file"}
     for url in urls:
         if ":" not in url.split("/")[0]:  # a local path, not pipe:/https:/file:
             if not os.path.isfile(url):
                 raise DataError(f"{url}: shard file not found")
-        elif (scheme := url.split(":", 1)[0]) not in url_schemes():
+        # as WebDataset opens it: after its GOPEN_REWRITE rules, the scheme as urlparse reads it
+        elif (scheme := urllib.parse.urlparse(gopen.rewrite_url(url)).scheme) not in schemes:
             raise DataError(f"{url}: unknown URL scheme '{scheme}:' (WebDataset reads local paths and "
-                            f"{', '.join(s + ':' for s in sorted(url_schemes()))})")
+                            f"{', '.join(s + ':' for s in sorted(schemes - {''}))})")
     return urls
-
-
-def url_schemes() -> set[str]:
-    """The URL schemes WebDataset can open a shard from."""
-    import sys
-
-    import webdataset.gopen  # noqa: F401 - the module (its package exports a function of the same name)
-
-    return {s for s in sys.modules["webdataset.gopen"].gopen_schemes if s != "__default__"} | {"file"}
 
 
 def check_readers(n_shards: int, world_size: int, num_workers: int, source: str = "") -> int:

@@ -184,7 +184,7 @@ def model_shapes(cfg: Config) -> dict[str, list[int]]:
 def check_same_model(run_dir: str | Path, tag: str, cfg: Config) -> None:
     """A CheckpointError, naming what changed, when ``cfg`` builds another model than checkpoint ``tag``
     holds (its ``param_shapes``; checkpoints from before they were recorded are not checked)."""
-    saved = read_meta(run_dir, tag).get("param_shapes")
+    saved = json.loads((_restorable(run_dir, tag) / META).read_text()).get("param_shapes")  # where resume_tag found it
     now = model_shapes(cfg)
     if saved is None or saved == now:
         return
@@ -492,7 +492,7 @@ MODEL_FILES = (("model", "tokenizer"), ("boundary", "model_path"))
 def launch_dir(run_dir: str | Path, recorded: str) -> Path | None:
     """The directory a run was started from, when it was given a relative ``train.run_dir`` (``recorded``):
     the run directory's absolute path less that. None if they do not line up (the run was renamed)."""
-    rel, here = Path(recorded), Path(run_dir).resolve()
+    rel, here = Path(recorded), Path(os.path.abspath(run_dir))  # not resolve(): runs/ is often a symlink
     n = len(rel.parts)
     if rel.is_absolute() or ".." in rel.parts or n == 0 or here.parts[-n:] != rel.parts:
         return None

@@ -87,8 +87,10 @@ def test_a_run_with_relative_paths_is_read_from_anywhere_and_exports_whole(runs,
     raw = json.loads(config.read_text())
     raw["model"]["tokenizer"], raw["train"]["run_dir"] = "tok", "runs/bpe"
     config.write_text(json.dumps(raw))
-    assert checkpoint.launch_dir(launch / "runs" / "bpe", "runs/bpe") == launch.resolve()
+    assert checkpoint.launch_dir(launch / "runs" / "bpe", "runs/bpe") == launch
     assert checkpoint.launch_dir(launch / "runs" / "bpe", "elsewhere/bpe") is None
+    (tmp_path / "linked").symlink_to(launch / "runs")  # a runs/ that is a symlink, as on many clusters
+    assert checkpoint.launch_dir(tmp_path / "linked" / "bpe", "linked/bpe") == tmp_path
 
     moved = launch / "runs" / "bpe"
     ev = run_tool("evaluate.py", "--run", moved, "--data", runs["heldout"], "--max-bytes", 2000)

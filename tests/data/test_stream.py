@@ -407,3 +407,17 @@ def test_resolve_shards(tmp_path):
     os.remove(urls[1])
     with pytest.raises(DataError, match="train-00001.tar: shard file not found"):
         resolve_shards(shard_dir)
+
+
+def test_url_schemes_are_those_webdataset_opens(monkeypatch):
+    for url in ("pipe:cat a.tar", "file:///data/a.tar", "https://host/a.tar", "HTTPS://host/a.tar", "gs://b/a.tar",
+                "sftp://host/a.tar"):
+        assert resolve_shards(url) == [url]
+    with pytest.raises(DataError, match=r"htps://host/a-1.tar: unknown URL scheme 'htps:' \(WebDataset reads"):
+        resolve_shards("htps://host/a-{1..2}.tar")
+    with pytest.raises(DataError, match="s3://bucket/a.tar: unknown URL scheme 's3:'"):
+        resolve_shards("s3://bucket/a.tar")
+    monkeypatch.setenv("GOPEN_REWRITE", "s3://bucket/=pipe:aws s3 cp s3://bucket/")  # WebDataset's own rewrite
+    assert resolve_shards("s3://bucket/a.tar") == ["s3://bucket/a.tar"]
+    with pytest.raises(DataError, match="not a shard pattern"):
+        resolve_shards('{"a": 1, "b": 2')

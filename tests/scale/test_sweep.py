@@ -54,6 +54,8 @@ def test_the_sbatch_lines_ask_for_the_ranks_the_configs_were_validated_for(tmp_p
     (["--option", "hnet.ratio_loss_weight=0.1"], "--option hnet.ratio_loss_weight: hnet is not in --strategies"),
     (["--sizes", "configs/nope.json"], "--sizes configs/nope.json: no such file"),
     (["--nodes", "2"], "is not a multiple of train.micro_batch_size (16) x world size (16); for this many ranks lower"),
+    (["--sizes", "350m,100m", "--nodes", "2"], "100m.json: train.global_batch_size=128"),  # 350m fits: not written
+    (["--bytes", "inf"], "argument --bytes: must be > 0, got inf"),
 ])
 def test_bad_sweep_arguments_are_one_line(args, message, tmp_path, capsys):
     try:

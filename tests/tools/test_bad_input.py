@@ -49,7 +49,7 @@ def launch_fails(tmp_path, *args, config="configs/tiny.json", names=()) -> str:
     line = assert_one_error_line(r, *names)
     out = r.stdout + r.stderr
     assert "Initializing" not in out and "process group" not in out and "megatok:" not in out, out[-2000:]
-    assert not run_dir.exists()  # rank 0 creates it once the process group is up
+    assert not run_dir.exists()  # the checks before it is created (the last pre-start check) failed first
     assert time.monotonic() - t0 < 30
     return line
 

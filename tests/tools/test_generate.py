@@ -55,7 +55,10 @@ def test_export_replaces_only_an_earlier_export(tiny_run, tmp_path):
     (notes / "keep.txt").write_text("mine")
     r = run_tool("export.py", "--run", tiny_run, "--out", notes)
     assert r.returncode == 2 and r.stderr.strip() == (f"error: {notes}: exists and is not a megatok export (no "
-                                                      f"export.json); choose another --out or remove it")
+                                                      f"export.json, model.safetensors and config.json); choose "
+                                                      f"another --out or remove it")
+    (notes / "export.json").write_text("{}")  # a file of that name alone does not make it an export
+    assert run_tool("export.py", "--run", tiny_run, "--out", notes).returncode == 2
     assert (notes / "keep.txt").read_text() == "mine"
     (tmp_path / "afile").write_text("x")
     r = run_tool("export.py", "--run", tiny_run, "--out", tmp_path / "afile")

@@ -329,10 +329,12 @@ def test_a_checkpoint_slower_than_the_timeout_is_waited_for_with_save_timeout_s(
     """Rank 0 takes 20 s to write the last checkpoint, beyond train.dist_timeout_s (8 s): rank 1 waits in
     the save's barrier and neither watchdog ends the run, since train.save_timeout_s allows 90 s."""
     run = tmp_path / "run"
+    t = time.monotonic()
     r = pretrain(args(shards, run, "train.max_steps=4", "train.global_batch_size=8", "train.save_every=4",
                       "train.dist_timeout_s=8", "train.save_timeout_s=90"),
                  nproc=2, check=False, env={"MEGATOK_FAULT_SLOW_SAVE": "4:20"}, timeout=240, launcher="deepspeed")
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    assert time.monotonic() - t >= 20  # the slow save did happen
     assert checkpoint.latest_tag(run) == "step00000004"
 
 
@@ -500,6 +502,12 @@ def test_resuming_with_another_model_is_refused_before_anything_changes(referenc
     assert launch.main(args(shards, run, "train.global_batch_size=8", "--resume", "step00000099")) == 2
     err = capsys.readouterr().err
     assert f"no checkpoint step00000099; its checkpoints: step00000004, step00000006, step00000008" in err, err
+    # a checkpoint a killed re-save had moved aside (the next start puts it back) is checked where it is
+    ck = run / "checkpoints"
+    os.replace(ck / "step00000008", ck / "step00000008.old-1.tmp")
+    assert launch.main(args(shards, run, "train.max_steps=10", "train.global_batch_size=8", "model.d_model=64")) == 2
+    assert "step00000008 holds another model than the config builds" in capsys.readouterr().err
+    os.replace(ck / "step00000008.old-1.tmp", ck / "step00000008")
     (run / "checkpoints" / "step00000008" / "rng_rank1.json").unlink()
     assert launch.main(args(shards, run, "train.global_batch_size=8", "--resume", "step00000008")) == 2
     assert "cannot be resumed: rng_rank1.json missing (written by 2 ranks)" in capsys.readouterr().err

@@ -55,7 +55,9 @@ def test_a_checkpoint_save_gets_its_own_allowance():
     assert r.returncode == 4 and "(train.dist_timeout_s=0.5) while training step 7" in r.stderr, r.stderr
 
 
-def test_the_process_group_waits_out_the_longest_allowance():
+def test_the_process_group_timeout_is_the_longer_allowance():
+    """(That dist.init gets it, so a rank waits out another's slow save, is shown by
+    test_reliability.py::test_a_checkpoint_slower_than_the_timeout_is_waited_for_with_save_timeout_s.)"""
     from megatok.config import TrainConfig
 
     assert TrainConfig().collective_timeout_s == 600
