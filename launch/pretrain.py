@@ -158,9 +158,15 @@ def _last_good(cfg) -> str:
 
 
 def _die(code: int, message: str) -> int:
-    """Report and leave at once: after a failure, process-group teardown itself can block."""
+    """Report and leave at once: after a failure, process-group teardown itself can block. DataLoader
+    workers ignore SIGTERM (a stop request is the trainer's to handle) and os._exit skips their shutdown:
+    they are killed first, so none outlives the run."""
+    import multiprocessing
+
     print(message, file=sys.stderr, flush=True)
     sys.stdout.flush()
+    for child in multiprocessing.active_children():
+        child.kill()
     os._exit(code)
 
 

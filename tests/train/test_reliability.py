@@ -201,6 +201,37 @@ def test_how_a_failed_run_ends(tmp_path, monkeypatch, capsys, error, code, line)
     assert code != 3 or "GiB free on its filesystem)" in got or error.filename
 
 
+def test_a_failed_run_leaves_no_data_worker_behind():
+    """_die leaves with os._exit, which skips the DataLoader's shutdown, and the workers ignore SIGTERM:
+    a worker blocked at that moment would outlive the run (seen twice in a user review). _die kills them."""
+    code = ("import importlib.util, multiprocessing, os, signal, time\n"
+            "def worker():\n"
+            "    signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+            "    os.dup2(os.open(os.devnull, os.O_WRONLY), 1), os.dup2(os.open(os.devnull, os.O_WRONLY), 2)\n"
+            "    time.sleep(600)\n"
+            "if __name__ == '__main__':\n"
+            f"    spec = importlib.util.spec_from_file_location('p', {str(ROOT / 'launch/pretrain.py')!r})\n"
+            "    launch = importlib.util.module_from_spec(spec)\n"
+            "    spec.loader.exec_module(launch)\n"
+            "    child = multiprocessing.get_context('fork').Process(target=worker)\n"
+            "    child.start()\n"
+            "    print(child.pid, flush=True)\n"
+            "    launch._die(3, 'error: rank 0: a bad shard')\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 3 and "error: rank 0: a bad shard" in r.stderr, r.stderr[-2000:]
+    pid = int(r.stdout.split()[0])
+    deadline = time.time() + 10
+    while time.time() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.2)
+    os.kill(pid, signal.SIGKILL)
+    raise AssertionError(f"worker {pid} outlived the run")
+
+
 def test_one_process_per_machine_checks_the_checkpoint_before_the_process_group(shards, tmp_path, monkeypatch,
                                                                                 capsys):
     """The pre-start check of --resume reads every file of a checkpoint: once per machine (LOCAL_RANK 0,
