@@ -42,10 +42,10 @@ def check_data(cfg) -> None:
     """Everything a run reads besides the config, checked before any process group starts."""
     from megatok.data.documents import list_input_files
     from megatok.data.encoding import encoding_for
-    from megatok.data.stream import check_readers, resolve_sources
+    from megatok.data.stream import check_readers, resolve_sources, validation_sources
 
     sources, weights = resolve_sources(cfg.data.shards, "train")
-    resolve_sources(cfg.data.val_shards or cfg.data.shards, "val")
+    validation_sources(cfg.data.shards, cfg.data.val_shards)
     names = list(cfg.data.shards) if weights else [""]
     for urls, name in zip(sources, names):
         check_readers(len(urls), int(os.environ.get("WORLD_SIZE", "1")), max(1, cfg.data.num_workers),

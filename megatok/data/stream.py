@@ -53,6 +53,19 @@ def resolve_sources(spec: str | list[str] | dict[str, float], split: str = "trai
     return [resolve_shards(spec, split)], None
 
 
+def validation_sources(shards, val_shards) -> tuple[list[list[str]], list[float] | None]:
+    """resolve_sources of the validation data: ``data.val_shards`` if set, else the val split of each
+    ``data.shards`` source, which only a shard directory (tools/build_shards.py) has. A URL pattern or
+    list has none: validating on its training shards would be silent and wrong, so it is an error."""
+    if val_shards is not None:
+        return resolve_sources(val_shards, "val")
+    for source in shards if isinstance(shards, dict) else [shards]:
+        if not (isinstance(source, str) and os.path.isdir(source)):
+            raise DataError(f"data.shards {source}: URLs and shard lists have no val split; set data.val_shards "
+                            f"to the validation shards")
+    return resolve_sources(shards, "val")
+
+
 def resolve_shards(spec: str | list[str] | dict[str, float], split: str = "train") -> list[str]:
     """Turn a shard directory, a brace pattern ("data/train-{00000..00063}.tar") or a list into shard
     URLs; a mixture ({spec: weight}) gives the URLs of all its sources, in order."""

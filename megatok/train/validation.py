@@ -8,7 +8,7 @@ import math
 import torch
 
 from megatok.config import Config
-from megatok.data.stream import iter_shard_documents, pack_documents, resolve_sources
+from megatok.data.stream import iter_shard_documents, pack_documents, validation_sources
 from megatok.eval.bpb import boundary_rule, evaluate_batches
 from megatok.metrics import MetricsLogger
 from megatok.stats import ratios
@@ -22,7 +22,7 @@ def validation_batches(cfg: Config, rank: int, world: int, encoding) -> list[tup
     same number of batches (all-padding ones, index -1, where it runs out: ZeRO-3 needs every rank in
     every forward). With a mixture each batch also carries the source of each row."""
     seq_len = cfg.data.seq_len
-    sources, weights = resolve_sources(cfg.data.val_shards or cfg.data.shards, "val")
+    sources, weights = validation_sources(cfg.data.shards, cfg.data.val_shards)
     seqs, labels = [], []
     for source, (urls, n_seq) in enumerate(zip(sources, mixture_shares(cfg.eval.max_sequences, weights))):
         need, docs, have = n_seq * seq_len + 1, [], 0

@@ -409,6 +409,20 @@ def test_resolve_shards(tmp_path):
         resolve_shards(shard_dir)
 
 
+def test_validation_shards_of_urls_must_be_named(tmp_path):
+    from megatok.data.stream import validation_sources
+
+    urls, _ = make_shards(tmp_path, num_shards=3)
+    shard_dir = os.path.dirname(urls[0])
+    pattern = "pipe:cat " + os.path.join(shard_dir, "train-{00000..00002}.tar")
+    with pytest.raises(DataError, match="manifest lists no val shards"):  # a directory: its own val split
+        validation_sources(shard_dir, None)
+    for shards in (pattern, urls, {shard_dir: 1, pattern: 1}):
+        with pytest.raises(DataError, match="URLs and shard lists have no val split; set data.val_shards"):
+            validation_sources(shards, None)
+    assert validation_sources(pattern, urls[:1]) == ([urls[:1]], None)  # named: used as given
+
+
 def test_url_schemes_are_those_webdataset_opens(monkeypatch):
     for url in ("pipe:cat a.tar", "file:///data/a.tar", "https://host/a.tar", "HTTPS://host/a.tar", "gs://b/a.tar",
                 "sftp://host/a.tar"):

@@ -101,7 +101,7 @@ def test_launch_config_missing(shards, tmp_path):
     launch_fails(tmp_path, f"data.shards={shards}", config=missing, names=[missing])
 
 
-@pytest.mark.parametrize("kind", ["scheme", "braces", "betas", "seed", "run_dir"])
+@pytest.mark.parametrize("kind", ["scheme", "braces", "betas", "seed", "run_dir", "no_val_split"])
 def test_launch_values_that_would_fail_after_start_up(kind, shards, tmp_path):
     """Mistakes that used to get past the checks and end in a traceback once the process group was up."""
     afile = tmp_path / "a-file"
@@ -114,6 +114,9 @@ def test_launch_values_that_would_fail_after_start_up(kind, shards, tmp_path):
         "seed": ([f"data.shards={shards}", "train.seed=-1"], ["train.seed", "greater than or equal to 0"]),
         "run_dir": ([f"data.shards={shards}", f"train.run_dir={afile}/run"],
                     [f"train.run_dir: {afile}/run cannot be created (Not a directory)"]),
+        # a URL pattern has no val split: it used to validate on its own training shards, silently
+        "no_val_split": ([f"data.shards=pipe:cat {shards}/train-{{00000..00003}}.tar"],
+                         ["URLs and shard lists have no val split; set data.val_shards"]),
     }[kind]
     launch_fails(tmp_path, *args, names=names)
 
