@@ -53,7 +53,7 @@ def main(argv=None) -> int:
     if lang_weights or domain_weights:
         total = sum(m["bytes_by_lang"]["train"].values())
         print("train bytes by lang after the weights: " + ", ".join(
-            f"{k} {100 * v / total:.1f}%" for k, v in m["bytes_by_lang"]["train"].items()))
+            f"{k if k != 'None' else '(no lang)'} {100 * v / total:.1f}%" for k, v in m["bytes_by_lang"]["train"].items()))
     return 0
 
 

@@ -37,6 +37,7 @@ cache are still used). Exit status 2 if no text at all was collected.
 from __future__ import annotations
 
 import argparse
+import filecmp
 import gzip
 import json
 import os
@@ -162,7 +163,8 @@ def build(sources: list[str], cache: Path, max_bytes: int, offline: bool,
 
 
 def write_jsonl_gz(path: Path, docs, compress: bool = True) -> None:
-    """Atomic, deterministic write: temp file in the same directory, gzip mtime 0, then os.replace.
+    """Atomic, deterministic write: temp file in the same directory, gzip mtime 0, then os.replace (or
+    nothing, when the file already holds exactly these bytes).
     compress=False writes plain JSONL."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -177,6 +179,12 @@ def write_jsonl_gz(path: Path, docs, compress: bool = True) -> None:
                 for doc in docs:
                     raw.write(json.dumps(doc, ensure_ascii=False).encode("utf-8"))
                     raw.write(b"\n")
+        if path.is_file() and filecmp.cmp(tmp, path, shallow=False):
+            os.unlink(tmp)  # unchanged: keep the file and its mtime, so what was built from it is not rebuilt
+            return
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 is for the temporary name only
         os.replace(tmp, path)
     except BaseException:
         try:

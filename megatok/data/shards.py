@@ -232,7 +232,7 @@ def build_shards(inputs: list[str], out_dir: str, *, val_fraction: float = 0.01,
         if not os.path.isdir(out_dir):
             raise DataError(f"{out_dir}: exists and is not a directory")
         if os.listdir(out_dir) and not overwrite:
-            raise DataError(f"{out_dir}: directory exists and is not empty (use overwrite to replace it)")
+            raise DataError(f"{out_dir}: directory exists and is not empty (use --overwrite to replace it)")
     tmp = f"{out_dir}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)

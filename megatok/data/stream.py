@@ -77,7 +77,9 @@ def resolve_shards(spec: str | list[str] | dict[str, float], split: str = "train
             raise DataError(f"{spec}: unknown split {split!r} (expected 'train' or 'val')")
         urls = [os.path.join(spec, entry["name"]) for entry in manifest[split]]
         if not urls:
-            raise DataError(f"{spec}: manifest lists no {split} shards")
+            raise DataError(f"{spec}: manifest lists no {split} shards" + (
+                " (rebuild it with tools/build_shards.py --val-fraction > 0, or set data.val_shards)"
+                if split == "val" else ""))
     else:
         if isinstance(spec, str) and "{" not in spec and ":" not in spec.split("/")[0] and not os.path.exists(spec):
             raise DataError(f"{spec}: no such shard directory or file (build one with tools/build_shards.py)")

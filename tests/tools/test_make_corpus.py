@@ -430,3 +430,19 @@ def test_real_udhr_heldout_is_parallel_across_scripts():
                                                          exclude_articles=cs.UDHR_HELDOUT_ARTICLES)}
     for d in held:
         assert d["text"].split("\n\n", 1)[1] not in train[d["lang"]], d["source"]
+
+
+def test_an_unchanged_corpus_is_not_rewritten(tmp_path):
+    """The quickstart rebuilds the shards only when the corpus is newer than them: writing the same
+    bytes again must leave the file (and its mtime) alone; other bytes replace it, readable by all."""
+    out = tmp_path / "c.jsonl.gz"
+    docs = [{"text": "one"}, {"text": "two"}]
+    mc.write_jsonl_gz(out, docs)
+    os.utime(out, (1_000_000, 1_000_000))
+    mc.write_jsonl_gz(out, docs)
+    assert out.stat().st_mtime == 1_000_000 and list(tmp_path.iterdir()) == [out]
+    mc.write_jsonl_gz(out, docs + [{"text": "three"}])
+    assert out.stat().st_mtime > 1_000_000 and len(gzip.decompress(out.read_bytes()).splitlines()) == 3
+    umask = os.umask(0)
+    os.umask(umask)
+    assert out.stat().st_mode & 0o777 == 0o666 & ~umask  # as any new file, not mkstemp's 0600
