@@ -16,7 +16,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from megatok.config import Config, load_config
+from megatok import runs
+from megatok.config import Config
 from megatok.train import checkpoint
 
 WEIGHTS, CONFIG, INFO = "model.safetensors", "config.json", "export.json"
@@ -27,18 +28,18 @@ def export(run_dir: str | Path, out_dir: str | Path, *, dtype: str = "fp32", tag
     """Write the export of ``run_dir``'s checkpoint ``tag`` (default: latest); returns out_dir."""
     run_dir, out_dir = Path(run_dir), Path(out_dir)
     check_out_dir(out_dir)
-    cfg = checkpoint.run_config(run_dir)
+    cfg = runs.run_config(run_dir)
     tag = tag or checkpoint.latest_tag(run_dir)
     if tag is None:
         raise FileNotFoundError(f"{checkpoint.checkpoint_dir(run_dir)}: no checkpoint (no 'latest' file)")
-    state = checkpoint.consolidated_state_dict(run_dir, tag, cfg)
+    state = runs.consolidated_state_dict(run_dir, tag, cfg)
     tmp = out_dir.with_name(out_dir.name + f".tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     save_file({k: v.to(DTYPES[dtype]).contiguous() for k, v in state.items()}, str(tmp / WEIGHTS),
               metadata={"format": "pt", "megatok_tag": tag})
     raw = cfg.to_dict()
-    for (section, key), name in zip(checkpoint.MODEL_FILES, ("tokenizer.model", "boundary.model")):
+    for (section, key), name in zip(runs.MODEL_FILES, ("tokenizer.model", "boundary.model")):
         if raw[section].get(key):  # the run's tokenizer, copied in: the export does not depend on its path
             src = Path(raw[section][key])
             shutil.copyfile(src / "tokenizer.model" if src.is_dir() else src, tmp / name)
@@ -72,10 +73,7 @@ def load_exported(path: str | Path, device: str | torch.device = "cpu", dtype: t
     path = Path(path)
     if not (path / WEIGHTS).is_file():
         raise FileNotFoundError(f"{path / WEIGHTS}: not a megatok export")
-    raw = json.loads((path / CONFIG).read_text())
-    t = raw["train"]
-    world = (t["global_batch_size"] // (t["micro_batch_size"] * t["grad_accum"])) if t.get("global_batch_size") else 1
-    cfg: Config = load_config(path / CONFIG, checkpoint.model_files_from(raw, path.resolve(), base_first=True), world_size=world)
+    cfg: Config = runs.written_config(path / CONFIG, path.resolve(), base_first=True)  # its own tokenizer first
     model = build_model(cfg)
     state = load_file(str(path / WEIGHTS), device="cpu")
     model.load_state_dict({k: v.to(dtype or torch.float32) for k, v in state.items()})

@@ -57,7 +57,7 @@ def _flops_per_byte(run_dir: Path, rate: float | None) -> float | None:
     """Training FLOPs per byte from megatok.flops at the realised rate, if this run's config allows it."""
     try:
         from megatok import flops
-        from megatok.train.checkpoint import run_config
+        from megatok.runs import run_config
 
         fn = getattr(flops, "flops_per_byte", None)
         if fn is None:
@@ -222,7 +222,7 @@ def evaluate_run(run: dict, docs: list, args) -> dict:
     For the BPE token model bpb is the summed token NLL over the same UTF-8 bytes (megatok.model.token_lm)."""
     from megatok.data.encoding import encoding_for
     from megatok.eval.bpb import boundary_rule, evaluate_documents
-    from megatok.train.checkpoint import load_model
+    from megatok.runs import load_model
 
     model, cfg, tag = load_model(run["run"], None, args.device)
     res = evaluate_documents(model, iter(docs), seq_len=cfg.data.seq_len, batch_size=args.batch_size,
@@ -337,10 +337,10 @@ def main(argv=None) -> int:
     try:
         if args.heldout:
             list_input_files([args.heldout])
-            langs = [d.lang for d in iter_documents([args.heldout])]  # read whole: a bad line fails now
-            if not langs:
+            docs = list(iter_documents([args.heldout]))  # read whole: a bad line fails now
+            if not docs:
                 raise DataError(f"{args.heldout}: no documents")
-            if not any(langs):
+            if not any(d.lang for d in docs):
                 raise DataError(f"{args.heldout}: no document has a \"lang\", and --heldout compares languages "
                                 f"(use tools/evaluate.py for text without one)")
         if args.tokenizer and not Path(args.tokenizer).exists():
@@ -373,7 +373,7 @@ def main(argv=None) -> int:
                 md.append(f"- {r['name']}: training FLOPs unknown (none logged; megatok.flops cannot size kind "
                           f"'{r['kind']}'), left out of the FLOPs plot")
         if args.heldout:
-            md += _heldout_section(args, runs, result)
+            md += _heldout_section(args, runs, result, docs)
             plots += result.pop("plots_heldout", [])
     except (DataError, FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -402,7 +402,7 @@ def _distinct_names(runs: list[dict]) -> None:
 def _check_tokenizer(run: dict) -> None:
     from megatok.config import ConfigError
     from megatok.data.encoding import encoding_for
-    from megatok.train.checkpoint import run_config
+    from megatok.runs import run_config
 
     try:
         encoding_for(run_config(run["run"]))
@@ -410,14 +410,11 @@ def _check_tokenizer(run: dict) -> None:
         raise DataError(f"{run['run']}: {e}") from None
 
 
-def _heldout_section(args, runs: list[dict], result: dict) -> list[str]:
+def _heldout_section(args, runs: list[dict], result: dict, docs: list) -> list[str]:
     if args.device is None:
         import torch
 
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
-    docs = list(iter_documents([args.heldout]))
-    if not docs:
-        raise DataError(f"{args.heldout}: no documents")
     langs, lang_bytes, lang_docs = [], {}, {}
     for d in docs:
         lang = d.lang or "unknown"

@@ -53,7 +53,7 @@ def _evaluate(args, result_out) -> int:
 
     from megatok.config import ConfigError
     from megatok.data.encoding import encoding_for
-    from megatok.train.checkpoint import load_model
+    from megatok.runs import load_model
 
     try:
         list_input_files([p for p in args.data if not Path(p, "manifest.json").is_file()])  # fail before loading

@@ -56,7 +56,7 @@ def main(argv=None) -> int:
     from megatok.data.encoding import encoding_for
     from megatok.display import marked
     from megatok.generate import generate
-    from megatok.train.checkpoint import load_model
+    from megatok.runs import load_model
 
     sizing.quiet_deepspeed_import()  # stdout carries only the samples (--json stays parseable)
     try:

@@ -52,7 +52,7 @@ def _seeded(seed: int):
 
 
 def boundaries_for_run(run: str, data: bytes, mode: str, seed: int, seq_len: int | None) -> Row:
-    from megatok.train.checkpoint import load_model
+    from megatok.runs import load_model
 
     model, cfg, tag = load_model(run)
     model.boundary.eval_mode = mode

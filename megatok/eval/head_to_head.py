@@ -106,7 +106,7 @@ def tokenizer_path(cfg: Config) -> str | None:
     if cfg.eval.bpe_tokenizer:
         return cfg.eval.bpe_tokenizer
     if cfg.eval.baseline_run:
-        from megatok.train.checkpoint import run_config
+        from megatok.runs import run_config
 
         base = run_config(cfg.eval.baseline_run)
         if base.model.kind == "bpe":
@@ -191,7 +191,8 @@ class HeadToHead:
         if not run:
             return None
         from megatok.data.encoding import encoding_for
-        from megatok.train.checkpoint import latest_tag, load_model
+        from megatok.runs import load_model
+        from megatok.train.checkpoint import latest_tag
 
         tag = latest_tag(run)
         if tag is None:

@@ -14,20 +14,18 @@ Only JSON and DeepSpeed's files are read back; megatok's own files are never unp
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import json
 import os
 import random
 import shutil
-import sys
 import zipfile
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from megatok.config import Config, load_config, zero_stage
+from megatok.config import Config
 from megatok.data.stream import is_cursor
 from megatok.train import faults
 
@@ -482,76 +480,3 @@ def universal(run_dir: str | Path, tag: str, ds_config: dict) -> str:
     dist.barrier()
     ds_config["checkpoint"] = {**ds_config.get("checkpoint", {}), "load_universal": True}
     return out.name
-
-
-# Files a model needs to be built (a tokenizer): a run records them as it was given them, often relative
-# to the directory it was started from.
-MODEL_FILES = (("model", "tokenizer"), ("boundary", "model_path"))
-
-
-def launch_dir(run_dir: str | Path, recorded: str) -> Path | None:
-    """The directory a run was started from, when it was given a relative ``train.run_dir`` (``recorded``):
-    the run directory's absolute path less that. None if they do not line up (the run was renamed)."""
-    rel, here = Path(recorded), Path(os.path.abspath(run_dir))  # not resolve(): runs/ is often a symlink
-    n = len(rel.parts)
-    if rel.is_absolute() or ".." in rel.parts or n == 0 or here.parts[-n:] != rel.parts:
-        return None
-    return Path(*here.parts[:-n])
-
-
-def run_config(run_dir: str | Path) -> Config:
-    """The resolved config a run wrote, loaded for the world size it was written with. A relative
-    tokenizer path that does not exist from here is looked up from the directory the run was started
-    from, so a run can be read from any directory."""
-    path = Path(run_dir) / "config.json"
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: no config.json here; is {run_dir} a megatok run directory?")
-    raw = json.loads(path.read_text())
-    t = raw.get("train", {})
-    world = (t["global_batch_size"] // (t["micro_batch_size"] * t["grad_accum"])) if t.get("global_batch_size") else 1
-    return load_config(path, model_files_from(raw, launch_dir(run_dir, t.get("run_dir", ""))), world_size=world)
-
-
-def model_files_from(raw: dict, base: Path | None, *, base_first: bool = False) -> list[str]:
-    """``--set`` overrides that point a config's relative MODEL_FILES paths at ``base``, where they exist:
-    those that do not exist from the working directory, or all of them with ``base_first``."""
-    found = []
-    for section, key in MODEL_FILES if base is not None else ():
-        value = raw.get(section, {}).get(key)
-        if value and not Path(value).is_absolute() and (base_first or not Path(value).exists()) \
-                and (base / value).exists():
-            found.append(f"{section}.{key}={base / value}")
-    return found
-
-
-def consolidated_state_dict(run_dir: str | Path, tag: str, cfg: Config) -> dict[str, torch.Tensor]:
-    """Full fp32 weights of a checkpoint, merging ZeRO partitions; no engine or process group needed."""
-    ckpt = checkpoint_dir(run_dir) / tag
-    if not ckpt.is_dir():
-        raise FileNotFoundError(f"{ckpt}: checkpoint not found")
-    if problem := damage(run_dir, tag):
-        raise CheckpointError(f"{ckpt}: cannot be read: {problem}")
-    if zero_stage(cfg) >= 1:
-        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
-
-        with contextlib.redirect_stdout(sys.stderr):  # DeepSpeed prints progress; stdout stays the tools' own
-            state = get_fp32_state_dict_from_zero_checkpoint(str(checkpoint_dir(run_dir)), tag=tag)
-    else:
-        state = torch.load(ckpt / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=True)["module"]
-    return {k: v.float() for k, v in state.items()}
-
-
-def load_model(run_dir: str | Path, tag: str | None = None, device: str | torch.device = "cpu"):
-    """The model of a run's checkpoint, in fp32, without DeepSpeed's engine or a process group.
-
-    Returns (model, config, tag). Works for every ZeRO stage (the ZeRO-2/3 partitions are merged).
-    """
-    from megatok.model import build_model
-
-    cfg = run_config(run_dir)
-    tag = tag or latest_tag(run_dir)
-    if tag is None:
-        raise FileNotFoundError(f"{checkpoint_dir(run_dir)}: no checkpoint (no 'latest' file)")
-    model = build_model(cfg)
-    model.load_state_dict(consolidated_state_dict(run_dir, tag, cfg))
-    return model.to(device).eval(), cfg, tag

@@ -51,7 +51,7 @@ def test_token_model_metrics(runs):
     # cumulative bytes and FLOPs grow every step; FLOPs per byte = the model's per-token FLOPs x tokens per byte
     assert all(b["bytes_seen"] > a["bytes_seen"] and b["flops"] > a["flops"] for a, b in zip(train, train[1:]))
     from megatok import flops
-    from megatok.train.checkpoint import run_config
+    from megatok.runs import run_config
 
     cfg = run_config(runs["bpe"])
     per_token = flops.flops_per_byte(cfg, rate=1.0)["training"]
@@ -78,7 +78,7 @@ def test_a_run_with_relative_paths_is_read_from_anywhere_and_exports_whole(runs,
     carries the tokenizer, so it loads after L is gone."""
     from megatok.data.encoding import encoding_for
     from megatok.export import load_exported
-    from megatok.train import checkpoint
+    from megatok.runs import launch_dir
 
     launch = tmp_path / "L"
     shutil.copytree(runs["tok"], launch / "tok")
@@ -87,10 +87,10 @@ def test_a_run_with_relative_paths_is_read_from_anywhere_and_exports_whole(runs,
     raw = json.loads(config.read_text())
     raw["model"]["tokenizer"], raw["train"]["run_dir"] = "tok", "runs/bpe"
     config.write_text(json.dumps(raw))
-    assert checkpoint.launch_dir(launch / "runs" / "bpe", "runs/bpe") == launch
-    assert checkpoint.launch_dir(launch / "runs" / "bpe", "elsewhere/bpe") is None
+    assert launch_dir(launch / "runs" / "bpe", "runs/bpe") == launch
+    assert launch_dir(launch / "runs" / "bpe", "elsewhere/bpe") is None
     (tmp_path / "linked").symlink_to(launch / "runs")  # a runs/ that is a symlink, as on many clusters
-    assert checkpoint.launch_dir(tmp_path / "linked" / "bpe", "linked/bpe") == tmp_path
+    assert launch_dir(tmp_path / "linked" / "bpe", "linked/bpe") == tmp_path
 
     moved = launch / "runs" / "bpe"
     ev = run_tool("evaluate.py", "--run", moved, "--data", runs["heldout"], "--max-bytes", 2000)

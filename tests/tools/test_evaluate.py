@@ -1,7 +1,7 @@
 """End to end: a tiny real training run, then the tools users run on it.
 
 tools/evaluate.py is run as a subprocess (the CLI), and its figure is checked against a by-hand
-computation with the checkpoint loaded through megatok.train.checkpoint.load_model. The run itself
+computation with the checkpoint loaded through megatok.runs.load_model. The run itself
 is checked for what the tools rely on: config.json, metrics.jsonl, checkpoints/latest, wandb offline files.
 """
 
@@ -161,7 +161,7 @@ def test_groups_add_up_to_the_corpus(result, docs, kind):
 def test_bpb_matches_a_by_hand_computation(run, tmp_path):
     """NLL of each byte given [SEP] + the bytes before it, one prefix at a time, with threshold
     boundaries; against evaluate.py --boundary threshold on the same single document."""
-    from megatok.train.checkpoint import load_model
+    from megatok.runs import load_model
 
     path = tmp_path / "one.jsonl"
     path.write_text(json.dumps({"text": SHORT_DOC}) + "\n")

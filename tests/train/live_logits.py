@@ -15,13 +15,14 @@ from safetensors.torch import save_file
 
 from megatok.config import deepspeed_config
 from megatok.model.unet import ByteUNet
+from megatok.runs import run_config
 from megatok.train import checkpoint, dist
 from megatok.train.loop import param_groups
 
 
 def main(run_dir: str, out: str) -> None:
     dist.init(60)
-    cfg = checkpoint.run_config(run_dir)
+    cfg = run_config(run_dir)
     model = ByteUNet(cfg.model, cfg.boundary)
     engine, *_ = deepspeed.initialize(model=model, config=deepspeed_config(cfg, 1),
                                       model_parameters=param_groups(model, 0.0))

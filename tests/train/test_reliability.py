@@ -21,6 +21,7 @@ from safetensors.torch import load_file
 
 from megatok.export import load_exported
 from megatok.metrics import read_metrics
+from megatok import runs
 from megatok.train import checkpoint
 from tests.conftest import ROOT, TINY, pretrain
 
@@ -303,7 +304,7 @@ def test_nan_loss_on_one_rank_is_skipped_counted_and_bounded(shards, tmp_path):
     rows = train_rows(run)
     assert rows[3]["nonfinite_losses"] == 1 and rows[3]["skipped_steps"] == 1
     assert all(rows[s]["skipped_steps"] == 0 for s in (1, 2, 4, 5))
-    model, _, _ = checkpoint.load_model(run)
+    model, _, _ = runs.load_model(run)
     assert all(torch.isfinite(p).all() for p in model.parameters())
 
     # NaN every step from 2 on: after max_skipped_steps in a row the run stops, the last checkpoint intact
@@ -317,7 +318,7 @@ def test_nan_loss_on_one_rank_is_skipped_counted_and_bounded(shards, tmp_path):
     assert rows2[1]["loss"] > 0 and rows2[2]["loss"] == "nan" == rows2[2]["lm_loss"]  # not 0.0: no finite loss
     tag = checkpoint.latest_tag(run2)
     assert tag == "step00000003"  # skipped steps leave the weights as they were: still finite, still saved
-    model, _, _ = checkpoint.load_model(run2, tag)
+    model, _, _ = runs.load_model(run2, tag)
     assert all(torch.isfinite(p).all() for p in model.parameters())
 
 
@@ -435,8 +436,8 @@ def test_two_ranks_to_one_rank_and_export_matches_the_live_engine(shards, refere
     live = sorted(p.name for p in (run / "checkpoints").glob("step*"))
     assert live == ["step00000004", "step00000006", "step00000007"]
     assert checkpoint.read_meta(run, "step00000007")["layout"]["world_size"] == 1
-    before = checkpoint.load_model(reference, "step00000006")[0].state_dict()
-    after = checkpoint.load_model(run, "step00000007")[0].state_dict()
+    before = runs.load_model(reference, "step00000006")[0].state_dict()
+    after = runs.load_model(run, "step00000007")[0].state_dict()
     for name, value in before.items():
         torch.testing.assert_close(after[name], value, rtol=0, atol=1e-7, msg=name)
 

@@ -1,0 +1,93 @@
+"""A run directory read after (or while) training, by the tools: no engine, no process group.
+
+``run_config`` is the config a run wrote, ``load_model`` its model with a checkpoint's weights merged
+from any ZeRO stage and world size (``consolidated_state_dict``). A run records its tokenizer paths as
+it was given them, often relative to the directory it was started from; they are looked up from
+there (``launch_dir``), so a run can be read from any directory. Exports (megatok.export) read their
+config the same way (``written_config``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+from megatok.config import Config, load_config, zero_stage
+from megatok.train.checkpoint import CheckpointError, checkpoint_dir, damage, latest_tag
+
+# Files a model needs to be built (a tokenizer).
+MODEL_FILES = (("model", "tokenizer"), ("boundary", "model_path"))
+
+
+def launch_dir(run_dir: str | Path, recorded: str) -> Path | None:
+    """The directory a run was started from, when it was given a relative ``train.run_dir`` (``recorded``):
+    the run directory's absolute path less that. None if they do not line up (the run was renamed)."""
+    rel, here = Path(recorded), Path(os.path.abspath(run_dir))  # not resolve(): runs/ is often a symlink
+    n = len(rel.parts)
+    if rel.is_absolute() or ".." in rel.parts or n == 0 or here.parts[-n:] != rel.parts:
+        return None
+    return Path(*here.parts[:-n])
+
+
+def written_config(path: Path, base: Path | None, *, base_first: bool = False) -> Config:
+    """A config.json that a run or an export wrote, loaded for the world size it was written with. Its
+    relative MODEL_FILES paths are looked up in ``base`` where they exist there: those that do not exist
+    from the working directory, or all of them with ``base_first``."""
+    raw = json.loads(path.read_text())
+    t = raw.get("train", {})
+    world = (t["global_batch_size"] // (t["micro_batch_size"] * t["grad_accum"])) if t.get("global_batch_size") else 1
+    found = []
+    for section, key in MODEL_FILES if base is not None else ():
+        value = raw.get(section, {}).get(key)
+        if value and not Path(value).is_absolute() and (base_first or not Path(value).exists()) \
+                and (base / value).exists():
+            found.append(f"{section}.{key}={base / value}")
+    return load_config(path, found, world_size=world)
+
+
+def run_config(run_dir: str | Path) -> Config:
+    """The resolved config a run wrote. A relative tokenizer path that does not exist from here is
+    looked up from the directory the run was started from."""
+    path = Path(run_dir) / "config.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no config.json here; is {run_dir} a megatok run directory?")
+    recorded = json.loads(path.read_text()).get("train", {}).get("run_dir", "")
+    return written_config(path, launch_dir(run_dir, recorded))
+
+
+def consolidated_state_dict(run_dir: str | Path, tag: str, cfg: Config) -> dict[str, torch.Tensor]:
+    """Full fp32 weights of a checkpoint, merging ZeRO partitions; no engine or process group needed."""
+    ckpt = checkpoint_dir(run_dir) / tag
+    if not ckpt.is_dir():
+        raise FileNotFoundError(f"{ckpt}: checkpoint not found")
+    if problem := damage(run_dir, tag):
+        raise CheckpointError(f"{ckpt}: cannot be read: {problem}")
+    if zero_stage(cfg) >= 1:
+        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+        with contextlib.redirect_stdout(sys.stderr):  # DeepSpeed prints progress; stdout stays the tools' own
+            state = get_fp32_state_dict_from_zero_checkpoint(str(checkpoint_dir(run_dir)), tag=tag)
+    else:
+        state = torch.load(ckpt / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=True)["module"]
+    return {k: v.float() for k, v in state.items()}
+
+
+def load_model(run_dir: str | Path, tag: str | None = None, device: str | torch.device = "cpu"):
+    """The model of a run's checkpoint, in fp32, without DeepSpeed's engine or a process group.
+
+    Returns (model, config, tag). Works for every ZeRO stage (the ZeRO-2/3 partitions are merged).
+    """
+    from megatok.model import build_model
+
+    cfg = run_config(run_dir)
+    tag = tag or latest_tag(run_dir)
+    if tag is None:
+        raise FileNotFoundError(f"{checkpoint_dir(run_dir)}: no checkpoint (no 'latest' file)")
+    model = build_model(cfg)
+    model.load_state_dict(consolidated_state_dict(run_dir, tag, cfg))
+    return model.to(device).eval(), cfg, tag
