@@ -152,7 +152,7 @@ def _last_good(cfg) -> str:
     from megatok.train import checkpoint
 
     try:
-        return checkpoint.latest_tag(cfg.train.run_dir) or "none yet"
+        return checkpoint.last_good(cfg.train.run_dir)
     except Exception as e:  # noqa: BLE001 - reporting a failure must not fail
         return f"unknown ({type(e).__name__}: {e})"
 

@@ -46,6 +46,11 @@ def latest_tag(run_dir: str | Path) -> str | None:
     return latest.read_text().strip() if latest.is_file() else None
 
 
+def last_good(run_dir: str | Path) -> str:
+    """The latest checkpoint's tag, or "none yet": for the line a failed run ends with."""
+    return latest_tag(run_dir) or "none yet"
+
+
 def set_latest(run_dir: str | Path, tag: str | None) -> None:
     """Point ``latest`` at a published checkpoint (None: no checkpoint)."""
     path = checkpoint_dir(run_dir) / "latest"
@@ -389,7 +394,7 @@ def save(engine, run_dir: str | Path, step: int, meta: dict, keep: int = 3,
 
     if not weights_finite(engine):
         raise FloatingPointError(f"weights are not finite at step {step}: checkpoint not written "
-                                 f"(last good: {latest_tag(run_dir) or 'none yet'})")
+                                 f"(last good: {last_good(run_dir)})")
     rank = dist.get_rank()
     ckdir, tag = checkpoint_dir(run_dir), tag_for(step)
     tmp = ckdir / f"{tag}.tmp"

@@ -312,7 +312,7 @@ def train(cfg: Config, *, resume: str = "auto") -> dict:
             checkpoint.mark_evaluated(run_dir, meta["tag"])
     stop = StopRequest(run_dir, rank)
     watchdog = dist.Watchdog(cfg.train.dist_timeout_s,
-                             lambda: f"last good checkpoint: {checkpoint.latest_tag(run_dir) or 'none yet'}")
+                             lambda: f"last good checkpoint: {checkpoint.last_good(run_dir)}")
     save_limit = (cfg.train.save_timeout_s, "train.save_timeout_s") if cfg.train.save_timeout_s else None
     totals = Totals(device)
     skipped_in_row, t_last, paused, last_row = 0, time.monotonic(), 0.0, {}
@@ -350,11 +350,11 @@ def train(cfg: Config, *, resume: str = "auto") -> dict:
         skipped_in_row = skipped_in_row + 1 if skipped else 0
         if nonfinite and engine.zero_optimization_stage() == 0:
             raise FloatingPointError(f"non-finite loss at step {step} under ZeRO stage 0, which cannot skip an "
-                                     f"update; last good checkpoint: {checkpoint.latest_tag(run_dir) or 'none yet'}")
+                                     f"update; last good checkpoint: {checkpoint.last_good(run_dir)}")
         if skipped_in_row > cfg.train.max_skipped_steps:
             raise FloatingPointError(f"{skipped_in_row} optimizer steps in a row skipped for non-finite gradients "
                                      f"(train.max_skipped_steps={cfg.train.max_skipped_steps}) at step {step}; "
-                                     f"last good checkpoint: {checkpoint.latest_tag(run_dir) or 'none yet'}")
+                                     f"last good checkpoint: {checkpoint.last_good(run_dir)}")
         totals.add("skipped_steps", torch.tensor(float(skipped)))
 
         # (every checkpoint step is logged too, so the cumulative bytes and FLOPs it saves are complete)
