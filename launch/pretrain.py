@@ -19,7 +19,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # DeepSpeed 0.19's ZeRO calls a torch collective that torch 2.13 marks deprecated, once per step.
 warnings.filterwarnings("ignore", message=r".*all_gather_into_tensor.*", category=FutureWarning)
 
-from megatok.config import ConfigError, load_config  # noqa: E402
+from megatok.config import ConfigError, load_config, warnings_for  # noqa: E402
 from megatok.data.documents import DataError  # noqa: E402
 from megatok.sizing import positive  # noqa: E402
 
@@ -85,8 +85,12 @@ def main(argv=None) -> int:
         cfg = load_config(args.config, args.overrides)
         check_data(cfg)
     except (ConfigError, DataError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        if os.environ.get("LOCAL_RANK", "0") == "0":  # every rank finds it; one line per machine says it
+            print(f"error: {e}", file=sys.stderr)
         return 2
+    if os.environ.get("RANK", "0") == "0":
+        for line in warnings_for(cfg):
+            print(f"warning: {line}", file=sys.stderr)
     # A damaged checkpoint, or one of another model, fails here, before any process group. One process per machine reads the
     # checkpoint's files (the launchers end its siblings when it exits 2; Slurm's srun path passes
     # --kill-on-bad-exit), not every rank: that would be ranks x files reads on a shared filesystem.

@@ -18,6 +18,8 @@ import json
 import math
 import os
 from pathlib import Path
+import types
+import typing
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -27,8 +29,37 @@ class ConfigError(ValueError):
     """A configuration mistake. The message is one line that names the file and the key."""
 
 
+def _allows(annotation, kind: type) -> bool:
+    """Whether a field's annotation (int, int | None, str | list[str], ...) takes values of ``kind``."""
+    if annotation is kind:
+        return True
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return any(_allows(a, kind) for a in typing.get_args(annotation))
+    return False
+
+
+def whole_floats_as_ints(model: type[BaseModel], data: Any) -> Any:
+    """JSON has one number type, so ``"max_steps": 1e5`` is a float: an integer field takes a whole one."""
+    if not isinstance(data, dict):
+        return data
+    out = dict(data)
+    for name, field in model.model_fields.items():
+        v = out.get(name)
+        if isinstance(v, float) and v.is_integer() and _allows(field.annotation, int) and not _allows(
+                field.annotation, float):
+            out[name] = int(v)
+    return out
+
+
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    """Strict: "5" is not a number, "yes" and 1 are not booleans (pydantic's default would coerce them)."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, strict=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _whole_floats(cls, data: Any) -> Any:
+        return whole_floats_as_ints(cls, data)
 
 
 class ModelConfig(_Section):
@@ -110,6 +141,8 @@ class DataConfig(_Section):
     @field_validator("shards", "val_shards", mode="before")
     @classmethod
     def _mixture(cls, v):
+        if isinstance(v, (list, str)) and not v:
+            raise ValueError("names no shards")
         if isinstance(v, dict):
             if not v:
                 raise ValueError("a mixture needs at least one source")
@@ -133,7 +166,8 @@ class TrainConfig(_Section):
                               "then linear decay over the last decay_steps; constant")
     decay_steps: int | None = Field(None, gt=0, description="wsd: steps of the final decay (default: 20% of max_steps)")
     weight_decay: float = Field(0.1, ge=0, description="AdamW decay on matrices (not norms or biases)")
-    betas: tuple[float, float] = Field((0.9, 0.95), description="AdamW betas, each in [0, 1)")
+    betas: tuple[float, float] = Field((0.9, 0.95), strict=False,  # a JSON list is not a tuple
+                                       description="AdamW betas, each in [0, 1)")
     eps: float = Field(1e-8, gt=0, description="AdamW epsilon")
     grad_clip: float = Field(1.0, ge=0, description="clip the global gradient norm (0: off)")
     seed: int = Field(0, ge=0, description="init, data order and boundary sampling")
@@ -148,6 +182,13 @@ class TrainConfig(_Section):
     peak_tflops: float | None = Field(None, gt=0, description="dense TFLOP/s of one device for the mfu column (default: the GPU's bf16 peak by name, megatok.flops.PEAK_BF16_TFLOPS; no mfu on a CPU)")
     zero_init: bool = Field(True, description="ZeRO-3: build the model already partitioned over the ranks "
                                               "(deepspeed.zero.Init), so no rank holds it whole")
+
+    @field_validator("betas", mode="before")
+    @classmethod
+    def _betas_are_numbers(cls, v):
+        if isinstance(v, (list, tuple)) and any(isinstance(b, (bool, str)) for b in v):
+            raise ValueError("betas are two numbers, like [0.9, 0.95]")
+        return v
 
     @field_validator("betas")
     @classmethod
@@ -376,9 +417,12 @@ def _parse_override(item: str) -> tuple[list[str], Any]:
     if ann is str:
         return keys, text
     try:
-        return keys, json.loads(text)
+        value = json.loads(text)
     except json.JSONDecodeError:
         return keys, text  # a plain string; the schema decides whether that is allowed
+    if isinstance(value, (bool, int, float)) and _allows(ann, str) and not _allows(ann, type(value)):
+        return keys, text  # logging.wandb_name=1 names the run "1"
+    return keys, value
 
 
 def _apply_override(raw: dict, keys: list[str], value: Any) -> None:
@@ -410,7 +454,7 @@ def _explain(err: dict, where: str, prefix: tuple = ()) -> ConfigError:
     given = err.get("input")
     shown = (json.dumps(given, default=str) if isinstance(given, (int, float, str, bool, type(None))) or (
         isinstance(given, (list, tuple)) and len(json.dumps(given, default=str)) <= 80) else type(given).__name__)
-    return ConfigError(f"{where}: {path}: {err['msg']} (got {shown})")
+    return ConfigError(f"{where}: {path}: {err['msg'].removeprefix('Value error, ')} (got {shown})")
 
 
 def load_config(path: str | os.PathLike | None = None, overrides: list[str] = (), *,
@@ -435,7 +479,7 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] = ()
     except KeyError as e:
         raise ConfigError(f"{where}: boundary.strategy: {e.args[0]}") from None
     try:
-        opts = opt_model.model_validate(cfg.boundary.options)
+        opts = opt_model.model_validate(whole_floats_as_ints(opt_model, cfg.boundary.options), strict=True)
     except ValidationError as e:
         err = e.errors()[0]
         if err["type"] == "extra_forbidden":
@@ -449,6 +493,15 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] = ()
     _check_deepspeed(cfg.deepspeed, where)
     _check_derived(cfg, where, world_size if world_size is not None else int(os.environ.get("WORLD_SIZE", "1")))
     return cfg
+
+
+def warnings_for(cfg: Config) -> list[str]:
+    """Settings that are valid but probably not meant (a smoke test may mean them): one line each."""
+    t, out = cfg.train, []
+    if t.warmup_steps >= t.max_steps:
+        out.append(f"train.warmup_steps={t.warmup_steps} is not below train.max_steps={t.max_steps}: the learning "
+                   f"rate never reaches train.lr and never decays")
+    return out
 
 
 def _check_derived(cfg: Config, where: str, world_size: int) -> None:

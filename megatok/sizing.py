@@ -336,7 +336,7 @@ def dry_run(config: str, overrides: list[str] = (), world: int | None = None, ou
     import os
     import sys
 
-    from megatok.config import ConfigError, deepspeed_config, load_config
+    from megatok.config import ConfigError, deepspeed_config, load_config, warnings_for
 
     out = out or sys.stdout
     quiet_deepspeed_import()
@@ -351,6 +351,8 @@ def dry_run(config: str, overrides: list[str] = (), world: int | None = None, ou
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    for line in warnings_for(cfg):
+        print(f"warning: {line}", file=sys.stderr)
     if cfg.model.kind == "bpe" and cfg.model.tokenizer:  # a few MB, read as the trainer will: it must fit
         from pathlib import Path
 

@@ -60,6 +60,40 @@ def test_wrong_type_and_range(tmp_path):
     assert "data.seq_len" in msg
 
 
+@pytest.mark.parametrize("section,key,value", [
+    ("train", "max_steps", "5"), ("train", "lr", "1e-3"), ("logging", "progress", "yes"), ("logging", "progress", 1),
+    ("model", "activation_checkpointing", "false"), ("train", "betas", ["0.9", 0.95]), ("train", "max_steps", 2.5),
+    ("boundary", "batch_baseline", 1), ("boundary", "gamma", "0.99"), ("boundary", "window", "8"),
+])
+def test_values_are_not_coerced(tmp_path, section, key, value):
+    """pydantic's default would read "5" as 5 and "yes" or 1 as true; a config means what its JSON says."""
+    msg = error_of(write(tmp_path, "c.json", {section: {key: value}}))
+    assert f"{section}.{key}" in msg and json.dumps(value) in msg
+
+
+def test_whole_numbers_written_as_floats_and_numbers_given_to_strings(tmp_path):
+    p = write(tmp_path, "c.json", {"train": {"max_steps": 1e3, "lr": 1, "betas": [0, 0.5]},
+                                   "boundary": {"strategy": "policy", "window": 8.0, "gamma": 1}})
+    cfg = load_config(p, ["logging.wandb_name=7", "eval.every=2e2", "eval.heldout=null"], world_size=1)
+    assert cfg.train.max_steps == 1000 and type(cfg.train.max_steps) is int
+    assert cfg.eval.every == 200 and type(cfg.eval.every) is int
+    assert cfg.boundary.options["window"] == 8 and type(cfg.boundary.options["window"]) is int
+    assert cfg.train.lr == 1.0 and cfg.train.betas == (0.0, 0.5) and cfg.boundary.options["gamma"] == 1.0
+    assert cfg.logging.wandb_name == "7" and cfg.eval.heldout is None
+
+
+def test_warmup_not_below_max_steps_is_a_warning(capsys):
+    from megatok.config import warnings_for
+    from megatok.sizing import dry_run
+
+    tiny = ROOT / "configs/tiny.json"
+    assert warnings_for(load_config(tiny, world_size=2)) == []
+    (line,) = warnings_for(load_config(tiny, ["train.max_steps=30"], world_size=2))
+    assert line.startswith("train.warmup_steps=30 is not below train.max_steps=30")
+    assert dry_run(str(tiny), ["train.max_steps=5"], world=2) == 0
+    assert "warning: train.warmup_steps=30 is not below train.max_steps=5" in capsys.readouterr().err
+
+
 def test_batch_mismatch(tmp_path):
     p = write(tmp_path, "c.json", {"train": {"micro_batch_size": 4, "grad_accum": 2, "global_batch_size": 12}})
     msg = error_of(p, world_size=2)
@@ -122,6 +156,9 @@ def test_mixture_weights_are_checked(tmp_path):
     msg = error_of(write(tmp_path, "text.json", {"data": {"val_shards": {"data/web": "half"}}}))
     assert "data.val_shards" in msg and "'data/web'" in msg
     assert "at least one source" in error_of(write(tmp_path, "empty.json", {"data": {"shards": {}}}))
+    for empty in ([], ""):
+        msg = error_of(write(tmp_path, "none.json", {"data": {"val_shards": empty}}))
+        assert "data.val_shards: names no shards" in msg, msg
 
 
 def test_launcher_names_the_mixture_source_short_of_shards(tmp_path, shards):
@@ -133,6 +170,15 @@ def test_launcher_names_the_mixture_source_short_of_shards(tmp_path, shards):
     lines = [ln for ln in r.stderr.splitlines() if "[WARNING]" not in ln and ln.strip()]
     assert r.returncode == 2 and len(lines) == 1, r.stderr
     assert f"data.shards source {shards}: 4 shards for 6 readers" in lines[0]
+
+
+def test_mixture_sources_may_not_share_shards(shards):
+    from megatok.data.stream import DataError, resolve_sources
+
+    for other in (f"{shards}/", f"{shards}/./", f"{shards}/train-{{00001..00002}}.tar"):
+        with pytest.raises(DataError, match=f"mixture sources '{shards}' and '{other}' both hold "):
+            resolve_sources({str(shards): 1, other: 2})
+    assert len(resolve_sources({str(shards): 1})[0]) == 1
 
 
 def test_baseline_needs_two_sequences_per_micro_batch(tmp_path):
@@ -151,6 +197,10 @@ def test_launcher_fails_before_any_process_group(tmp_path):
     assert len(lines) == 1 and "train.max_stepss" in lines[0], r.stderr
     assert "Traceback" not in r.stderr and "process group" not in r.stdout + r.stderr
     assert time.time() - t < 60  # MASTER_PORT=1 would have failed or hung an init
+    # every rank finds the mistake; only each machine's first says it (not 8 identical lines per node)
+    r = subprocess.run([sys.executable, str(ROOT / "launch/pretrain.py"), "--config", str(p)], capture_output=True,
+                       text=True, env={**env, "RANK": "1", "LOCAL_RANK": "1"}, timeout=120)
+    assert r.returncode == 2 and not [ln for ln in r.stderr.splitlines() if "[WARNING]" not in ln and ln.strip()]
 
 
 def test_readme_configuration_reference_is_current():
