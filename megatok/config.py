@@ -17,9 +17,9 @@ import difflib
 import json
 import math
 import os
-from pathlib import Path
 import types
 import typing
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
