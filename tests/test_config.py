@@ -172,15 +172,6 @@ def test_launcher_names_the_mixture_source_short_of_shards(tmp_path, shards):
     assert f"data.shards source {shards}: 4 shards for 6 readers" in lines[0]
 
 
-def test_mixture_sources_may_not_share_shards(shards):
-    from megatok.data.stream import DataError, resolve_sources
-
-    for other in (f"{shards}/", f"{shards}/./", f"{shards}/train-{{00001..00002}}.tar"):
-        with pytest.raises(DataError, match=f"mixture sources '{shards}' and '{other}' both hold "):
-            resolve_sources({str(shards): 1, other: 2})
-    assert len(resolve_sources({str(shards): 1})[0]) == 1
-
-
 def test_baseline_needs_two_sequences_per_micro_batch(tmp_path):
     msg = error_of(write(tmp_path, "c.json", {"train": {"micro_batch_size": 1}}), world_size=1)
     assert "batch_baseline" in msg and "micro_batch_size" in msg

@@ -49,14 +49,7 @@ def resolve_sources(spec: str | list[str] | dict[str, float], split: str = "trai
                     ) -> tuple[list[list[str]], list[float] | None]:
     """(shard URLs per source, weights): one source and no weights unless spec is a {spec: weight} mixture."""
     if isinstance(spec, dict):
-        sources, owner = [resolve_shards(s, split) for s in spec], {}
-        for source, urls in zip(spec, sources):
-            for url in urls:
-                key = os.path.normpath(url) if ":" not in url.split("/")[0] else url
-                if owner.setdefault(key, source) != source:
-                    raise DataError(f"mixture sources {owner[key]!r} and {source!r} both hold {url}: a shard may "
-                                    f"belong to one source only (to read one more often, raise its weight)")
-        return sources, [float(w) for w in spec.values()]
+        return [resolve_shards(s, split) for s in spec], [float(w) for w in spec.values()]
     return [resolve_shards(spec, split)], None
 
 
