@@ -30,7 +30,8 @@ from megatok.model import build_model
 from megatok.stats import ratios
 from megatok.train import checkpoint, dist, faults
 from megatok.train.dist import sum_over_ranks
-from megatok.train.position import StreamPosition, all_cursors, by_source, data_digest, data_position, layout
+from megatok.train.position import (StreamPosition, all_cursors, by_source, data_digest, data_matches, data_position,
+                                    layout, layout_matches)
 from megatok.train.validation import validate, validation_batches
 
 LOSS_TERMS = ("loss", "lm_loss", "policy_loss", "rate_loss")
@@ -219,9 +220,9 @@ def train(cfg: Config, *, resume: str = "auto") -> dict:
         raise checkpoint.CheckpointError(choice[1])
     tag = choice[0]
     meta = checkpoint.read_meta(run_dir, tag) if tag else None
-    same_layout = meta is None or meta["layout"] == layout(cfg, world)
+    same_layout = meta is None or layout_matches(meta["layout"], cfg, world)
     digest = data_digest(cfg)
-    if meta is not None and same_layout and meta.get("data_digest", digest) != digest and rank == 0:
+    if meta is not None and same_layout and not data_matches(meta, cfg) and rank == 0:
         print(f"megatok: warning: {tag} was trained on other shards or another tokenizer than data.shards / "
               f"model.tokenizer now give (shard list, sizes or encoding changed): the data position is resumed "
               f"as recorded, so documents may be repeated or skipped", flush=True)
@@ -258,7 +259,7 @@ def train(cfg: Config, *, resume: str = "auto") -> dict:
     # other shards (whose indices the cursors do not describe), regenerate the recorded number of batches.
     # Another layout on the same data shares out what the old readers had not read of the current epoch.
     # Rank 0 decides where the stream starts, for all ranks.
-    same_data = meta is not None and meta.get("data_digest", digest) == digest
+    same_data = meta is not None and data_matches(meta, cfg)
     stream_start = [None]
     if rank == 0:
         old_cursors = all_cursors(run_dir, meta, len(sources)) if not same_layout and same_data else {}

@@ -17,13 +17,35 @@ def by_source(cfg: Config, values: list, key: str) -> dict:
     return {key: dict(zip(cfg.data.shards, values))} if isinstance(cfg.data.shards, dict) else {}
 
 
-def data_digest(cfg: Config) -> str:
+def source_key(spec: str) -> str:
+    """A shard or source as the stream reads it: a local path by its real path (``data/shards``,
+    ``./data/shards/`` and its absolute path are one source), a URL as written."""
+    return os.path.realpath(spec) if ":" not in spec.split("/")[0] else spec
+
+
+def data_digest(cfg: Config, spelled: bool = False) -> str:
     """What the stream reads: the training shards (URL, and size where it is a local file) and the
-    encoding. A resume that reads other data cannot continue the same position."""
-    shards = [[u, os.path.getsize(u) if os.path.isfile(u) else None]
+    encoding. A resume that reads other data cannot continue the same position. Local shards count
+    by their real paths; ``spelled``: as the config spells them (what checkpoints before that recorded)."""
+    shards = [[u if spelled else source_key(u), os.path.getsize(u) if os.path.isfile(u) else None]
               for urls in resolve_sources(cfg.data.shards, "train")[0] for u in urls]
     text = json.dumps([shards, cfg.model.kind, cfg.model.tokenizer if cfg.model.kind == "bpe" else None])
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def data_matches(meta: dict, cfg: Config) -> bool:
+    """Whether the checkpoint was trained on the data the config now reads (a checkpoint without a digest,
+    from before digests, is taken to be)."""
+    return meta.get("data_digest") in (None, data_digest(cfg), data_digest(cfg, spelled=True))
+
+
+def _canonical(lay: dict) -> dict:
+    return {**lay, "mixture": [[source_key(k), w] for k, w in lay["mixture"]]} if "mixture" in lay else lay
+
+
+def layout_matches(old: dict, cfg: Config, world: int) -> bool:
+    """Whether a checkpoint's layout is this run's, a mixture's sources compared as :func:`source_key`s."""
+    return _canonical(old) == _canonical(layout(cfg, world))
 
 
 def layout(cfg: Config, world: int) -> dict:
@@ -88,14 +110,15 @@ def data_position(meta: dict | None, cfg: Config, world: int, old_cursors: dict[
     n = len(names) if names else 1
     if meta is None:
         origin = {"step": 0, "epochs": [0] * n}
-    elif meta["layout"] == layout(cfg, world):
+    elif layout_matches(meta["layout"], cfg, world):
         origin = meta.get("stream_origin", {"step": 0, "epochs": [0] * n})
         if not same_data:
             origin = {k: v for k, v in origin.items() if k != "unread"}
     else:
         old = meta["layout"]
         old_names = [k for k, _ in old["mixture"]] if "mixture" in old else None
-        if old_cursors and shard_counts and old_names == names:
+        if old_cursors and shard_counts and (old_names is None) == (names is None) and (
+                names is None or list(map(source_key, old_names)) == list(map(source_key, names))):
             epochs, unread = unread_pieces(shard_counts, old_cursors, old["world_size"] * old.get("num_workers", 1),
                                            old["seed"], meta.get("stream_origin"))
             origin = {"step": meta["step"], "epochs": epochs, "unread": unread}
@@ -104,7 +127,8 @@ def data_position(meta: dict | None, cfg: Config, world: int, old_cursors: dict[
         else:
             epochs = meta.get("epochs", meta["epoch"])  # {source: epoch} for a mixture, else one epoch
             if names and isinstance(epochs, dict):
-                start = [epochs[name] + 1 if name in epochs else 0 for name in names]
+                epochs = {source_key(k): v for k, v in epochs.items()}
+                start = [epochs[source_key(name)] + 1 if source_key(name) in epochs else 0 for name in names]
             else:
                 start = [(max(epochs.values()) if isinstance(epochs, dict) else epochs) + 1] * n
             origin = {"step": meta["step"], "epochs": start}

@@ -4,6 +4,7 @@ layout change that starts each source's next epoch, and a resume after that cont
 mixed stream bit for bit."""
 
 import json
+import os
 import shutil
 
 import pytest
@@ -14,7 +15,7 @@ from megatok.data.shards import build_shards
 from megatok.metrics import read_metrics
 from megatok.train import checkpoint
 from megatok.train.validation import validation_batches
-from tests.conftest import PARALLEL, TINY, pretrain
+from tests.conftest import PARALLEL, ROOT, TINY, pretrain
 
 pytestmark = pytest.mark.dist
 
@@ -90,6 +91,16 @@ def test_mixture_trains_resumes_exactly_and_reweights(shards, second_source, tmp
     assert list(parts) == [str(shards), str(second_source)]
     assert sum(p["val_bytes"] for p in parts.values()) == val["val_bytes"]
     assert min(p["val_bpb"] for p in parts.values()) < val["val_bpb"] < max(p["val_bpb"] for p in parts.values())
+
+    # The sources spelled another way (a trailing slash, a relative path) are the same sources: the
+    # resume continues at the readers' cursors, exactly.
+    respelled = tmp_path / "respelled"
+    shutil.copytree(run, respelled)
+    r = pretrain(common + [mixture(f"{shards}/", os.path.relpath(second_source, ROOT), 3, 1),
+                           f"train.run_dir={respelled}", "--resume", "step00000002"])
+    assert "data stream resumed at its readers' cursors" in r.stdout and "warning" not in r.stdout, r.stdout
+    again = {r["step"]: r["loss"] for r in read_metrics(respelled) if r.get("split") == "train"}
+    assert (again[3], again[4]) == (rows[3]["loss"], rows[4]["loss"])
 
     resumed = tmp_path / "resumed"
     shutil.copytree(run, resumed)
