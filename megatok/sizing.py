@@ -265,7 +265,8 @@ def format_report(r: dict[str, Any]) -> str:
     lines = [f"parameters (instantiated on the meta device: {r['params_instantiated']:,})",
              "| component | params | share |", "|---|---:|---:|"]
     for k, v in p.items():
-        lines.append(f"| {k} | {v:,} | {100 * v / p['total']:.1f}% |")
+        share = 100 * v / p["total"]
+        lines.append(f"| {k} | {v:,} | {'<0.1' if 0 < share < 0.05 else f'{share:.1f}'}% |")
     at = (f"{r['rate']:g} tokens per byte ({1 / r['rate']:.3g} bytes/token)" if bpe else f"rate {r['rate']:g}")
     lines += ["", f"FLOPs per byte at {at} (seq_len {r['seq_len']} {unit}; forward terms, training = 3 x forward)",
               "| term | FLOPs/byte |", "|---|---:|"]

@@ -16,6 +16,7 @@ own sample. Method: megatok/generate.py.
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import os
 import sys
@@ -82,9 +83,11 @@ def main(argv=None) -> int:
                          temperature=args.temperature, top_k=args.top_k, seed=args.seed + i,
                          boundary_mode=args.boundary, encoding=encoding, progress=bar, cache=args.cache)
         if args.json:
+            # text and prompt as UTF-8 (an invalid byte shows as U+FFFD), and exactly, in base64
             row = {"sample": i, "seed": args.seed + i, "prompt": data.decode("utf-8", "replace"),
                    "text": g.text.decode("utf-8", "replace"), "bytes": len(g.text), "stopped": g.stopped,
-                   "bits_per_byte": round(g.bits_per_byte, 4)}
+                   "bits_per_byte": round(g.bits_per_byte, 4), "prompt_base64": base64.b64encode(data).decode(),
+                   "text_base64": base64.b64encode(g.text).decode()}
             if byte_model:
                 row["chunk_starts"] = [j for j, start in enumerate(g.starts) if start]
             print(json.dumps(row, ensure_ascii=False))

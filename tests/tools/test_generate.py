@@ -1,6 +1,7 @@
 """tools/generate.py on a trained checkpoint: seeded samples repeat, chunks are marked, bad input is
 one line."""
 
+import base64
 import json
 
 import pytest
@@ -47,6 +48,10 @@ def test_a_prompt_that_is_not_utf8_is_used_byte_for_byte(tiny_run, tmp_path):
     common = ["--run", tiny_run, "--max-bytes", "20", "--json", "--temperature", "0"]
     given = samples(*common, "--prompt", raw.decode("utf-8", "surrogateescape")).stdout
     assert given == samples(*common, "--prompt-file", tmp_path / "prompt").stdout
+    (row,) = map(json.loads, given.splitlines())
+    assert base64.b64decode(row["prompt_base64"]) == raw and row["prompt"] == raw.decode("utf-8", "replace")
+    text = base64.b64decode(row["text_base64"])  # exactly the sampled bytes, which chunk_starts index
+    assert len(text) == row["bytes"] and text.decode("utf-8", "replace") == row["text"]
 
 
 def test_export_replaces_only_an_earlier_export(tiny_run, tmp_path):
