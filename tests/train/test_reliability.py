@@ -37,11 +37,14 @@ def train_rows(run):
     return {r["step"]: r for r in read_metrics(run) if r.get("split") == "train"}
 
 
-def wait_for(predicate, timeout=120):
+def wait_for(predicate, timeout=120, proc=None):
+    """Until ``predicate()``; fails at once if ``proc`` (a background_run) has ended."""
     t = time.time()
     while time.time() - t < timeout:
         if predicate():
             return
+        if proc is not None and proc.poll() is not None:
+            raise TimeoutError(f"the run ended (exit {proc.returncode}) before the condition was reached")
         time.sleep(0.2)
     raise TimeoutError("condition not reached")
 
@@ -59,6 +62,11 @@ def background_run(argv, nproc, env):
                             text=True, start_new_session=True)
     try:
         yield proc
+    except TimeoutError as e:  # say what the run printed
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        output = proc.communicate()[0]
+        raise AssertionError(f"{e}; the run printed:\n{output[-5000:]}") from None
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -99,8 +107,8 @@ def test_sigkill_mid_run_then_resume_is_bit_exact(shards, reference, tmp_path):
     run = tmp_path / "run"
     argv = args(shards, run, "train.max_steps=8", "train.save_every=2", "train.global_batch_size=8")
     # rank 0 stops responding at step 6: by then step 5 is logged and step 4 is checkpointed
-    with background_run(argv, 2, {"MEGATOK_FAULT_HANG": "0:6"}):
-        wait_for(lambda: (run / "metrics.jsonl").is_file() and 5 in train_rows(run))
+    with background_run(argv, 2, {"MEGATOK_FAULT_HANG": "0:6"}) as proc:
+        wait_for(lambda: (run / "metrics.jsonl").is_file() and 5 in train_rows(run), proc=proc)
     # leaving the block SIGKILLs the launcher and both ranks: no chance to clean up
     assert checkpoint.latest_tag(run) == "step00000004"
     pretrain(argv, nproc=2)
@@ -374,7 +382,7 @@ def test_sigterm_checkpoints_and_exits_cleanly(shards, tmp_path):
     run = tmp_path / "run"
     argv = args(shards, run, "train.max_steps=100000", "train.global_batch_size=8", "train.save_every=100000")
     with background_run(argv, 2, {}) as proc:
-        wait_for(lambda: (run / "metrics.jsonl").is_file() and len(train_rows(run)) >= 3)
+        wait_for(lambda: (run / "metrics.jsonl").is_file() and len(train_rows(run)) >= 3, proc=proc)
         # As Slurm or Kubernetes do: every process of the job gets SIGTERM (the single-node deepspeed
         # runner does not forward signals itself)
         os.killpg(proc.pid, signal.SIGTERM)
@@ -392,7 +400,7 @@ def test_a_stop_file_checkpoints_and_exits_cleanly(shards, tmp_path):
     run = tmp_path / "run"
     argv = args(shards, run, "train.max_steps=100000", "train.global_batch_size=8", "train.save_every=100000")
     with background_run(argv, 2, {}) as proc:
-        wait_for(lambda: (run / "metrics.jsonl").is_file() and len(train_rows(run)) >= 2)
+        wait_for(lambda: (run / "metrics.jsonl").is_file() and len(train_rows(run)) >= 2, proc=proc)
         (run / "STOP").touch()
         out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 0, out[-3000:]
@@ -454,7 +462,7 @@ def test_a_killed_rank_ends_the_job_within_the_timeout(shards, tmp_path):
     run = tmp_path / "run"
     argv = args(shards, run, "train.max_steps=100000", "train.global_batch_size=8", "train.dist_timeout_s=20")
     with background_run(argv, 2, {}) as proc:
-        wait_for(lambda: (run / "metrics.jsonl").is_file() and len(train_rows(run)) >= 2)
+        wait_for(lambda: (run / "metrics.jsonl").is_file() and len(train_rows(run)) >= 2, proc=proc)
         ranks = [p for p in psutil.Process(proc.pid).children(recursive=True)
                  if "--local_rank=1" in " ".join(p.cmdline()) and "pretrain.py" in " ".join(p.cmdline())]
         victim = min(ranks, key=lambda p: p.create_time())  # the rank, not its dataloader worker
