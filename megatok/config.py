@@ -182,6 +182,8 @@ class TrainConfig(_Section):
     peak_tflops: float | None = Field(None, gt=0, description="dense TFLOP/s of one device for the mfu column (default: the GPU's bf16 peak by name, megatok.flops.PEAK_BF16_TFLOPS; no mfu on a CPU)")
     zero_init: bool = Field(True, description="ZeRO-3: build the model already partitioned over the ranks "
                                               "(deepspeed.zero.Init), so no rank holds it whole")
+    compile: bool = Field(False, description="torch.compile every transformer block (dynamic shapes: the number "
+                                             "of chunks changes from batch to batch); the first steps compile")
 
     @field_validator("betas", mode="before")
     @classmethod

@@ -17,7 +17,9 @@ It prints:
    estimate for one rank. The engine is DeepSpeed (the config's ZeRO stage and bf16, as the trainer
    runs it) when importable, else a plain torch loop (autocast bf16, fp32 weights, fused AdamW);
    --engine picks one. Then the first config once more with model.document_mask (attention with an
-   explicit per-document mask, which rules out SDPA's flash backend): its cost in bytes/s and memory.
+   explicit per-document mask, which rules out SDPA's flash backend): its cost in bytes/s and memory;
+   and once more with train.compile (every transformer block through torch.compile; the untimed
+   warm-up steps compile): its gain in bytes/s (not in --cpu-smoke unless --compile is given).
 3. The trainer as users start it (with DeepSpeed): launch/pretrain.py on --trainer-config (default
    100m) for --trainer-steps steps under ZeRO-3 (the model built partitioned), on shards built from
    the standard library's sources; a new process resumed from the halfway checkpoint, whose losses
@@ -133,11 +135,15 @@ def attention_check(device: torch.device, shapes: list[tuple[int, int, int, int]
 # ----------------------------------------------------------------------------- 2. training
 
 def build(cfg, device: torch.device):
+    from megatok.model.blocks import compile_blocks
     from megatok.model.unet import ByteUNet
 
     torch.manual_seed(cfg.train.seed)
     with torch.device(device):
-        return ByteUNet(cfg.model, cfg.boundary)
+        model = ByteUNet(cfg.model, cfg.boundary)
+    if cfg.train.compile:
+        compile_blocks(model)
+    return model
 
 
 def train_check(config: str, overrides: list[str], *, device: torch.device, engine: str, steps: int, warmup: int,
@@ -210,7 +216,7 @@ def train_check(config: str, overrides: list[str], *, device: torch.device, engi
     achieved = fpb * bytes_per_s
     row = {"config": config, "engine": engine, "params": n_params, "micro_batch": mb, "seq_len": T,
            "precision": "bf16" if bf16 else "fp32", "zero_stage": zero_stage(cfg) if engine == "deepspeed" else None,
-           "activation_checkpointing": cfg.model.activation_checkpointing,
+           "activation_checkpointing": cfg.model.activation_checkpointing, "compile": cfg.train.compile,
            "steps_timed": steps, "step_s_median": round(step_s, 4), "bytes_per_s": round(bytes_per_s),
            "realised_rate": round(rate, 4), "train_flops_per_byte": fpb, "achieved_tflops": round(achieved / 1e12, 2),
            "mfu": round(achieved / (peak * 1e12), 4) if peak else None, "peak_tflops": peak,
@@ -386,6 +392,8 @@ def main(argv=None) -> int:
     ap.add_argument("--trainer-steps", type=int, default=6, help="steps of the trainer check (even)")
     ap.add_argument("--no-document-mask", dest="document_mask", action="store_false",
                     help="skip the first config's second run with model.document_mask")
+    ap.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
+                    help="the first config once more with train.compile (default: on a GPU, not in --cpu-smoke)")
     ap.add_argument("--cpu-smoke", action="store_true", help="tiny config on the CPU, 2 steps: tests the code paths")
     args = ap.parse_args(argv)
 
@@ -419,6 +427,8 @@ def main(argv=None) -> int:
     runs = [(config, overrides, config) for config in configs]
     if args.document_mask and configs:
         runs.append((configs[0], overrides + ["model.document_mask=true"], f"{configs[0]} + document_mask"))
+    if (args.compile if args.compile is not None else not args.cpu_smoke) and configs:
+        runs.append((configs[0], overrides + ["train.compile=true"], f"{configs[0]} + compile"))
     for config, sets, label in runs:
         try:
             report["training"].append(train_check(str(ROOT / config) if not Path(config).is_absolute() else config,

@@ -115,6 +115,16 @@ class Block(nn.Module):
         return x + self.mlp(self.mlp_norm(x))
 
 
+def compile_blocks(model: nn.Module) -> int:
+    """torch.compile every Block of ``model`` in place (its parameters and state-dict keys unchanged),
+    with dynamic shapes: the main network's length is the number of chunks, which changes from batch to
+    batch. Returns how many blocks."""
+    blocks = [m for m in model.modules() if isinstance(m, Block)]
+    for block in blocks:
+        block.compile(dynamic=True)
+    return len(blocks)
+
+
 def init_matrices(model: nn.Module, std: float, n_layers: int, skip: str | None = None) -> None:
     """GPT-2 initialisation: N(0, std) on every matrix, N(0, std / sqrt(2 n_layers)) on the
     projections that write into the residual stream (attn.out, mlp.down); vectors keep their

@@ -27,6 +27,7 @@ from megatok.eval.head_to_head import HeadToHead
 from megatok.flops import device_peak_tflops, flops_per_byte
 from megatok.metrics import MetricsLogger
 from megatok.model import build_model
+from megatok.model.blocks import compile_blocks
 from megatok.stats import ratios
 from megatok.train import checkpoint, dist, faults
 from megatok.train.dist import sum_over_ranks
@@ -53,11 +54,15 @@ def build(cfg: Config, ds_config: dict, device: torch.device | None = None) -> t
 
     if builds_partitioned(cfg):
         with deepspeed.zero.Init(config_dict_or_path=ds_config):
-            return build_model(cfg)
-    if device is not None and device.type != "cpu":
+            model = build_model(cfg)
+    elif device is not None and device.type != "cpu":
         with torch.device(device):
-            return build_model(cfg)
-    return build_model(cfg)
+            model = build_model(cfg)
+    else:
+        model = build_model(cfg)
+    if cfg.train.compile:
+        compile_blocks(model)
+    return model
 
 
 def full_shape(p: torch.nn.Parameter) -> torch.Size:
@@ -295,7 +300,8 @@ def train(cfg: Config, *, resume: str = "auto") -> dict:
         built = " (built partitioned)" if builds_partitioned(cfg) else ""
         precision = "bf16" if engine.bfloat16_enabled() else "fp32"
         print(f"megatok: {n_params:,} parameters, {world} rank(s), device {device.type}, "
-              f"ZeRO stage {engine.zero_optimization_stage()}{built}, {precision}, "
+              f"ZeRO stage {engine.zero_optimization_stage()}{built}, {precision}"
+              f"{', torch.compile (the first steps compile)' if cfg.train.compile else ''}, "
               f"start step {step}{f' from {tag}' if tag else ''}, run dir {run_dir}", flush=True)
         if step >= cfg.train.max_steps:
             print(f"megatok: {tag} is at step {step} and train.max_steps is {cfg.train.max_steps}: nothing to "
