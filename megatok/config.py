@@ -141,8 +141,13 @@ class DataConfig(_Section):
     @field_validator("shards", "val_shards", mode="before")
     @classmethod
     def _mixture(cls, v):
-        if isinstance(v, (list, str)) and not v:
-            raise ValueError("names no shards")
+        if v is None:
+            return v
+        if not (isinstance(v, (str, dict)) or isinstance(v, list) and all(isinstance(u, str) for u in v)):
+            raise ValueError("expected a shard directory or URL pattern, a list of them, or a {source: weight} "
+                             "mixture")
+        if isinstance(v, (list, str)) and (not v or not all(u.strip() for u in ([v] if isinstance(v, str) else v))):
+            raise ValueError("names no shards" if not v or isinstance(v, str) else "an empty shard name")
         if isinstance(v, dict):
             if not v:
                 raise ValueError("a mixture needs at least one source")
@@ -422,9 +427,13 @@ def _parse_override(item: str) -> tuple[list[str], Any]:
         value = json.loads(text)
     except json.JSONDecodeError:
         return keys, text  # a plain string; the schema decides whether that is allowed
-    if isinstance(value, (bool, int, float)) and _allows(ann, str) and not _allows(ann, type(value)):
-        return keys, text  # logging.wandb_name=1 names the run "1"
-    return keys, value
+    return keys, text if _number_for_text(ann, value) else value
+
+
+def _number_for_text(annotation, value) -> bool:
+    """A --set number or boolean for a key that takes text and not that (logging.wandb_name=1 names the
+    run "1")."""
+    return isinstance(value, (bool, int, float)) and _allows(annotation, str) and not _allows(annotation, type(value))
 
 
 def _apply_override(raw: dict, keys: list[str], value: Any) -> None:
@@ -480,8 +489,17 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] = ()
         opt_model = strategy_options(cfg.boundary.strategy)
     except KeyError as e:
         raise ConfigError(f"{where}: boundary.strategy: {e.args[0]}") from None
+    options = dict(cfg.boundary.options)
+    for item in overrides:  # the strategy's text options take --set numbers as text, as the sections do
+        keys, value = _parse_override(item)
+        if len(keys) == 2 and keys[0] == "boundary" and keys[1] in opt_model.model_fields and _number_for_text(
+                opt_model.model_fields[keys[1]].annotation, value):
+            options[keys[1]] = item.split("=", 1)[1]
+    # strict like the sections (a field's own strict=False, e.g. for a tuple read from a JSON list, wins)
+    strict_model = type(opt_model.__name__, (opt_model,), {"__module__": opt_model.__module__,
+                                                           "model_config": {**opt_model.model_config, "strict": True}})
     try:
-        opts = opt_model.model_validate(whole_floats_as_ints(opt_model, cfg.boundary.options), strict=True)
+        opts = strict_model.model_validate(whole_floats_as_ints(opt_model, options))
     except ValidationError as e:
         err = e.errors()[0]
         if err["type"] == "extra_forbidden":
@@ -501,8 +519,8 @@ def warnings_for(cfg: Config) -> list[str]:
     """Settings that are valid but probably not meant (a smoke test may mean them): one line each."""
     t, out = cfg.train, []
     if t.warmup_steps >= t.max_steps:
-        out.append(f"train.warmup_steps={t.warmup_steps} is not below train.max_steps={t.max_steps}: the learning "
-                   f"rate never reaches train.lr and never decays")
+        out.append(f"train.warmup_steps={t.warmup_steps} is not below train.max_steps={t.max_steps}: the run ends "
+                   f"before its warmup does (or as it does), so train.lr_schedule never takes over")
     return out
 
 

@@ -89,7 +89,7 @@ def test_warmup_not_below_max_steps_is_a_warning(capsys):
     tiny = ROOT / "configs/tiny.json"
     assert warnings_for(load_config(tiny, world_size=2)) == []
     (line,) = warnings_for(load_config(tiny, ["train.max_steps=30"], world_size=2))
-    assert line.startswith("train.warmup_steps=30 is not below train.max_steps=30")
+    assert line.startswith("train.warmup_steps=30 is not below train.max_steps=30: the run ends before its warmup")
     assert dry_run(str(tiny), ["train.max_steps=5"], world=2) == 0
     assert "warning: train.warmup_steps=30 is not below train.max_steps=5" in capsys.readouterr().err
 
@@ -156,9 +156,12 @@ def test_mixture_weights_are_checked(tmp_path):
     msg = error_of(write(tmp_path, "text.json", {"data": {"val_shards": {"data/web": "half"}}}))
     assert "data.val_shards" in msg and "'data/web'" in msg
     assert "at least one source" in error_of(write(tmp_path, "empty.json", {"data": {"shards": {}}}))
-    for empty in ([], ""):
+    for empty in ([], "", " "):
         msg = error_of(write(tmp_path, "none.json", {"data": {"val_shards": empty}}))
         assert "data.val_shards: names no shards" in msg, msg
+    assert "data.shards: an empty shard name" in error_of(write(tmp_path, "blank.json", {"data": {"shards": ["a", ""]}}))
+    msg = error_of(write(tmp_path, "ints.json", {"data": {"shards": [1, 2]}}))
+    assert "data.shards: expected a shard directory or URL pattern, a list of them, or a {source: weight} mixture" in msg
 
 
 def test_launcher_names_the_mixture_source_short_of_shards(tmp_path, shards):

@@ -31,7 +31,7 @@ from megatok.model.blocks import compile_blocks
 from megatok.stats import ratios
 from megatok.train import checkpoint, dist, faults
 from megatok.train.dist import sum_over_ranks
-from megatok.train.position import (StreamPosition, all_cursors, by_source, data_digest, data_matches, data_position,
+from megatok.train.position import (StreamPosition, all_cursors, by_source, data_digests, data_matches, data_position,
                                     layout, layout_matches)
 from megatok.train.validation import validate, validation_batches
 
@@ -226,8 +226,9 @@ def train(cfg: Config, *, resume: str = "auto") -> dict:
     tag = choice[0]
     meta = checkpoint.read_meta(run_dir, tag) if tag else None
     same_layout = meta is None or layout_matches(meta["layout"], cfg, world)
-    digest = data_digest(cfg)
-    if meta is not None and same_layout and not data_matches(meta, cfg) and rank == 0:
+    digests = data_digests(cfg)
+    same_data = meta is not None and data_matches(meta, digests)
+    if meta is not None and same_layout and not same_data and rank == 0:
         print(f"megatok: warning: {tag} was trained on other shards or another tokenizer than data.shards / "
               f"model.tokenizer now give (shard list, sizes or encoding changed): the data position is resumed "
               f"as recorded, so documents may be repeated or skipped", flush=True)
@@ -264,7 +265,6 @@ def train(cfg: Config, *, resume: str = "auto") -> dict:
     # other shards (whose indices the cursors do not describe), regenerate the recorded number of batches.
     # Another layout on the same data shares out what the old readers had not read of the current epoch.
     # Rank 0 decides where the stream starts, for all ranks.
-    same_data = meta is not None and data_matches(meta, cfg)
     stream_start = [None]
     if rank == 0:
         old_cursors = all_cursors(run_dir, meta, len(sources)) if not same_layout and same_data else {}
@@ -406,7 +406,7 @@ def train(cfg: Config, *, resume: str = "auto") -> dict:
                                                    **by_source(cfg, top_epochs, "epochs"),
                                                    "stream_origin": stream_origin,
                                                    "eval_pending": eval_due and bool(stopping),
-                                                   "data_digest": digest,
+                                                   **digests,
                                                    "layout": layout(cfg, world), "bytes_seen": bytes_seen,
                                                    "param_shapes": shapes,
                                                    "flops": flops_seen}, keep=cfg.train.keep_checkpoints,

@@ -23,20 +23,30 @@ def source_key(spec: str) -> str:
     return os.path.realpath(spec) if ":" not in spec.split("/")[0] else spec
 
 
-def data_digest(cfg: Config, spelled: bool = False) -> str:
+def data_digests(cfg: Config) -> dict[str, str]:
     """What the stream reads: the training shards (URL, and size where it is a local file) and the
-    encoding. A resume that reads other data cannot continue the same position. Local shards count
-    by their real paths; ``spelled``: as the config spells them (what checkpoints before that recorded)."""
-    shards = [[u if spelled else source_key(u), os.path.getsize(u) if os.path.isfile(u) else None]
+    encoding. A resume that reads other data cannot continue the same position. Two digests, both
+    recorded in every checkpoint: ``data_digest`` counts local files by their real paths (``data/shards``,
+    ``./data/shards/`` and the absolute path are the same data), ``data_digest_spelled`` as the config
+    spells them (the same data when a project moves with its relative paths; what checkpoints before the
+    real-path digest recorded as ``data_digest``)."""
+    shards = [[u, os.path.getsize(u) if os.path.isfile(u) else None]
               for urls in resolve_sources(cfg.data.shards, "train")[0] for u in urls]
-    text = json.dumps([shards, cfg.model.kind, cfg.model.tokenizer if cfg.model.kind == "bpe" else None])
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+    tokenizer = cfg.model.tokenizer if cfg.model.kind == "bpe" else None
+
+    def digest(key) -> str:
+        text = json.dumps([[[key(u), size] for u, size in shards], cfg.model.kind,
+                           key(tokenizer) if tokenizer else None])
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    return {"data_digest": digest(source_key), "data_digest_spelled": digest(lambda u: u)}
 
 
-def data_matches(meta: dict, cfg: Config) -> bool:
-    """Whether the checkpoint was trained on the data the config now reads (a checkpoint without a digest,
-    from before digests, is taken to be)."""
-    return meta.get("data_digest") in (None, data_digest(cfg), data_digest(cfg, spelled=True))
+def data_matches(meta: dict, digests: dict[str, str]) -> bool:
+    """Whether the checkpoint was trained on the data of ``digests`` (:func:`data_digests`) by either
+    digest; a checkpoint without one (from before digests) is taken to be."""
+    recorded = {meta[k] for k in ("data_digest", "data_digest_spelled") if meta.get(k)}
+    return not recorded or bool(recorded & set(digests.values()))
 
 
 def _canonical(lay: dict) -> dict:

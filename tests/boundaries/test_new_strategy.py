@@ -18,6 +18,8 @@ from megatok.boundaries.base import Boundaries, BoundaryStrategy, finalize_start
 class Options(BaseModel):
     model_config = ConfigDict(extra="forbid")
     stride: int = Field(3, gt=0, description="a chunk starts every stride bytes")
+    label: str = Field("n", description="text (a --set number stays text)")
+    pair: tuple[float, float] = Field((0.1, 0.2), strict=False, description="a tuple, read from a JSON list")
 
 
 class Strategy(BoundaryStrategy):
@@ -34,11 +36,19 @@ def every_nth(tmp_path, monkeypatch):
     yield "every_nth"
 
 
-def test_a_new_file_is_a_new_strategy(every_nth):
+def test_a_new_file_is_a_new_strategy(every_nth, tmp_path):
     assert every_nth in megatok.boundaries.available()
     sets = ["model.d_model=32", "model.n_heads=2", "model.n_main_layers=1", f"boundary.strategy={every_nth}"]
     cfg = load_config(None, sets + ["boundary.stride=4"], world_size=1)
-    assert cfg.boundary.options == {"stride": 4}
+    assert cfg.boundary.options == {"stride": 4, "label": "n", "pair": (0.1, 0.2)}
+    # read strictly like the shipped options, a tuple from a JSON list, a --set number for a text option as text
+    given = load_config(None, sets + ["boundary.stride=4e0", "boundary.pair=[0.3,0.4]", "boundary.label=123"],
+                        world_size=1)
+    assert given.boundary.options == {"stride": 4, "label": "123", "pair": (0.3, 0.4)}
+    with pytest.raises(ConfigError, match='boundary.stride: Input should be a valid integer \\(got "4"\\)'):
+        load_config(None, sets + ['boundary.stride="4"'], world_size=1)
+    given.dump(tmp_path / "config.json")  # as a run writes it; tools and resumes read it back
+    assert load_config(tmp_path / "config.json", world_size=1).boundary.options == given.boundary.options
     with pytest.raises(ConfigError, match="boundary.strid: unknown key for strategy 'every_nth'.*boundary.stride"):
         load_config(None, sets + ["boundary.strid=4"], world_size=1)
     with pytest.raises(ConfigError, match="boundary.stride: Input should be greater than 0"):

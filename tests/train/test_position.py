@@ -1,7 +1,10 @@
 """Where a resumed data stream starts (megatok.train.position.data_position), without a trainer."""
 
+import json
+
 from megatok.config import load_config
 from megatok.train.position import data_position, layout
+from tests.conftest import ROOT
 
 
 def test_a_new_layout_finishes_the_epoch_from_cursors_or_starts_the_next_without(capsys):
@@ -63,3 +66,56 @@ def test_a_reader_never_consumed_from_is_known_to_be_at_its_start(shards, tmp_pa
     assert sorted(cursors) == [0, 1] and cursors[1]["sources"] == [[0, 0, 0, 0]] and cursors[1]["offset"] == 0
     r = pretrain(common + ["train.max_steps=2", "data.num_workers=1"])
     assert "the data stream finishes epoch 0 with what the earlier layout had not read" in r.stdout
+
+
+def test_the_data_is_the_same_however_its_local_path_is_spelled_and_wherever_the_project_moved(
+        shards, tmp_path, monkeypatch):
+    import os
+    import shutil
+
+    from megatok.train.position import data_digests, data_matches
+
+    def digests(spec):
+        return data_digests(load_config(ROOT / "configs/tiny.json", [f"data.shards={spec}"], world_size=1))
+
+    here = digests(shards)
+    meta = {"step": 4, **here}
+    for spelling in (f"{shards}/", f"{shards}/./", os.path.relpath(shards)):
+        assert data_matches(meta, digests(spelling))
+    assert data_matches({"step": 4, "data_digest": here["data_digest_spelled"]}, here)  # from before real paths
+    assert data_matches({"step": 4}, here)  # from before digests
+    # a project moved with its relative paths: other real paths, the same spelling
+    project = tmp_path / "a"
+    shutil.copytree(shards, project / "data" / "shards")
+    monkeypatch.chdir(project)
+    moved = {"step": 4, **digests("data/shards")}
+    shutil.move(project, tmp_path / "b")
+    monkeypatch.chdir(tmp_path / "b")
+    assert data_matches(moved, digests("data/shards"))
+    (tmp_path / "b" / "data" / "shards" / "train-00000.tar").write_bytes(b"other")  # other data
+    assert not data_matches(moved, digests("data/shards"))
+
+
+def test_respelled_mixture_sources_keep_their_place(shards, tmp_path, capsys):
+    """A new layout with the sources spelled another way still knows each source: its epoch (no
+    cursors) and the cursors' unread pieces (with cursors)."""
+    other = tmp_path / "other"
+    other.mkdir()
+    for p in shards.iterdir():
+        (other / p.name).symlink_to(p)
+
+    def cfg_for(a, b, extra=()):
+        return load_config("configs/tiny.json", ["data.shards=" + json.dumps({a: 1, b: 1}),
+                                                 "data.num_workers=1", *extra])
+
+    old_cfg = cfg_for(str(shards), str(other), ["train.global_batch_size=16"])
+    new_cfg = cfg_for(f"{shards}/", f"{other}/./", ["train.global_batch_size=32"])
+    meta = {"step": 10, "epoch": 5, "epochs": {str(shards): 3, str(other): 5}, "layout": layout(old_cfg, 2)}
+    start_batch, epochs, origin = data_position(meta, new_cfg, 2)
+    assert (start_batch, epochs) == (0, [4, 6]) and origin == {"step": 10, "epochs": [4, 6]}
+    capsys.readouterr()
+    cursors = {r: {"sources": [[3, 0, 0, 0], [5, 0, 0, 0]], "read": [0, 0], "bad_shards": 0, "offset": 0}
+               for r in range(2)}
+    start_batch, epochs, origin = data_position(meta, new_cfg, 2, cursors, [4, 4])
+    assert epochs == [3, 5] and len(origin["unread"]) == 2
+    assert "finishes epoch" in capsys.readouterr().out

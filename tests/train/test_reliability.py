@@ -62,7 +62,7 @@ def background_run(argv, nproc, env):
                             text=True, start_new_session=True)
     try:
         yield proc
-    except TimeoutError as e:  # say what the run printed
+    except (TimeoutError, subprocess.TimeoutExpired) as e:  # say what the run printed
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
         output = proc.communicate()[0]
