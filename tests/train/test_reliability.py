@@ -43,7 +43,7 @@ def wait_for(predicate, timeout=120, proc=None):
     while time.time() - t < timeout:
         if predicate():
             return
-        if proc is not None and proc.poll() is not None:
+        if proc is not None and proc.poll() is not None and not predicate():
             raise TimeoutError(f"the run ended (exit {proc.returncode}) before the condition was reached")
         time.sleep(0.2)
     raise TimeoutError("condition not reached")
