@@ -17,6 +17,7 @@ import difflib
 import json
 import math
 import os
+import re
 import types
 import typing
 from pathlib import Path
@@ -454,6 +455,19 @@ def _model_at(loc: tuple) -> type[BaseModel] | None:
     return model if isinstance(model, type) and issubclass(model, BaseModel) else None
 
 
+_UNION_MEMBER = re.compile(r"^(str|int|float|bool|none|[\w-]+\[.*\])$")  # pydantic's tag of a union member in a loc
+
+
+def _first_error(errors: list[dict]) -> dict:
+    """The first failing key's error; for a union-typed key (str | list[str] | ...), the member that got
+    furthest (``eval.heldout.0: ... valid string`` rather than ``eval.heldout.str``), its tag dropped."""
+    first = errors[0]
+    same = [e for e in errors if e["loc"][:2] == first["loc"][:2]]
+    err = max(same, key=lambda e: len(e["loc"]))
+    loc = tuple(p for i, p in enumerate(err["loc"]) if i < 2 or not (isinstance(p, str) and _UNION_MEMBER.match(p)))
+    return {**err, "loc": loc}
+
+
 def _explain(err: dict, where: str, prefix: tuple = ()) -> ConfigError:
     loc = prefix + tuple(err["loc"])
     path = ".".join(str(p) for p in loc)
@@ -480,7 +494,7 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] = ()
     try:
         cfg = Config.model_validate(raw)
     except ValidationError as e:
-        raise _explain(e.errors()[0], where) from None
+        raise _explain(_first_error(e.errors()), where) from None
 
     # The boundary strategy's own options, checked against that strategy's schema.
     from megatok.boundaries import strategy_options

@@ -71,6 +71,11 @@ def test_values_are_not_coerced(tmp_path, section, key, value):
     assert f"{section}.{key}" in msg and json.dumps(value) in msg
 
 
+def test_a_union_typed_key_names_what_failed_not_pydantics_member_tag(tmp_path):
+    msg = error_of(write(tmp_path, "c.json", {"eval": {"heldout": ["a.jsonl", 1]}}))
+    assert msg.endswith("eval.heldout.1: Input should be a valid string (got 1)"), msg
+
+
 def test_whole_numbers_written_as_floats_and_numbers_given_to_strings(tmp_path):
     p = write(tmp_path, "c.json", {"train": {"max_steps": 1e3, "lr": 1, "betas": [0, 0.5]},
                                    "boundary": {"strategy": "policy", "window": 8.0, "gamma": 1}})
