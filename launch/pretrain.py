@@ -167,10 +167,13 @@ def _die(code: int, message: str) -> int:
     they are killed first, so none outlives the run."""
     import multiprocessing
 
+    children = multiprocessing.active_children()
+    for child in children:  # first, so that no worker's warning follows the error line
+        child.kill()
+    for child in children:
+        child.join(5)
     print(message, file=sys.stderr, flush=True)
     sys.stdout.flush()
-    for child in multiprocessing.active_children():
-        child.kill()
     os._exit(code)
 
 

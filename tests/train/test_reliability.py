@@ -212,12 +212,15 @@ def test_how_a_failed_run_ends(tmp_path, monkeypatch, capsys, error, code, line)
 
 def test_a_failed_run_leaves_no_data_worker_behind():
     """_die leaves with os._exit, which skips the DataLoader's shutdown, and the workers ignore SIGTERM:
-    a worker blocked at that moment would outlive the run (seen twice in a user review). _die kills them."""
+    a worker blocked at that moment would outlive the run (seen twice in a user review). _die kills them,
+    before it prints the error, which therefore stays the last line."""
     code = ("import importlib.util, multiprocessing, os, signal, time\n"
             "def worker():\n"
             "    signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
-            "    os.dup2(os.open(os.devnull, os.O_WRONLY), 1), os.dup2(os.open(os.devnull, os.O_WRONLY), 2)\n"
-            "    time.sleep(600)\n"
+            "    os.dup2(os.open(os.devnull, os.O_WRONLY), 1)\n"
+            "    for _ in range(600000):  # a worker that keeps warning, as one skipping bad shards does\n"
+            "        os.write(2, b'BadShardWarning: skipped a shard\\n')\n"
+            "        time.sleep(0.001)\n"
             "if __name__ == '__main__':\n"
             f"    spec = importlib.util.spec_from_file_location('p', {str(ROOT / 'launch/pretrain.py')!r})\n"
             "    launch = importlib.util.module_from_spec(spec)\n"
@@ -225,10 +228,11 @@ def test_a_failed_run_leaves_no_data_worker_behind():
             "    child = multiprocessing.get_context('fork').Process(target=worker)\n"
             "    child.start()\n"
             "    print(child.pid, flush=True)\n"
+            "    time.sleep(0.5)\n"
             "    launch._die(3, 'error: rank 0: a bad shard')\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT,
                        env={**os.environ, "PYTHONPATH": str(ROOT)})
-    assert r.returncode == 3 and "error: rank 0: a bad shard" in r.stderr, r.stderr[-2000:]
+    assert r.returncode == 3 and r.stderr.splitlines()[-1] == "error: rank 0: a bad shard", r.stderr[-2000:]
     pid = int(r.stdout.split()[0])
     deadline = time.time() + 10
     while time.time() < deadline:
