@@ -164,17 +164,21 @@ def _last_good(cfg) -> str:
 def _die(code: int, message: str) -> int:
     """Report and leave at once: after a failure, process-group teardown itself can block. DataLoader
     workers ignore SIGTERM (a stop request is the trainer's to handle) and os._exit skips their shutdown:
-    they are killed first, so none outlives the run."""
+    they are killed (and reaped) first, so none outlives the run and none prints after the error line."""
     import multiprocessing
+    import signal
 
-    children = multiprocessing.active_children()
-    for child in children:  # first, so that no worker's warning follows the error line
-        child.kill()
-    for child in children:
-        child.join(5)
-    print(message, file=sys.stderr, flush=True)
-    sys.stdout.flush()
-    os._exit(code)
+    try:
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # torch's DataLoader handler raises when a worker dies
+        children = multiprocessing.active_children()
+        for child in children:
+            child.kill()
+        for child in children:
+            child.join(5)
+    finally:  # whatever happened above, the line is printed and the process leaves
+        print(message, file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(code)
 
 
 if __name__ == "__main__":
