@@ -45,6 +45,11 @@ class BadShardWarning(UserWarning):
     """A shard could not be read completely and was skipped (after the documents read before the damage)."""
 
 
+def is_local(spec: str) -> bool:
+    """A local path, not a URL (pipe:, https:, file:, s3:// ...)."""
+    return ":" not in spec.split("/")[0]
+
+
 def resolve_sources(spec: str | list[str] | dict[str, float], split: str = "train"
                     ) -> tuple[list[list[str]], list[float] | None]:
     """(shard URLs per source, weights): one source and no weights unless spec is a {spec: weight} mixture."""
@@ -81,7 +86,7 @@ def resolve_shards(spec: str | list[str] | dict[str, float], split: str = "train
                 " (rebuild it with tools/build_shards.py --val-fraction > 0, or set data.val_shards)"
                 if split == "val" else ""))
     else:
-        if isinstance(spec, str) and "{" not in spec and ":" not in spec.split("/")[0] and not os.path.exists(spec):
+        if isinstance(spec, str) and "{" not in spec and is_local(spec) and not os.path.exists(spec):
             raise DataError(f"{spec}: no such shard directory or file (build one with tools/build_shards.py)")
         try:
             urls = [u for s in ([spec] if isinstance(spec, str) else spec) for u in shardlists.expand_urls(s)]
@@ -92,7 +97,7 @@ def resolve_shards(spec: str | list[str] | dict[str, float], split: str = "train
     gopen = importlib.import_module("webdataset.gopen")  # the module; the package exports a function of that name
     schemes = {s for s in gopen.gopen_schemes if s != "__default__"} | {"", "file"}
     for url in urls:
-        if ":" not in url.split("/")[0]:  # a local path, not pipe:/https:/file:
+        if is_local(url):
             if not os.path.isfile(url):
                 raise DataError(f"{url}: shard file not found")
         # as WebDataset opens it: after its GOPEN_REWRITE rules, the scheme as urlparse reads it

@@ -8,7 +8,7 @@ import json
 import os
 
 from megatok.config import Config
-from megatok.data.stream import resolve_sources, unread_pieces
+from megatok.data.stream import is_local, resolve_sources, unread_pieces
 from megatok.train import checkpoint
 
 
@@ -20,7 +20,7 @@ def by_source(cfg: Config, values: list, key: str) -> dict:
 def source_key(spec: str) -> str:
     """A shard or source as the stream reads it: a local path by its real path (``data/shards``,
     ``./data/shards/`` and its absolute path are one source), a URL as written."""
-    return os.path.realpath(spec) if ":" not in spec.split("/")[0] else spec
+    return os.path.realpath(spec) if is_local(spec) else spec
 
 
 def data_digests(cfg: Config) -> dict[str, str]:
