@@ -6,9 +6,8 @@ overrides use dotted keys (``train.max_steps=20``) and are typed by the schema. 
 raises :class:`ConfigError` with one line naming the file and the full key path, and it happens
 before any process group starts.
 
-The ``deepspeed`` section is handed to ``deepspeed.initialize``. megatok fills in what it derives
-from ``train`` (batch sizes, optimizer, schedule, clipping); everything else (ZeRO stage,
-offload, bf16, ...) is DeepSpeed's own JSON, checked against DeepSpeed's own schema.
+The ``deepspeed`` section is DeepSpeed's own JSON (ZeRO stage, offload, bf16, ...); megatok.dsconfig
+checks it and adds what megatok derives from ``train``.
 """
 
 from __future__ import annotations
@@ -252,60 +251,6 @@ class Config(_Section):
         Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
 
 
-# --------------------------------------------------------------------------- DeepSpeed section
-
-# Keys megatok writes into the DeepSpeed config from the ``train`` section.
-DERIVED_DS_KEYS = {
-    "train_batch_size": "train.global_batch_size",
-    "train_micro_batch_size_per_gpu": "train.micro_batch_size",
-    "gradient_accumulation_steps": "train.grad_accum",
-    "gradient_clipping": "train.grad_clip",
-    "optimizer": "train.lr / train.betas / train.weight_decay",
-    "scheduler": "train.warmup_steps / train.lr_schedule / train.min_lr_ratio (megatok's own, see lr_lambda)",
-}
-KNOWN_DS_KEYS = {
-    "zero_optimization", "bf16", "fp16", "activation_checkpointing", "steps_per_print",
-    "wall_clock_breakdown", "flops_profiler", "communication_data_type", "prescale_gradients",
-    "gradient_predivide_factor", "checkpoint", "zero_allow_untested_optimizer",
-    "zero_force_ds_cpu_optimizer", "aio", "comms_logger", "memory_breakdown", "data_types",
-    "torch_autocast", "dump_state", "seq_parallel_communication_data_type", "tensorboard",
-    "csv_monitor", "wandb", "comet", "elasticity", "compile", "timers",
-}
-
-
-def _check_deepspeed(ds: dict[str, Any], where: str) -> None:
-    for key in ds:
-        if key in DERIVED_DS_KEYS:
-            raise ConfigError(f"{where}: deepspeed.{key} is derived by megatok; set {DERIVED_DS_KEYS[key]} instead")
-        if key not in KNOWN_DS_KEYS:
-            raise ConfigError(f"{where}: deepspeed.{key}: unknown key{_suggest(key, KNOWN_DS_KEYS, 'deepspeed.')}")
-    zero = ds.get("zero_optimization", {})
-    if not isinstance(zero, dict):
-        raise ConfigError(f"{where}: deepspeed.zero_optimization must be an object")
-    try:
-        from deepspeed.runtime.zero.config import DeepSpeedZeroConfig  # DeepSpeed's own schema
-    except ImportError:  # a machine without DeepSpeed (e.g. tools/gpu_check.py's plain-torch path)
-        DeepSpeedZeroConfig = None
-    stage = zero.get("stage", 0)
-    if isinstance(stage, bool) or stage not in (0, 1, 2, 3):
-        raise ConfigError(f"{where}: deepspeed.zero_optimization.stage must be 0, 1, 2 or 3 (got {json.dumps(stage)})")
-    try:
-        if DeepSpeedZeroConfig is not None:
-            DeepSpeedZeroConfig(**zero)
-    except ValidationError as e:
-        err = e.errors()[0]
-        loc = ".".join(str(p) for p in err["loc"])
-        raise ConfigError(f"{where}: deepspeed.zero_optimization.{loc}: {err['msg']}") from None
-    for sec in ("bf16", "fp16"):
-        if sec in ds and not isinstance(ds[sec], dict):
-            raise ConfigError(f"{where}: deepspeed.{sec} must be an object like {{\"enabled\": true}}")
-        if not isinstance(ds.get(sec, {}).get("enabled", False), bool):
-            raise ConfigError(f"{where}: deepspeed.{sec}.enabled must be true or false "
-                              f"(got {json.dumps(ds[sec]['enabled'])})")
-    if ds.get("fp16", {}).get("enabled"):
-        raise ConfigError(f"{where}: deepspeed.fp16 is not supported (use bf16; byte-level losses overflow fp16)")
-
-
 def wsd_decay_steps(t: "TrainConfig") -> int:
     """The steps of the wsd schedule's final decay: train.decay_steps, by default 20% of max_steps."""
     return t.decay_steps if t.decay_steps is not None else max(1, round(0.2 * t.max_steps))
@@ -333,45 +278,10 @@ def lr_lambda(cfg: Config):
     return factor
 
 
-def zero_stage(cfg: Config) -> int:
-    return int(cfg.deepspeed.get("zero_optimization", {}).get("stage", 0))
-
-
-def builds_partitioned(cfg: Config) -> bool:
-    """Whether the trainer builds the model under deepspeed.zero.Init (ZeRO-3 with train.zero_init)."""
-    return zero_stage(cfg) == 3 and cfg.train.zero_init
-
-
-def uses_bf16(cfg: Config) -> bool:
-    return bool(cfg.deepspeed.get("bf16", {}).get("enabled", False))
-
-
-def deepspeed_config(cfg: Config, world_size: int) -> dict[str, Any]:
-    """The dict handed to ``deepspeed.initialize``: the user's section plus the derived keys."""
-    t = cfg.train
-    ds = json.loads(json.dumps(cfg.deepspeed))
-    offload = ds.get("zero_optimization", {}).get("offload_optimizer", {}).get("device", "none") == "cpu"
-    ds.update(
-        train_batch_size=t.micro_batch_size * t.grad_accum * world_size,
-        train_micro_batch_size_per_gpu=t.micro_batch_size,
-        gradient_accumulation_steps=t.grad_accum,
-        gradient_clipping=t.grad_clip,
-        optimizer={
-            "type": "AdamW",
-            # torch's AdamW, except with the optimizer offloaded to the CPU, where DeepSpeed's CPU Adam is far
-            # faster (it compiles a C++ op once; on a CPU-only machine torch's needs no compiler).
-            "params": {"lr": t.lr, "betas": list(t.betas), "eps": t.eps, "weight_decay": t.weight_decay,
-                       "torch_adam": not offload},
-        },
-    )
-    ds.setdefault("steps_per_print", 10**9)
-    return ds
-
-
 # --------------------------------------------------------------------------- loading
 
 
-def _suggest(key: str, valid, prefix: str = "") -> str:
+def suggest(key: str, valid, prefix: str = "") -> str:
     close = difflib.get_close_matches(str(key), [str(v) for v in valid], n=1, cutoff=0.6)
     return f" (did you mean '{prefix}{close[0]}'?)" if close else f" (valid keys: {', '.join(sorted(map(str, valid)))})"
 
@@ -475,7 +385,7 @@ def _explain(err: dict, where: str, prefix: tuple = ()) -> ConfigError:
         parent = _model_at(loc[:-1])
         valid = parent.model_fields if parent else []
         section = ".".join(str(p) for p in loc[:-1])
-        return ConfigError(f"{where}: {path}: unknown key{_suggest(loc[-1], valid, section + '.' if section else '')}")
+        return ConfigError(f"{where}: {path}: unknown key{suggest(loc[-1], valid, section + '.' if section else '')}")
     given = err.get("input")
     shown = (json.dumps(given, default=str) if isinstance(given, (int, float, str, bool, type(None))) or (
         isinstance(given, (list, tuple)) and len(json.dumps(given, default=str)) <= 80) else type(given).__name__)
@@ -519,12 +429,14 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] = ()
         if err["type"] == "extra_forbidden":
             valid = list(BoundaryConfig.model_fields) + list(opt_model.model_fields)
             raise ConfigError(f"{where}: boundary.{err['loc'][0]}: unknown key for strategy "
-                              f"'{cfg.boundary.strategy}'{_suggest(err['loc'][0], valid, 'boundary.')}") from None
+                              f"'{cfg.boundary.strategy}'{suggest(err['loc'][0], valid, 'boundary.')}") from None
         raise _explain(err, where, ("boundary",)) from None
     cfg.boundary = BoundaryConfig(strategy=cfg.boundary.strategy, target_rate=cfg.boundary.target_rate,
                                   **opts.model_dump())
 
-    _check_deepspeed(cfg.deepspeed, where)
+    from megatok.dsconfig import check_deepspeed  # (it imports this module)
+
+    check_deepspeed(cfg.deepspeed, where)
     _check_derived(cfg, where, world_size if world_size is not None else int(os.environ.get("WORLD_SIZE", "1")))
     return cfg
 
@@ -564,5 +476,3 @@ def _check_derived(cfg: Config, where: str, world_size: int) -> None:
     if opts.get("batch_baseline") and t.micro_batch_size < 2:
         raise ConfigError(f"{where}: boundary.batch_baseline needs train.micro_batch_size >= 2 "
                           f"(the baseline is the mean over the micro-batch; with 1 sequence every advantage is 0)")
-    if zero_stage(cfg) not in (0, 1, 2, 3):
-        raise ConfigError(f"{where}: deepspeed.zero_optimization.stage must be 0, 1, 2 or 3")

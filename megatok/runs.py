@@ -17,7 +17,8 @@ from pathlib import Path
 
 import torch
 
-from megatok.config import Config, load_config, zero_stage
+from megatok.config import Config, load_config
+from megatok.dsconfig import zero_stage
 from megatok.train.checkpoint import CheckpointError, checkpoint_dir, damage, latest_tag
 
 # Files a model needs to be built (a tokenizer).

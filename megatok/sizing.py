@@ -144,7 +144,7 @@ def activation_bytes(cfg, micro_batch: int | None = None, *, checkpointing: bool
     T = cfg.data.seq_len
     rho = cfg.boundary.target_rate if rate is None else rate
     ckpt = cfg.model.activation_checkpointing if checkpointing is None else checkpointing
-    from megatok.config import uses_bf16
+    from megatok.dsconfig import uses_bf16
 
     eb = 2 if (uses_bf16(cfg) if bf16 is None else bf16) else 4
 
@@ -189,7 +189,7 @@ def memory_table(cfg, world: int) -> dict[str, Any]:
     """Per-rank model-state memory for every ZeRO stage x offload choice, and activations."""
     P = param_counts(cfg)["total"]
     zero = _zero_section(cfg)
-    from megatok.config import builds_partitioned, uses_bf16, zero_stage
+    from megatok.dsconfig import builds_partitioned, uses_bf16, zero_stage
 
     bf16 = uses_bf16(cfg)
     kw = dict(world=world, bf16=bf16, **zero_kwargs(cfg))
@@ -337,7 +337,8 @@ def dry_run(config: str, overrides: list[str] = (), world: int | None = None, ou
     import os
     import sys
 
-    from megatok.config import ConfigError, deepspeed_config, load_config, warnings_for
+    from megatok.config import ConfigError, load_config, warnings_for
+    from megatok.dsconfig import deepspeed_config
 
     out = out or sys.stdout
     quiet_deepspeed_import()

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from megatok.config import ConfigError, deepspeed_config, load_config
+from megatok.config import ConfigError, load_config
+from megatok.dsconfig import deepspeed_config
 
 ROOT = Path(__file__).resolve().parents[1]
 

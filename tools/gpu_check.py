@@ -148,7 +148,8 @@ def build(cfg, device: torch.device):
 
 def train_check(config: str, overrides: list[str], *, device: torch.device, engine: str, steps: int, warmup: int,
                 micro: int | None, peak: float | None) -> dict:
-    from megatok.config import deepspeed_config, load_config, uses_bf16, zero_stage
+    from megatok.config import load_config
+    from megatok.dsconfig import deepspeed_config, uses_bf16, zero_stage
     from megatok.train.loop import param_groups
 
     sets = list(overrides) + ["logging.wandb_mode=disabled"]

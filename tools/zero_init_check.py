@@ -51,7 +51,8 @@ def worker(args) -> int:
     import torch.distributed as tdist
     from deepspeed.utils import logger as ds_logger
 
-    from megatok.config import deepspeed_config, load_config
+    from megatok.config import load_config
+    from megatok.dsconfig import deepspeed_config
     from megatok.model import build_model
     from megatok.train import dist
     from megatok.train.loop import build, full_shape

@@ -20,7 +20,8 @@ from pathlib import Path
 import torch
 import torch.distributed as tdist
 
-from megatok.config import Config, builds_partitioned, deepspeed_config, lr_lambda
+from megatok.config import Config, lr_lambda
+from megatok.dsconfig import builds_partitioned, deepspeed_config
 from megatok.data.encoding import encoding_for
 from megatok.data.stream import PackedByteStream, make_loader, resolve_sources
 from megatok.eval.head_to_head import HeadToHead

@@ -13,7 +13,7 @@ import deepspeed
 import torch
 from safetensors.torch import save_file
 
-from megatok.config import deepspeed_config
+from megatok.dsconfig import deepspeed_config
 from megatok.model.unet import ByteUNet
 from megatok.runs import run_config
 from megatok.train import checkpoint, dist

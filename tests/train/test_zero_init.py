@@ -57,7 +57,7 @@ def test_whole_build_is_made_on_the_training_device(strategy):
     build is the plain one."""
     import torch
 
-    from megatok.config import deepspeed_config
+    from megatok.dsconfig import deepspeed_config
     from megatok.train.loop import build
 
     cfg = load_config("configs/tiny.json", ["deepspeed.zero_optimization.stage=2", f"boundary.strategy={strategy}"])

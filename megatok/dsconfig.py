@@ -1,0 +1,104 @@
+"""The ``deepspeed`` config section: checked at load (:func:`check_deepspeed`), and completed with
+what megatok derives from ``train`` into the dict handed to ``deepspeed.initialize``
+(:func:`deepspeed_config`: batch sizes, AdamW, gradient clipping). Everything else in it (ZeRO stage,
+offload, bf16, ...) is DeepSpeed's own JSON."""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+from pydantic import ValidationError
+
+from megatok.config import ConfigError, suggest
+
+if TYPE_CHECKING:
+    from megatok.config import Config
+
+# Keys megatok writes into the DeepSpeed config from the ``train`` section.
+DERIVED_DS_KEYS = {
+    "train_batch_size": "train.global_batch_size",
+    "train_micro_batch_size_per_gpu": "train.micro_batch_size",
+    "gradient_accumulation_steps": "train.grad_accum",
+    "gradient_clipping": "train.grad_clip",
+    "optimizer": "train.lr / train.betas / train.weight_decay",
+    "scheduler": "train.warmup_steps / train.lr_schedule / train.min_lr_ratio (megatok's own, see lr_lambda)",
+}
+KNOWN_DS_KEYS = {
+    "zero_optimization", "bf16", "fp16", "activation_checkpointing", "steps_per_print",
+    "wall_clock_breakdown", "flops_profiler", "communication_data_type", "prescale_gradients",
+    "gradient_predivide_factor", "checkpoint", "zero_allow_untested_optimizer",
+    "zero_force_ds_cpu_optimizer", "aio", "comms_logger", "memory_breakdown", "data_types",
+    "torch_autocast", "dump_state", "seq_parallel_communication_data_type", "tensorboard",
+    "csv_monitor", "wandb", "comet", "elasticity", "compile", "timers",
+}
+
+
+def check_deepspeed(ds: dict[str, Any], where: str) -> None:
+    """The user's section, before any process group: no derived keys, known keys only, ZeRO against
+    DeepSpeed's own schema, bf16 (not fp16) as an object."""
+    for key in ds:
+        if key in DERIVED_DS_KEYS:
+            raise ConfigError(f"{where}: deepspeed.{key} is derived by megatok; set {DERIVED_DS_KEYS[key]} instead")
+        if key not in KNOWN_DS_KEYS:
+            raise ConfigError(f"{where}: deepspeed.{key}: unknown key{suggest(key, KNOWN_DS_KEYS, 'deepspeed.')}")
+    zero = ds.get("zero_optimization", {})
+    if not isinstance(zero, dict):
+        raise ConfigError(f"{where}: deepspeed.zero_optimization must be an object")
+    try:
+        from deepspeed.runtime.zero.config import DeepSpeedZeroConfig  # DeepSpeed's own schema
+    except ImportError:  # a machine without DeepSpeed (e.g. tools/gpu_check.py's plain-torch path)
+        DeepSpeedZeroConfig = None
+    stage = zero.get("stage", 0)
+    if isinstance(stage, bool) or stage not in (0, 1, 2, 3):
+        raise ConfigError(f"{where}: deepspeed.zero_optimization.stage must be 0, 1, 2 or 3 (got {json.dumps(stage)})")
+    try:
+        if DeepSpeedZeroConfig is not None:
+            DeepSpeedZeroConfig(**zero)
+    except ValidationError as e:
+        err = e.errors()[0]
+        loc = ".".join(str(p) for p in err["loc"])
+        raise ConfigError(f"{where}: deepspeed.zero_optimization.{loc}: {err['msg']}") from None
+    for sec in ("bf16", "fp16"):
+        if sec in ds and not isinstance(ds[sec], dict):
+            raise ConfigError(f"{where}: deepspeed.{sec} must be an object like {{\"enabled\": true}}")
+        if not isinstance(ds.get(sec, {}).get("enabled", False), bool):
+            raise ConfigError(f"{where}: deepspeed.{sec}.enabled must be true or false "
+                              f"(got {json.dumps(ds[sec]['enabled'])})")
+    if ds.get("fp16", {}).get("enabled"):
+        raise ConfigError(f"{where}: deepspeed.fp16 is not supported (use bf16; byte-level losses overflow fp16)")
+
+
+def zero_stage(cfg: Config) -> int:
+    return int(cfg.deepspeed.get("zero_optimization", {}).get("stage", 0))
+
+
+def builds_partitioned(cfg: Config) -> bool:
+    """Whether the trainer builds the model under deepspeed.zero.Init (ZeRO-3 with train.zero_init)."""
+    return zero_stage(cfg) == 3 and cfg.train.zero_init
+
+
+def uses_bf16(cfg: Config) -> bool:
+    return bool(cfg.deepspeed.get("bf16", {}).get("enabled", False))
+
+
+def deepspeed_config(cfg: Config, world_size: int) -> dict[str, Any]:
+    """The dict handed to ``deepspeed.initialize``: the user's section plus the derived keys."""
+    t = cfg.train
+    ds = json.loads(json.dumps(cfg.deepspeed))
+    offload = ds.get("zero_optimization", {}).get("offload_optimizer", {}).get("device", "none") == "cpu"
+    ds.update(
+        train_batch_size=t.micro_batch_size * t.grad_accum * world_size,
+        train_micro_batch_size_per_gpu=t.micro_batch_size,
+        gradient_accumulation_steps=t.grad_accum,
+        gradient_clipping=t.grad_clip,
+        optimizer={
+            "type": "AdamW",
+            # torch's AdamW, except with the optimizer offloaded to the CPU, where DeepSpeed's CPU Adam is far
+            # faster (it compiles a C++ op once; on a CPU-only machine torch's needs no compiler).
+            "params": {"lr": t.lr, "betas": list(t.betas), "eps": t.eps, "weight_decay": t.weight_decay,
+                       "torch_adam": not offload},
+        },
+    )
+    ds.setdefault("steps_per_print", 10**9)
+    return ds
