@@ -38,8 +38,9 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def check_data(cfg) -> None:
-    """Everything a run reads besides the config, checked before any process group starts."""
+def check_data(cfg) -> list[str]:
+    """Everything a run reads besides the config, checked before any process group starts. Returns the
+    directories it created for the run directory, deepest first (a start refused later removes them)."""
     from megatok.data.documents import list_input_files
     from megatok.data.encoding import encoding_for
     from megatok.data.stream import check_readers, resolve_sources, validation_sources
@@ -65,14 +66,20 @@ def check_data(cfg) -> None:
             load_tokenizer(e.bpe_tokenizer)
         except (FileNotFoundError, TokenizerError) as err:
             raise ConfigError(f"eval.bpe_tokenizer: {err}") from None
+    made = []
     if os.environ.get("LOCAL_RANK", "0") == "0":  # the run directory: created now, or a clear line
         run_dir = cfg.train.run_dir
+        d = os.path.abspath(run_dir)
+        while not os.path.exists(d) and d != os.path.dirname(d):
+            made.append(d)
+            d = os.path.dirname(d)
         try:
             os.makedirs(run_dir, exist_ok=True)
         except OSError as err:
             raise ConfigError(f"train.run_dir: {run_dir} cannot be created ({err.strerror or err})") from None
         if not os.access(run_dir, os.W_OK | os.X_OK):
             raise ConfigError(f"train.run_dir: {run_dir} is not writable")
+    return made
 
 
 def main(argv=None) -> int:
@@ -83,7 +90,7 @@ def main(argv=None) -> int:
         return dry_run(args.config, args.overrides, args.dry_run or None)
     try:
         cfg = load_config(args.config, args.overrides)
-        check_data(cfg)
+        made = check_data(cfg)
     except (ConfigError, DataError) as e:
         if os.environ.get("LOCAL_RANK", "0") == "0":  # every rank finds it; one line per machine says it
             print(f"error: {e}", file=sys.stderr)
@@ -102,6 +109,11 @@ def main(argv=None) -> int:
                 check_same_model(cfg.train.run_dir, tag, cfg)
         except CheckpointError as e:
             print(f"error: --resume {args.resume}: {e}", file=sys.stderr)
+            for d in made:  # a refused start leaves no empty run directory behind
+                try:
+                    os.rmdir(d)
+                except OSError:  # no longer empty: something else writes there
+                    break
             return 2
     return run(cfg, args.resume)
 

@@ -546,6 +546,11 @@ def test_resuming_with_another_model_is_refused_before_anything_changes(referenc
     assert launch.main(args(shards, run, "train.global_batch_size=8", "--resume", "step00000099")) == 2
     err = capsys.readouterr().err
     assert f"no checkpoint step00000099; its checkpoints: step00000004, step00000006, step00000008" in err, err
+    # ... and a fresh run directory (and the directories made for it) is not left behind, empty
+    fresh = tmp_path / "new" / "run"
+    assert launch.main(args(shards, fresh, "train.global_batch_size=8", "--resume", "step00000004")) == 2
+    assert "no checkpoint step00000004; it holds none" in capsys.readouterr().err
+    assert not (tmp_path / "new").exists()
     # a checkpoint a killed re-save had moved aside (the next start puts it back) is checked where it is
     ck = run / "checkpoints"
     os.replace(ck / "step00000008", ck / "step00000008.old-1.tmp")
