@@ -32,7 +32,7 @@ FLOPs (a multiply-add is 2 FLOPs; a [n, a] x [a, b] product is 2 n a b)::
       main matmuls       rho x 2 n_main (block(dm) - 2 dm)                  every chunk
       main attention     rho x n_main x 2 dm (K + 1)                        causal over K chunks
       down projection    rho x 2 d dm          (at chunk rate; 0 if dm == d)
-      up projection      2 d dm                (megatok applies it after upsampling: at byte rate)
+      up projection      rho x 2 d dm          (per chunk, before upsampling copies it to its bytes)
       boundary           2 x boundary params   (policy: the d -> 1 head)
       heads              2 x 2 d V             (next-byte + early-exit logits)
     training = 3 x forward (backward = 2 x forward: gradients for activations and for weights).
@@ -241,7 +241,7 @@ def flops_per_byte(cfg, rate: float | None = None, seq_len: int | None = None) -
         "byte_attention": n_byte * 2 * s.d * (T + 1),
         "main_matmul": rho * 2 * s.n_main * (block_params(s.dm, s.fm) - 2 * s.dm),
         "main_attention": rho * s.n_main * 2 * s.dm * (K + 1),
-        "projections": (rho * 2 * s.d * s.dm + 2 * s.d * s.dm) if s.dm != s.d else 0,
+        "projections": rho * 2 * 2 * s.d * s.dm if s.dm != s.d else 0,  # down and up, both per chunk
         "boundary": 2 * boundary_params(cfg),
         "heads": 2 * 2 * s.d * s.vocab,
     }
