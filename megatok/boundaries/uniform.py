@@ -1,11 +1,12 @@
-"""Uniform random boundaries at exactly the target rate: the "no information" comparison.
+"""Uniform random boundaries at the target rate: the "no information" comparison.
 
-Per sequence with L real bytes, exactly max(F, round(rho x L)) chunks start: the F forced starts (the
-first byte; with document masking also every SEP) and the rest drawn uniformly without replacement
-from the other real bytes. The draw is
-independent of the byte values, so no decision depends on the future of the text; it depends only
-on the random generator and on the sequence's length (the whole window in packed training). Nothing
-is learned. In evaluation the draw is seeded like any sampled boundary (megatok.eval.bpb).
+In a window of T positions, round(rho x T) chunks start: the first byte and round(rho x T) - 1 other
+positions drawn uniformly without replacement. The draw depends only on the random generator and on
+T (a shape, ``data.seq_len`` in training), never on the bytes, their length or where documents start,
+so no decision depends on the future of the text. Forced starts (with document masking, every SEP) are
+added on top, and a padded row keeps the draws that fall on its real bytes: in expectation rho x L of
+them for L real bytes. A full window without document masking has exactly round(rho x T) starts.
+Nothing is learned. In evaluation the draw is seeded like any sampled boundary (megatok.eval.bpb).
 """
 
 from __future__ import annotations
@@ -19,21 +20,15 @@ Options = NoOptions
 
 def uniform_starts(mask: torch.Tensor, rate: float, generator: torch.Generator | None = None,
                    forced: torch.Tensor | None = None) -> torch.Tensor:
-    """bool [B, T]: exactly max(F, round(rate x L)) starts per row (L = real length, F = forced starts,
-    t = 0 always among them)."""
+    """bool [B, T]: t = 0 and round(rate x T) - 1 uniform draws from 1..T-1, plus ``forced``, on real bytes."""
     B, T = mask.shape
-    if forced is None:
-        forced = torch.zeros_like(mask)
-    forced = forced & mask
-    forced[:, 0] = True
-    lengths = mask.sum(1)
-    # torch.round rounds half to even, like Python's round()
-    k = torch.maximum(torch.round(lengths.double() * rate).long(), forced.sum(1))
+    k = max(1, round(rate * T))  # Python's round(), half to even
     scores = torch.rand(B, T, generator=generator, device=mask.device)
-    scores = torch.where(mask, scores, 2.0)  # padding last
-    scores = torch.where(forced, -1.0, scores)  # the forced starts come first
-    rank = scores.argsort(1).argsort(1)  # rank of each position within its row
-    return (rank < k[:, None]) & mask
+    scores[:, 0] = -1.0  # t = 0 first
+    starts = scores.argsort(1).argsort(1) < k  # the k lowest scores of each row
+    if forced is not None:
+        starts |= forced
+    return starts & mask
 
 
 class Strategy(BoundaryStrategy):

@@ -1,4 +1,4 @@
-"""Rule-based strategies against hand-checked strings: uniform (exact rate), whitespace (never inside
+"""Rule-based strategies against hand-checked strings: uniform (exact rate, causal draw), whitespace (never inside
 a UTF-8 character), bpe (causal walk over the vocabulary; exact token starts, byte-fallback aware)."""
 
 import pytest
@@ -31,16 +31,35 @@ def batch(*texts: bytes):
 
 
 @pytest.mark.parametrize("rho", [0.1, 0.2, 0.25, 0.5, 0.9])
-def test_uniform_hits_exactly_round_rho_times_length(rho):
+def test_uniform_hits_exactly_round_rho_times_the_window(rho):
     torch.manual_seed(0)
-    lengths = [1, 2, 7, 10, 64, 100, 333, 512]
-    mask = torch.arange(512)[None, :] < torch.tensor(lengths)[:, None]
+    mask = torch.ones(8, 512, dtype=torch.bool)
     for _ in range(5):
         s = uniform_starts(mask, rho)
-        assert s[:, 0].all() and not (s & ~mask).any()
-        assert s.sum(1).tolist() == [max(1, round(rho * n)) for n in lengths]
+        assert s[:, 0].all() and s.sum(1).tolist() == [round(rho * 512)] * 8
     a, b = uniform_starts(mask, rho), uniform_starts(mask, rho)
     assert not torch.equal(a, b)  # random positions
+
+
+def test_uniform_draws_do_not_depend_on_length_forced_starts_or_bytes():
+    """The draw at t depends on the generator and the window's shape only: a shorter (padded) row, or
+    a forced start (a SEP) later in the window, leaves every earlier decision as it was."""
+    T, rho = 300, 0.2
+    full = torch.ones(16, T, dtype=torch.bool)
+    ref = uniform_starts(full, rho, torch.Generator().manual_seed(1))
+    for L in (1, 7, 100, 299):
+        padded = torch.arange(T)[None, :] < L
+        s = uniform_starts(padded.expand(16, T), rho, torch.Generator().manual_seed(1))
+        assert torch.equal(s[:, :L], ref[:, :L]) and not s[:, L:].any()
+    forced = torch.zeros(16, T, dtype=torch.bool)
+    forced[:, [0, 250]] = True
+    s = uniform_starts(full, rho, torch.Generator().manual_seed(1), forced=forced)
+    assert torch.equal(s[:, :250], ref[:, :250]) and s[:, 250].all()
+    # a padded row of L bytes keeps t = 0 and the draws on its other L - 1 bytes: about rho x L
+    padded = torch.arange(T)[None, :] < torch.tensor([60, 150] * 500)[:, None]
+    s = uniform_starts(padded, rho, torch.Generator().manual_seed(2))
+    for L, rows in (60, s[0::2]), (150, s[1::2]):
+        assert rows.float().sum(1).mean() == pytest.approx(1 + (L - 1) * (round(rho * T) - 1) / (T - 1), rel=0.02)
 
 
 def test_uniform_strategy_rate_and_positions_are_spread():
