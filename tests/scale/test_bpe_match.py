@@ -62,6 +62,25 @@ def test_bpe_flops_per_byte_and_params_by_hand():
     assert act["total"] > 0 and sizing.activation_bytes(cfg, checkpointing=True)["blocks"] < act["blocks"]
 
 
+
+def test_bpe_matmul_flops_equal_what_torch_counts_in_the_real_forward():
+    """The token model's matmul terms per byte (at 1 / bytes_per_token tokens per byte) against torch's
+    FlopCounterMode on its real forward over T tokens (attention's SDPA kernel is not counted on a CPU)."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from megatok.model import build_model
+
+    cfg = load_config(ROOT / "configs/tiny.json", SMALL_BPE, world_size=2)
+    T = cfg.data.seq_len
+    model = build_model(cfg, sizing_only=True).eval()
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        model(torch.randint(0, 300, (1, T)))
+    counted = sum(counter.get_flop_counts()["Global"].values())
+    f = flops.flops_per_byte(cfg)
+    bytes_in = T * cfg.model.bytes_per_token
+    assert counted == pytest.approx(bytes_in * (f["main_matmul"] + f["heads"]), rel=1e-9)
+
 def test_there_is_a_bpe_config_per_size():
     sizes = sorted(p.name for p in (ROOT / "configs").glob("*.json") if p.stem[0].isdigit())
     assert BPE_CONFIGS == sizes == sorted(["100m.json", "350m.json", "1b.json", "3b.json", "7b.json", "13b.json"])
