@@ -2,6 +2,7 @@
 
 import math
 
+import pytest
 import torch
 
 from megatok.stats import ratios, row_stats, word_starts
@@ -29,6 +30,7 @@ def test_word_starts_hand_checked():
 def stats_for(text: str, positions, pad: int = 0) -> dict:
     x = torch.tensor([ids(text) + [PAD] * pad])
     y = torch.cat([x[:, 1:], torch.tensor([[PAD]])], 1)
+    y[0, len(text.encode()) - 1] = ord(".")  # the text's last byte has a target; padding has none
     starts = torch.zeros_like(x, dtype=torch.bool)
     starts[0, positions] = True
     ce = torch.zeros(x.shape)
@@ -64,3 +66,30 @@ def test_precision_recall_sums_and_ratios():
     old = {k: v for k, v in s.items() if k not in ("decisions", "word_starts", "word_starts_hit", "aligned_boundaries")}
     assert "word_start_precision" not in ratios(old)
     assert math.isnan(ratios({**s, "decisions": 0.0})["word_start_precision"])
+
+
+def test_evaluation_figures_do_not_depend_on_the_batch_size():
+    """Documents scored one per batch or several (padded to the widest window) give the same sums: a
+    padded row's last real byte, whose target is padding, is not counted as a position or a chunk."""
+    from megatok.config import load_config
+    from megatok.data.documents import Document
+    from megatok.eval.bpb import evaluate_documents
+    from megatok.model import build_model
+    from tests.conftest import ROOT
+
+    cfg = load_config(ROOT / "configs/tiny.json", ['boundary={"strategy": "fixed", "target_rate": 0.25}',
+                                                   "data.seq_len=32"], world_size=1)
+    torch.manual_seed(0)
+    model = build_model(cfg)
+    texts = [b"a" * n + b" word" for n in (0, 3, 10, 27, 31, 40, 77)]
+    docs = [Document(t, "en", "test", f"d{i}") for i, t in enumerate(texts)]
+
+    def run(batch_size):
+        return evaluate_documents(model, iter(docs), seq_len=32, batch_size=batch_size, mode="threshold",
+                                  seed=0, device=torch.device("cpu"))
+
+    one, four = run(1), run(4)
+    assert one["bytes"] == four["bytes"] == sum(map(len, texts))
+    for key in ("bytes_per_chunk", "boundary_rate", "whitespace_boundary_fraction", "word_start_recall"):
+        assert one[key] == four[key], key
+    assert one["bpb"] == pytest.approx(four["bpb"], rel=1e-6)
