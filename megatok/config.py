@@ -218,7 +218,8 @@ class EvalConfig(_Section):
     seed: int = Field(1234, ge=0, description="sampling seed for validation boundaries")
     heldout: str | list[str] | None = Field(None, description="head-to-head documents with lang/domain (a .jsonl, files, or a shard directory's val split); default: the validation split")
     heldout_max_bytes: int = Field(262144, gt=0, description="head-to-head: bytes of heldout scored (whole documents, every (lang, domain) group of a heldout file in turn)")
-    baseline_run: str | None = Field(None, description="head-to-head: a run directory (usually the BPE token model) whose latest checkpoint is scored on the same bytes at every eval")
+    baseline_run: str | None = Field(None, description="head-to-head: a run directory (usually the BPE token model) whose checkpoint is scored on the same bytes at every eval")
+    baseline_checkpoint: Literal["matched", "latest"] = Field("matched", description="head-to-head: the baseline's checkpoint nearest to this run in training bytes, or its latest")
     bpe_tokenizer: str | None = Field(None, description="head-to-head: tokenizer whose bytes/token is reported (default: baseline_run's, if it is a bpe run)")
 
     @property

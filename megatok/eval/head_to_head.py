@@ -7,10 +7,13 @@ document by document and logs one ``"split": "h2h"`` row with, side by side:
 
 - ``h2h_bpb`` and ``h2h_bytes_per_chunk`` (``h2h_bytes_per_token`` for a token model): the training model;
 - ``h2h_bpe_bytes_per_token``: the BPE tokenizer on the same documents (computed once);
-- ``h2h_baseline_bpb``: the latest checkpoint of ``eval.baseline_run`` (usually the BPE token model
-  at matched FLOPs) on exactly the same bytes (summed token NLL over the same UTF-8 byte count), and
-  ``h2h_bpb_gap`` = baseline - this model (positive: this model is better). The baseline is
-  re-scored only when its latest checkpoint changes (it may be training at the same time);
+- ``h2h_baseline_bpb``: a checkpoint of ``eval.baseline_run`` (usually the BPE token model at matched
+  FLOPs) on exactly the same bytes (summed token NLL over the same UTF-8 byte count), and
+  ``h2h_bpb_gap`` = baseline - this model (positive: this model is better). With
+  ``eval.baseline_checkpoint`` "matched" (the default) it is the baseline's checkpoint whose training
+  bytes are nearest to this model's (``h2h_bytes_seen``, ``h2h_baseline_bytes_seen``): the comparison
+  at equal training bytes; with "latest", its latest checkpoint. The baseline is re-scored only when
+  that checkpoint changes (it may be training at the same time);
 - ``by_lang`` / ``by_domain``: all of the above (with ``h2h_documents`` and ``h2h_bytes``) per "lang" /
   "domain" metadata of the documents. A heldout file larger than ``eval.heldout_max_bytes`` gives
   every (lang, domain) group its turn (heldout_documents); on a parallel set, check that every
@@ -141,10 +144,10 @@ class HeadToHead:
             from megatok.bpe import bytes_per_token, load_tokenizer
 
             self.tokenizer = {"path": path, **bytes_per_token(load_tokenizer(path), self.docs)}
-        self.baseline: tuple[str, dict] | None = None  # (checkpoint tag, result)
+        self.baseline: tuple[str, dict, float | None] | None = None  # (checkpoint tag, result, its bytes)
         self.seconds, self.started = 0.0, time.time()
 
-    def run(self, engine, step: int, device, logger) -> dict:
+    def run(self, engine, step: int, device, logger, bytes_seen: float | None = None) -> dict:
         t0 = time.time()
         e = self.cfg.eval
         split = {}
@@ -156,8 +159,10 @@ class HeadToHead:
         if self.rank != 0:
             self.seconds += time.time() - t0
             return {}
-        base = self._baseline(device)
+        base = self._baseline(device, bytes_seen)
         row = {"step": step, "split": "h2h", **self._figures(mine, base, self.tokenizer)}
+        if bytes_seen is not None:
+            row["h2h_bytes_seen"] = bytes_seen
         for kind in ("lang", "domain"):
             if f"by_{kind}" in mine:
                 row[f"by_{kind}"] = {
@@ -166,6 +171,8 @@ class HeadToHead:
                     for name, r in mine[f"by_{kind}"].items()}
         if base is not None:
             row["h2h_baseline_run"], row["h2h_baseline_checkpoint"] = e.baseline_run, self.baseline[0]
+            if self.baseline[2] is not None:
+                row["h2h_baseline_bytes_seen"] = self.baseline[2]
         self.seconds += time.time() - t0
         row["h2h_seconds"] = self.seconds
         row["h2h_cost_fraction"] = self.seconds / max(1e-9, time.time() - self.started)
@@ -185,16 +192,16 @@ class HeadToHead:
             out["h2h_bpb_gap"] = base["bpb"] - mine["bpb"]
         return out
 
-    def _baseline(self, device) -> dict | None:
-        """The baseline run's result on the documents, re-scored only when its latest checkpoint changes."""
+    def _baseline(self, device, bytes_seen: float | None) -> dict | None:
+        """The baseline run's result on the documents, re-scored only when the chosen checkpoint changes."""
         run = self.cfg.eval.baseline_run
         if not run:
             return None
         from megatok.data.encoding import encoding_for
         from megatok.runs import load_model
-        from megatok.train.checkpoint import latest_tag
 
-        tag = latest_tag(run)
+        matched = self.cfg.eval.baseline_checkpoint == "matched" and bytes_seen is not None
+        tag, its_bytes = baseline_checkpoint(run, bytes_seen if matched else None)
         if tag is None:
             return None  # no checkpoint yet (the baseline may still be starting)
         if self.baseline is None or self.baseline[0] != tag:
@@ -204,5 +211,27 @@ class HeadToHead:
                                         mode=bcfg.eval.boundary_mode, seed=bcfg.eval.seed, device=device,
                                         encoding=encoding_for(bcfg))
             del model
-            self.baseline = (tag, result)
+            self.baseline = (tag, result, its_bytes)
         return self.baseline[1]
+
+
+def baseline_checkpoint(run: str, bytes_seen: float | None) -> tuple[str | None, float | None]:
+    """(tag, its training bytes) of run's checkpoint whose ``bytes_seen`` is nearest to ``bytes_seen``
+    (the later one on a tie), or with None its latest checkpoint. Checkpoints that do not record their
+    bytes (or whose meta cannot be read: being written, damaged) are passed over; (None, None) when
+    there is none."""
+    from megatok.train.checkpoint import latest_tag, published_tags, read_meta
+
+    def its_bytes(tag):
+        try:
+            return read_meta(run, tag).get("bytes_seen")
+        except (OSError, ValueError):
+            return None
+
+    if bytes_seen is None:
+        tag = latest_tag(run)
+        return tag, its_bytes(tag) if tag else None
+    known = [(tag, b) for tag in published_tags(run) if (b := its_bytes(tag)) is not None]
+    if not known:
+        return baseline_checkpoint(run, None)
+    return min(reversed(known), key=lambda tb: abs(tb[1] - bytes_seen))

@@ -311,7 +311,7 @@ def train(cfg: Config, *, resume: str = "auto") -> dict:
     def evaluate(at_step: int) -> None:
         validate(engine, cfg, val, device, at_step, logger)
         if h2h is not None:
-            h2h.run(engine, at_step, device, logger)
+            h2h.run(engine, at_step, device, logger, bytes_seen=bytes_seen)
         engine.train()
 
     if meta and meta.get("eval_pending"):  # a stop request ended the run at an evaluation step before it ran

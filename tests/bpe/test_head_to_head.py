@@ -35,9 +35,12 @@ def runs(shards, tmp_path_factory):
               f"train.run_dir={bpe_run}"], nproc=2)
     unet_run = tmp / "unet"
     # 2 ranks under ZeRO-2: the head-to-head splits the documents' batches over the ranks and merges the sums
+    # 64-byte sequences: 512 training bytes at step 2 and 1,024 at step 4, against the baseline's 430 and
+    # 941 at its checkpoints of steps 3 and 6 (24 tokens x 4 sequences a step, about 1.6 bytes per token
+    # of this small vocabulary), so the two evaluations are matched to different baseline checkpoints
     pretrain(["--config", "configs/tiny.json", "--set", *common, f"train.run_dir={unet_run}", "train.max_steps=4",
               "train.micro_batch_size=2", "train.global_batch_size=4", "eval.every=2", f"eval.heldout={heldout}",
-              f"eval.baseline_run={bpe_run}"], nproc=2)
+              f"eval.baseline_run={bpe_run}", "data.seq_len=64"], nproc=2)
     return {"tmp": tmp, "heldout": heldout, "tok": tok, "bpe": bpe_run, "unet": unet_run, "common": common}
 
 
@@ -128,7 +131,16 @@ def test_head_to_head_rows_match_the_evaluators(runs):
     assert last["h2h_bytes"] == sum(len(d.text) for d in docs) and last["h2h_documents"] == 6
     assert set(last["by_lang"]) == set(PARALLEL) and set(last["by_domain"]) == {"legal"}
     assert 0 < last["h2h_cost_fraction"] < 1
-    assert last["h2h_baseline_checkpoint"] == "step00000006"
+    # each evaluation scores the baseline checkpoint nearest to it in training bytes (the two differ here)
+    from megatok.train import checkpoint
+
+    seen = {r["step"]: r["bytes_seen"] for r in read_metrics(runs["unet"]) if r["split"] == "train"}
+    base_bytes = {t: checkpoint.read_meta(runs["bpe"], t)["bytes_seen"] for t in ("step00000003", "step00000006")}
+    for r in rows:
+        assert r["h2h_bytes_seen"] == seen[r["step"]]
+        nearest = min(base_bytes, key=lambda t: abs(base_bytes[t] - seen[r["step"]]))
+        assert r["h2h_baseline_checkpoint"] == nearest and r["h2h_baseline_bytes_seen"] == base_bytes[nearest]
+    assert [r["h2h_baseline_checkpoint"] for r in rows] == ["step00000003", "step00000006"], (seen, base_bytes)
     # the BPE tokenizer's bytes per token on the same documents
     sp = bpe.load_tokenizer(runs["tok"])
     for lang, texts in PARALLEL.items():
@@ -229,3 +241,24 @@ def test_a_shard_sets_val_split_is_read_as_a_prefix(tmp_path):
         cfg = load_config(ROOT / "configs/tiny.json", overrides=[f"data.shards={shards}", f"{key}={shards}",
                                                                  f"eval.heldout_max_bytes={budget}"])
         assert [d.source for d in heldout_documents(cfg)] == [d.source for d in prefix], key
+
+
+def test_the_baseline_checkpoint_is_the_nearest_in_training_bytes(tmp_path):
+    """eval.baseline_checkpoint "matched": the checkpoint whose bytes_seen is nearest (the later on a
+    tie), passing over checkpoints without the figure or with an unreadable meta; "latest" (None)."""
+    from megatok.eval.head_to_head import baseline_checkpoint
+    from megatok.train import checkpoint
+
+    ck = tmp_path / checkpoint.CHECKPOINTS
+    for step, meta in {2: {"bytes_seen": 100.0}, 4: {"bytes_seen": 300.0}, 6: {}, 8: {"bytes_seen": 700.0},
+                       10: None}.items():
+        (ck / checkpoint.tag_for(step)).mkdir(parents=True)
+        (ck / checkpoint.tag_for(step) / checkpoint.META).write_text("{" if meta is None else json.dumps(meta))
+    checkpoint.set_latest(tmp_path, checkpoint.tag_for(10))
+    tag = checkpoint.tag_for
+    assert baseline_checkpoint(str(tmp_path), 0.0) == (tag(2), 100.0)
+    assert baseline_checkpoint(str(tmp_path), 190.0) == (tag(2), 100.0)
+    assert baseline_checkpoint(str(tmp_path), 200.0) == (tag(4), 300.0)  # a tie: the later
+    assert baseline_checkpoint(str(tmp_path), 1e9) == (tag(8), 700.0)
+    assert baseline_checkpoint(str(tmp_path), None) == (tag(10), None)  # latest, whatever it records
+    assert baseline_checkpoint(str(tmp_path / "none"), 5.0) == (None, None)
