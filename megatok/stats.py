@@ -70,8 +70,8 @@ def row_stats(x: torch.Tensor, y: torch.Tensor, starts: torch.Tensor, ce_full: t
               ce_early: torch.Tensor) -> dict[str, torch.Tensor]:
     """float64 [B] per key: nll / nll_early (nats over byte targets: the SEP ids between packed
     documents are trained on but not counted, so bpb is over UTF-8 bytes only), targets, chunks
-    (starts at real positions), positions (real inputs: inputs with a target), ws_positions / ws_boundaries (whitespace
-    bytes, and those that start a chunk), decisions (chunk starts at t >= 1: the forced one at t = 0
+    (starts at real positions), positions (real inputs: inputs with a target), ws_positions /
+    ws_boundaries (whitespace bytes, and those that start a chunk), decisions (chunk starts at t >= 1: the forced one at t = 0
     is no decision), word_starts, word_starts_hit and aligned_boundaries (see
     :func:`word_start_alignment`): precision = aligned_boundaries / decisions, recall =
     word_starts_hit / word_starts."""
