@@ -205,7 +205,12 @@ class HeadToHead:
         if tag is None:
             return None  # no checkpoint yet (the baseline may still be starting)
         if self.baseline is None or self.baseline[0] != tag:
-            model, bcfg, tag = load_model(run, tag, device)
+            try:
+                model, bcfg, tag = load_model(run, tag, device)
+            except OSError as e:  # e.g. a baseline still training rotated it out (train.keep_checkpoints)
+                keep = f"this row keeps {self.baseline[0]}" if self.baseline else "no baseline in this row"
+                print(f"megatok: warning: eval.baseline_run: {tag} cannot be read ({e}); {keep}", flush=True)
+                return self.baseline[1] if self.baseline else None
             result = evaluate_documents(model, iter(self.docs), seq_len=bcfg.data.seq_len,
                                         batch_size=bcfg.eval.batch_size or bcfg.train.micro_batch_size,
                                         mode=bcfg.eval.boundary_mode, seed=bcfg.eval.seed, device=device,

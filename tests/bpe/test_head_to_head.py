@@ -262,3 +262,27 @@ def test_the_baseline_checkpoint_is_the_nearest_in_training_bytes(tmp_path):
     assert baseline_checkpoint(str(tmp_path), 1e9) == (tag(8), 700.0)
     assert baseline_checkpoint(str(tmp_path), None) == (tag(10), None)  # latest, whatever it records
     assert baseline_checkpoint(str(tmp_path / "none"), 5.0) == (None, None)
+
+
+def test_a_baseline_checkpoint_that_cannot_be_read_does_not_stop_the_run(tmp_path, capsys):
+    """A baseline still training may rotate the chosen checkpoint out between listing and loading (or
+    leave it damaged): the row keeps the last baseline result, or has none, with a warning."""
+    import torch
+
+    from megatok.config import load_config
+    from megatok.eval.head_to_head import HeadToHead
+    from megatok.train import checkpoint
+
+    run = tmp_path / "base"
+    (run / checkpoint.CHECKPOINTS / "step00000002").mkdir(parents=True)
+    load_config(ROOT / "configs/tiny.json", [f"train.run_dir={run}"], world_size=1).dump(run / "config.json")
+    (run / checkpoint.CHECKPOINTS / "step00000002" / checkpoint.META).write_text('{"bytes_seen": 10.0}')
+    checkpoint.set_latest(run, "step00000002")
+    h2h = object.__new__(HeadToHead)  # only what _baseline reads
+    h2h.cfg = load_config(ROOT / "configs/tiny.json", [f"eval.baseline_run={run}"], world_size=1)
+    h2h.docs, h2h.baseline = [], None
+    assert h2h._baseline(torch.device("cpu"), 5.0) is None
+    assert "step00000002 cannot be read" in capsys.readouterr().out
+    h2h.baseline = ("step00000001", {"bpb": 1.5}, 4.0)
+    assert h2h._baseline(torch.device("cpu"), 5.0) == {"bpb": 1.5} and h2h.baseline[0] == "step00000001"
+    assert "this row keeps step00000001" in capsys.readouterr().out
