@@ -176,7 +176,7 @@ class TrainConfig(_Section):
     eps: float = Field(1e-8, gt=0, description="AdamW epsilon")
     grad_clip: float = Field(1.0, ge=0, description="clip the global gradient norm (0: off)")
     seed: int = Field(0, ge=0, description="init, data order and boundary sampling")
-    log_every: int = Field(10, gt=0, description="steps between metrics rows")
+    log_every: int = Field(10, gt=0, description="steps between metrics rows (checkpoint and evaluation steps get one too)")
     save_every: int = Field(100, gt=0, description="steps between checkpoints (and one at the end)")
     keep_checkpoints: int = Field(3, ge=1, description="newest checkpoints kept in RUN_DIR/checkpoints")
     max_skipped_steps: int = Field(10, ge=0, description="abort after this many optimizer steps in a row skipped for non-finite gradients")

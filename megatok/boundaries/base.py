@@ -73,6 +73,10 @@ class BoundaryStrategy(nn.Module):
     #: "sample" draws boundaries; "threshold" uses p > 0.5. Strategies without probabilities ignore
     #: it. The trainer sets it for evaluation.
     eval_mode: str = "sample"
+    #: The training window (data.seq_len), set by megatok.model.build_model (None when the model is
+    #: built otherwise). Evaluation windows are at most this long, padded to the widest in their batch;
+    #: a strategy whose draw depends on the length (uniform) draws over this one, not the batch's.
+    window: int | None = None
 
     def __init__(self, *, d_model: int, target_rate: float, options: BaseModel):
         super().__init__()

@@ -16,4 +16,6 @@ def build_model(cfg, *, sizing_only: bool = False):
         return TokenLM(cfg.model, enc.byte_lengths, pad_id=enc.pad, sep_id=enc.sep)
     from megatok.model.unet import ByteUNet
 
-    return ByteUNet(cfg.model, cfg.boundary)
+    model = ByteUNet(cfg.model, cfg.boundary)
+    model.boundary.window = cfg.data.seq_len
+    return model

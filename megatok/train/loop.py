@@ -365,9 +365,11 @@ def train(cfg: Config, *, resume: str = "auto") -> dict:
                                      f"last good checkpoint: {checkpoint.last_good(run_dir)}")
         totals.add("skipped_steps", torch.tensor(float(skipped)))
 
-        # (every checkpoint step is logged too, so the cumulative bytes and FLOPs it saves are complete)
-        if step % cfg.train.log_every == 0 or step % cfg.train.save_every == 0 or step == cfg.train.max_steps \
-                or stopping:
+        last = step == cfg.train.max_steps
+        eval_due = bool(cfg.eval.every and step % cfg.eval.every == 0) or last
+        # (every checkpoint and evaluation step is logged too, so the cumulative bytes and FLOPs that a
+        # checkpoint saves, and that the head-to-head matches its baseline by, are complete)
+        if step % cfg.train.log_every == 0 or step % cfg.train.save_every == 0 or eval_due or stopping:
             totals.add("bad_shards", torch.tensor(float(position.bad_shards)))  # this rank's running count
             s = totals.all_sum()
             now = time.monotonic()
@@ -393,8 +395,6 @@ def train(cfg: Config, *, resume: str = "auto") -> dict:
             t_last, paused = now, 0.0
 
         t_pause = time.monotonic()
-        last = step == cfg.train.max_steps
-        eval_due = bool(cfg.eval.every and step % cfg.eval.every == 0) or last
         if eval_due and not stopping:
             watchdog.beat(f"evaluating step {step}")
             evaluate(step)

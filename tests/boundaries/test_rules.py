@@ -41,25 +41,32 @@ def test_uniform_hits_exactly_round_rho_times_the_window(rho):
     assert not torch.equal(a, b)  # random positions
 
 
-def test_uniform_draws_do_not_depend_on_length_forced_starts_or_bytes():
-    """The draw at t depends on the generator and the window's shape only: a shorter (padded) row, or
-    a forced start (a SEP) later in the window, leaves every earlier decision as it was."""
-    T, rho = 300, 0.2
-    full = torch.ones(16, T, dtype=torch.bool)
-    ref = uniform_starts(full, rho, torch.Generator().manual_seed(1))
+def test_uniform_draws_do_not_depend_on_length_width_forced_starts_or_bytes():
+    """The draw depends on the generator and the training window only: a shorter (padded) row, a
+    narrower or wider batch (up to the window), or a forced start (a SEP) later in the window, leaves
+    every earlier decision as it was."""
+    S, rho = 300, 0.2
+    full = torch.ones(16, S, dtype=torch.bool)
+    ref = uniform_starts(full, rho, torch.Generator().manual_seed(1), window=S)
+    assert torch.equal(ref, uniform_starts(full, rho, torch.Generator().manual_seed(1)))  # window = T
     for L in (1, 7, 100, 299):
-        padded = torch.arange(T)[None, :] < L
-        s = uniform_starts(padded.expand(16, T), rho, torch.Generator().manual_seed(1))
-        assert torch.equal(s[:, :L], ref[:, :L]) and not s[:, L:].any()
-    forced = torch.zeros(16, T, dtype=torch.bool)
+        padded = torch.arange(S)[None, :] < L
+        for width in (L, 150, S):  # the batch's padded width: its widest row
+            if width < L:
+                continue
+            mask = padded[:, :width].expand(16, width)
+            s = uniform_starts(mask, rho, torch.Generator().manual_seed(1), window=S)
+            assert torch.equal(s[:, :L], ref[:, :L]) and not s[:, L:].any(), (L, width)
+    forced = torch.zeros(16, S, dtype=torch.bool)
     forced[:, [0, 250]] = True
-    s = uniform_starts(full, rho, torch.Generator().manual_seed(1), forced=forced)
+    s = uniform_starts(full, rho, torch.Generator().manual_seed(1), forced=forced, window=S)
     assert torch.equal(s[:, :250], ref[:, :250]) and s[:, 250].all()
-    # a padded row of L bytes keeps t = 0 and the draws on its other L - 1 bytes: about rho x L
-    padded = torch.arange(T)[None, :] < torch.tensor([60, 150] * 500)[:, None]
-    s = uniform_starts(padded, rho, torch.Generator().manual_seed(2))
-    for L, rows in (60, s[0::2]), (150, s[1::2]):
-        assert rows.float().sum(1).mean() == pytest.approx(1 + (L - 1) * (round(rho * T) - 1) / (T - 1), rel=0.02)
+    # a row of L real bytes keeps t = 0 and each later byte with probability (k - 1) / (S - 1)
+    k = round(rho * S)
+    for width, L in ((60, 60), (150, 60), (150, 150)):
+        mask = (torch.arange(width)[None, :] < L).expand(2000, width)
+        s = uniform_starts(mask, rho, torch.Generator().manual_seed(2), window=S)
+        assert s.float().sum(1).mean() == pytest.approx(1 + (L - 1) * (k - 1) / (S - 1), rel=0.02)
 
 
 def test_uniform_strategy_rate_and_positions_are_spread():

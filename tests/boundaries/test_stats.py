@@ -70,7 +70,8 @@ def test_precision_recall_sums_and_ratios():
 
 def test_evaluation_figures_do_not_depend_on_the_batch_size():
     """Documents scored one per batch or several (padded to the widest window) give the same sums: a
-    padded row's last real byte, whose target is padding, is not counted as a position or a chunk."""
+    padded row's last real byte, whose target is padding, is not counted as a position or a chunk.
+    (A deterministic rule; sampled boundaries are drawn per batch, from a seed of its number.)"""
     from megatok.config import load_config
     from megatok.data.documents import Document
     from megatok.eval.bpb import evaluate_documents
@@ -81,6 +82,7 @@ def test_evaluation_figures_do_not_depend_on_the_batch_size():
                                                    "data.seq_len=32"], world_size=1)
     torch.manual_seed(0)
     model = build_model(cfg)
+    assert model.boundary.window == 32  # the training window, which uniform draws over in evaluation too
     texts = [b"a" * n + b" word" for n in (0, 3, 10, 27, 31, 40, 77)]
     docs = [Document(t, "en", "test", f"d{i}") for i, t in enumerate(texts)]
 

@@ -40,7 +40,8 @@ def runs(shards, tmp_path_factory):
     # of this small vocabulary), so the two evaluations are matched to different baseline checkpoints
     pretrain(["--config", "configs/tiny.json", "--set", *common, f"train.run_dir={unet_run}", "train.max_steps=4",
               "train.micro_batch_size=2", "train.global_batch_size=4", "eval.every=2", f"eval.heldout={heldout}",
-              f"eval.baseline_run={bpe_run}", "data.seq_len=64"], nproc=2)
+              f"eval.baseline_run={bpe_run}", "data.seq_len=64",
+              "train.log_every=3"], nproc=2)  # step 2 is logged all the same: an evaluation step
     return {"tmp": tmp, "heldout": heldout, "tok": tok, "bpe": bpe_run, "unet": unet_run, "common": common}
 
 
@@ -135,6 +136,7 @@ def test_head_to_head_rows_match_the_evaluators(runs):
     from megatok.train import checkpoint
 
     seen = {r["step"]: r["bytes_seen"] for r in read_metrics(runs["unet"]) if r["split"] == "train"}
+    assert sorted(seen) == [2, 3, 4]  # log_every 3, and the evaluation steps 2 and 4
     base_bytes = {t: checkpoint.read_meta(runs["bpe"], t)["bytes_seen"] for t in ("step00000003", "step00000006")}
     for r in rows:
         assert r["h2h_bytes_seen"] == seen[r["step"]]
@@ -264,7 +266,7 @@ def test_the_baseline_checkpoint_is_the_nearest_in_training_bytes(tmp_path):
     assert baseline_checkpoint(str(tmp_path / "none"), 5.0) == (None, None)
 
 
-def test_a_baseline_checkpoint_that_cannot_be_read_does_not_stop_the_run(tmp_path, capsys):
+def test_a_baseline_checkpoint_that_cannot_be_read_does_not_stop_the_run(tmp_path, capsys, monkeypatch):
     """A baseline still training may rotate the chosen checkpoint out between listing and loading (or
     leave it damaged): the row keeps the last baseline result, or has none, with a warning."""
     import torch
@@ -280,9 +282,21 @@ def test_a_baseline_checkpoint_that_cannot_be_read_does_not_stop_the_run(tmp_pat
     checkpoint.set_latest(run, "step00000002")
     h2h = object.__new__(HeadToHead)  # only what _baseline reads
     h2h.cfg = load_config(ROOT / "configs/tiny.json", [f"eval.baseline_run={run}"], world_size=1)
-    h2h.docs, h2h.baseline = [], None
+    h2h.docs, h2h.baseline, h2h.warned = [], None, False
     assert h2h._baseline(torch.device("cpu"), 5.0) is None
     assert "step00000002 cannot be read" in capsys.readouterr().out
     h2h.baseline = ("step00000001", {"bpb": 1.5}, 4.0)
     assert h2h._baseline(torch.device("cpu"), 5.0) == {"bpb": 1.5} and h2h.baseline[0] == "step00000001"
     assert "this row keeps step00000001" in capsys.readouterr().out
+
+    def partitions_gone(*args, **kwargs):  # what DeepSpeed raises when files vanish as it lists them
+        raise ValueError("Expected 2 of '*_optim_states.pt' files under ..., but found 1 files.")
+
+    monkeypatch.setattr("megatok.runs.load_model", partitions_gone)
+    assert h2h._baseline(torch.device("cpu"), 5.0) == {"bpb": 1.5}
+    assert "found 1 files.); this row keeps step00000001" in capsys.readouterr().out
+    # checkpoints that do not record their bytes: the latest, with one warning
+    (run / checkpoint.CHECKPOINTS / "step00000002" / checkpoint.META).write_text("{}")
+    for _ in range(2):
+        h2h._baseline(torch.device("cpu"), 5.0)
+    assert capsys.readouterr().out.count("do not record their training bytes") == 1
