@@ -8,6 +8,8 @@ know which strategy it holds.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from pydantic import BaseModel, ConfigDict
 from torch import nn
@@ -58,6 +60,36 @@ class Boundaries(Record):
                  extra: dict | None = None, smooth: torch.Tensor | None = None):
         super().__init__(starts=starts, log_probs=log_probs, probs=probs, gate=gate, smooth=smooth,
                          extra=extra or {}, forced=None, resets=None)
+
+
+_ROW_SEEDS: list = [None]  # the seeds of the rows being evaluated, set by row_seeds()
+
+
+@contextlib.contextmanager
+def row_seeds(seeds: list[int]):
+    """Within this block uniform_noise draws each row of a batch from its own seed (evaluation: a
+    document's boundaries then depend on the document and the seed, not on its batch)."""
+    _ROW_SEEDS[0] = list(seeds)
+    try:
+        yield
+    finally:
+        _ROW_SEEDS[0] = None
+
+
+def uniform_noise(like: torch.Tensor, length: int | None = None) -> torch.Tensor:
+    """U[0, 1) noise shaped, typed and placed like ``like`` [B, T]: what a strategy samples its
+    boundaries with. torch.rand_like(like) normally; inside :func:`row_seeds`, row i comes from its
+    own generator, drawn at length max(T, ``length``) (the strategy's window) and cut to T, so a row
+    gets the same numbers whatever the batch's padded width."""
+    seeds = _ROW_SEEDS[0]
+    if seeds is None:
+        return torch.rand_like(like)
+    B, T = like.shape
+    if len(seeds) != B:
+        raise ValueError(f"row_seeds has {len(seeds)} seeds for a batch of {B} rows")
+    n = max(T, length or T)
+    rows = [torch.rand(n, generator=torch.Generator().manual_seed(s))[:T] for s in seeds]
+    return torch.stack(rows).to(like.device, like.dtype)
 
 
 class BoundaryStrategy(nn.Module):

@@ -27,7 +27,8 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
-from megatok.boundaries.base import Boundaries, BoundaryStrategy, finalize_starts, initialise, straight_through
+from megatok.boundaries.base import (Boundaries, BoundaryStrategy, finalize_starts, initialise, straight_through,
+                                    uniform_noise)
 
 
 class Options(BaseModel):
@@ -74,7 +75,8 @@ class Strategy(BoundaryStrategy):
 
     def forward(self, h, x, mask, forced) -> Boundaries:
         logits = self.head(h).squeeze(-1).float()
-        y = relaxed_bernoulli(logits, self.options.temperature)  # always drawn: the same ops on every call
+        u = uniform_noise(logits, self.window).clamp(1e-6, 1 - 1e-6)  # always drawn: the same ops on every call
+        y = relaxed_bernoulli(logits, self.options.temperature, torch.log(u) - torch.log1p(-u))
         if self.training or self.eval_mode == "sample":
             hard = harden(y)
         else:  # "threshold": the noise-free decision

@@ -31,7 +31,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
 from megatok import rl
-from megatok.boundaries.base import Boundaries, BoundaryStrategy, finalize_starts, initialise, since_forced
+from megatok.boundaries.base import (Boundaries, BoundaryStrategy, finalize_starts, initialise, since_forced,
+                                    uniform_noise)
 
 
 class Options(BaseModel):
@@ -87,7 +88,7 @@ class Strategy(BoundaryStrategy):
         with torch.no_grad():
             base = self.head(h).squeeze(-1).float()
             weights = self.window_head(h).float()
-            noise = torch.rand_like(base)  # drawn at once: the same random stream as w = 1
+            noise = uniform_noise(base, self.window)  # drawn at once: the same random stream as w = 1
             B, T = base.shape
             starts = torch.zeros(B, T, dtype=torch.bool, device=h.device)
             prev = torch.zeros(B, w - 1, device=h.device)  # b_{t-1}, ..., b_{t-w+1}
@@ -106,7 +107,7 @@ class Strategy(BoundaryStrategy):
             logits = self.logits(h)
             probs = torch.sigmoid(logits)
             if mode == "sample":
-                starts = torch.rand_like(probs) < probs
+                starts = uniform_noise(probs, self.window) < probs
             else:  # "threshold". (A "top rho fraction per sequence" rule would look at later bytes: not causal.)
                 starts = probs > 0.5
             starts = finalize_starts(starts.detach(), mask, forced)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from megatok.boundaries.base import Boundaries, BoundaryStrategy, NoOptions, finalize_starts
+from megatok.boundaries.base import Boundaries, BoundaryStrategy, NoOptions, finalize_starts, uniform_noise
 
 Options = NoOptions
 
@@ -28,7 +28,8 @@ def uniform_starts(mask: torch.Tensor, rate: float, generator: torch.Generator |
     B, T = mask.shape
     S = max(T, window or T)
     k = max(1, round(rate * S))  # Python's round(), half to even
-    scores = torch.rand(B, S, generator=generator, device=mask.device)
+    scores = (torch.rand(B, S, generator=generator, device=mask.device) if generator is not None
+              else uniform_noise(torch.empty(B, S, device=mask.device)))
     scores[:, 0] = -1.0  # t = 0 first
     starts = (scores.argsort(1).argsort(1) < k)[:, :T]  # the k lowest scores of each row
     if forced is not None:

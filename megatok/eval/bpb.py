@@ -8,12 +8,14 @@ caller's RNG state afterwards) or uses a deterministic rule; ``boundary_rule`` s
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
 
 import torch
 
+from megatok.boundaries.base import row_seeds
 from megatok.data.encoding import BYTES
 from megatok.stats import ratios
 
@@ -84,6 +86,14 @@ def evaluate_batches(model, batches: Iterable[tuple], *, mode: str, seed: int, d
     return out
 
 
+def window_seed(seed: int, text: bytes, window: int) -> int:
+    """The seed of a document window's sampled boundaries: from the evaluation seed, the document's
+    bytes and the window's index in it, so a document gets the same boundaries whatever else is
+    evaluated with it, in which order, batch size or number of ranks."""
+    digest = hashlib.blake2b(text, digest_size=8, key=f"{seed}:{window}".encode()).digest()
+    return int.from_bytes(digest, "little") & (2**63 - 1)
+
+
 def document_windows(text: bytes, seq_len: int, encoding=BYTES) -> list[torch.Tensor]:
     """One document as [separator] + ids, cut into windows of seq_len + 1 with an overlap of one
     token, so every byte (or token) of the document is predicted exactly once (the separator is
@@ -102,15 +112,18 @@ def evaluate_documents(model, docs: Iterator, *, seq_len: int, batch_size: int, 
 
     Split over ranks: with ``share=(rank, world)`` this process runs only batches rank, rank + world,
     ...; ``gather(obj)`` must return every rank's obj (torch.distributed.all_gather_object) and the
-    partial sums are merged, so every rank returns the same result as one process would (the seed of
-    a batch depends on its number only)."""
+    partial sums are merged, so every rank returns the same result as one process would.
+
+    Sampled boundaries: each window draws its own (:func:`window_seed`: the seed, the document's bytes,
+    the window's index), so a document's figures do not depend on the batch size, the order of the
+    documents or what else is evaluated with it."""
     module = getattr(model, "module", model)
     was_training = module.training
     module.eval()
     _set_eval_mode(module, mode)
     groups: dict[tuple[str, str], dict[str, float]] = defaultdict(lambda: defaultdict(float))
     doc_bpb: dict[tuple[str, str], list[float]] = defaultdict(list)
-    pending: list[tuple[int, torch.Tensor]] = []  # (document number, window)
+    pending: list[tuple[int, torch.Tensor, int]] = []  # (document number, window, its boundary seed)
     meta: dict[int, tuple[str, str]] = {}  # document number -> (lang, domain)
     per_doc: dict[int, list[float]] = defaultdict(lambda: [0.0, 0.0])  # nll, bytes
     batch_no = 0
@@ -123,14 +136,14 @@ def evaluate_documents(model, docs: Iterator, *, seq_len: int, batch_size: int, 
             batch_no += 1
             pending.clear()
             return
-        width = max(len(w) for _, w in pending)
+        width = max(len(w) for _, w, _ in pending)
         tokens = torch.full((len(pending), width), encoding.pad, dtype=torch.long)
-        for row, (_, w) in enumerate(pending):
+        for row, (_, w, _) in enumerate(pending):
             tokens[row, :len(w)] = w
-        with _Seeded(seed * 1_000_003 + batch_no):
+        with _Seeded(seed * 1_000_003 + batch_no), row_seeds([s for _, _, s in pending]):
             cols = {k: v.cpu().tolist() for k, v in row_sums(model, tokens.to(device)).items()}
         batch_no += 1
-        for i, (doc_no, _) in enumerate(pending):
+        for i, (doc_no, _, _) in enumerate(pending):
             row = {k: cols[k][i] for k in cols}
             for key in _keys(meta[doc_no]):
                 for k, v in row.items():
@@ -141,8 +154,8 @@ def evaluate_documents(model, docs: Iterator, *, seq_len: int, batch_size: int, 
 
     for doc_no, d in enumerate(docs):
         meta[doc_no] = (d.lang or "unknown", d.domain or "unknown")
-        for w in document_windows(d.text, seq_len, encoding):
-            pending.append((doc_no, w))
+        for i, w in enumerate(document_windows(d.text, seq_len, encoding)):
+            pending.append((doc_no, w, window_seed(seed, d.text, i)))
             if len(pending) == batch_size:
                 flush()
         if progress is not None:

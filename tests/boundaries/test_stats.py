@@ -95,3 +95,36 @@ def test_evaluation_figures_do_not_depend_on_the_batch_size():
     for key in ("bytes_per_chunk", "boundary_rate", "whitespace_boundary_fraction", "word_start_recall"):
         assert one[key] == four[key], key
     assert one["bpb"] == pytest.approx(four["bpb"], rel=1e-6)
+
+
+@pytest.mark.parametrize("strategy", ["policy", "gumbel", "uniform"])
+def test_sampled_boundaries_of_a_document_do_not_depend_on_its_batch(strategy):
+    """A document's sampled boundaries come from the seed, its bytes and the window's index: the same
+    figures one per batch or several, in another order, or next to other documents."""
+    from megatok.config import load_config
+    from megatok.data.documents import Document
+    from megatok.eval.bpb import evaluate_documents
+    from megatok.model import build_model
+    from tests.conftest import ROOT
+
+    cfg = load_config(ROOT / "configs/tiny.json", [f'boundary={{"strategy": "{strategy}", "target_rate": 0.25}}',
+                                                   "data.seq_len=32"], world_size=1)
+    torch.manual_seed(0)
+    model = build_model(cfg)
+    texts = [b"a" * n + b" word, and more" for n in (0, 3, 10, 27, 31, 40, 77)]
+    docs = [Document(t, "en" if i % 2 else "fr", "test", f"d{i}") for i, t in enumerate(texts)]
+
+    def run(documents, batch_size, seed=0):
+        return evaluate_documents(model, iter(documents), seq_len=32, batch_size=batch_size, mode="sample",
+                                  seed=seed, device=torch.device("cpu"))
+
+    one, four, backwards = run(docs, 1), run(docs, 4), run(docs[::-1], 3)
+    french_alone = run(docs[0::2], 2)
+    keys = ("bpb", "bytes_per_chunk", "boundary_rate", "whitespace_boundary_fraction", "word_start_recall")
+    # boundary figures exactly; bpb to float rounding (a batch's padded width changes the arithmetic)
+    for other in (four, backwards):
+        for key in keys:
+            assert other[key] == pytest.approx(one[key], rel=1e-6 if key == "bpb" else 0), key
+    for key in keys:
+        assert french_alone[key] == pytest.approx(one["by_lang"]["fr"][key], rel=1e-6 if key == "bpb" else 0), key
+    assert run(docs, 1, seed=1)["bytes_per_chunk"] != one["bytes_per_chunk"]  # the seed still matters
