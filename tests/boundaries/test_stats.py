@@ -71,7 +71,7 @@ def test_precision_recall_sums_and_ratios():
 def test_evaluation_figures_do_not_depend_on_the_batch_size():
     """Documents scored one per batch or several (padded to the widest window) give the same sums: a
     padded row's last real byte, whose target is padding, is not counted as a position or a chunk.
-    (A deterministic rule; sampled boundaries are drawn per batch, from a seed of its number.)"""
+    (A deterministic rule here; sampled boundaries are the next test's.)"""
     from megatok.config import load_config
     from megatok.data.documents import Document
     from megatok.eval.bpb import evaluate_documents
