@@ -15,13 +15,18 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (x * m).sum() / m.sum().clamp(min=1)
 
 
-def batch_baseline(r: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+def batch_baseline(r: torch.Tensor, mask: torch.Tensor, across_ranks: bool = False) -> torch.Tensor:
     """A_t = r_t - mean over the batch of r_t, the mean taken over sequences that are real at t.
 
-    Padded positions get 0 and do not enter the mean.
+    Padded positions get 0 and do not enter the mean. ``across_ranks``: the batch is every rank's
+    micro-batch (one all-reduce of the per-position sums and counts over the default process group,
+    when one is up; every rank must call it, with the same T).
     """
     m = mask.to(r.dtype)
-    mean = (r * m).sum(0) / m.sum(0).clamp(min=1)
+    sums = torch.stack([(r * m).sum(0), m.sum(0)])
+    if across_ranks and torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.all_reduce(sums)
+    mean = sums[0] / sums[1].clamp(min=1)
     return (r - mean) * m
 
 

@@ -56,6 +56,43 @@ def test_batch_baseline_has_zero_mean_per_position_over_real_entries():
     assert a[0, 29] == pytest.approx(0.0, abs=1e-6)
 
 
+
+DP_WORKER = """
+import sys, torch, torch.distributed as dist
+from megatok import rl
+rank, store, out = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+r = torch.randn(3, 7, generator=torch.Generator().manual_seed(rank))
+mask = torch.ones(3, 7, dtype=torch.bool)
+mask[2, 4:] = rank == 0  # rank 1's last row is padded from t = 4
+torch.save({"r": r, "mask": mask, "adv": rl.batch_baseline(r, mask, across_ranks=True),
+            "local": rl.batch_baseline(r, mask)}, out)
+dist.destroy_process_group()
+"""
+
+
+def test_the_data_parallel_baseline_is_the_mean_over_every_ranks_rows(tmp_path):
+    """baseline_scope "data_parallel": two gloo ranks, each with its own rows; each rank's advantage is
+    its reward less the per-position mean over both ranks' real rows (one all-reduce)."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    script = tmp_path / "worker.py"
+    script.write_text(DP_WORKER)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    procs = [subprocess.Popen([sys.executable, script, str(rank), tmp_path / "store", tmp_path / f"{rank}.pt"],
+                              env=env) for rank in (0, 1)]
+    assert [p.wait(timeout=120) for p in procs] == [0, 0]
+    parts = [torch.load(tmp_path / f"{rank}.pt") for rank in (0, 1)]
+    r = torch.cat([p["r"] for p in parts])
+    mask = torch.cat([p["mask"] for p in parts])
+    whole = rl.batch_baseline(r, mask)  # one process holding both ranks' rows
+    torch.testing.assert_close(torch.cat([p["adv"] for p in parts]), whole, rtol=0, atol=1e-6)
+    assert not torch.allclose(parts[0]["local"], parts[0]["adv"])  # not the micro-batch's own mean
+
 def test_policy_loss_gradient_equals_the_reinforce_expression_by_hand():
     torch.manual_seed(0)
     B, T, D, lam, gamma, cap = 3, 6, 4, 0.01, 0.9, 6.0

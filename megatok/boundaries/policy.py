@@ -41,7 +41,10 @@ class Options(BaseModel):
     logit_cap: float = Field(6.0, gt=0, description="soft cap c: logit = c tanh(f(h) / c)")
     lambda_policy: float = Field(0.01, ge=0, description="weight of the policy-gradient loss")
     lambda_rate: float = Field(0.01, ge=0, description="weight of the rate loss holding p at target_rate")
-    batch_baseline: bool = Field(True, description="subtract the micro-batch mean reward at each position")
+    batch_baseline: bool = Field(True, description="subtract the batch mean reward at each position")
+    baseline_scope: Literal["micro_batch", "data_parallel"] = Field(
+        "micro_batch", description="the batch baseline's mean: over this rank's micro-batch, or over the "
+                                   "micro-batches of all data-parallel ranks (method.md's batch at accumulation 1)")
     early_exit_reward: bool = Field(True, description="reward CE_early - CE_full; off: reward -CE_full")
     window: int = Field(1, ge=1, le=64, description="condition each decision on the previous window-1 decisions (1: independent per byte)")
     rate_scope: Literal["batch", "sequence"] = Field("batch", description="hold the rate at target over the micro-batch (method.md), or in every sequence")
@@ -122,7 +125,8 @@ class Strategy(BoundaryStrategy):
         o = self.options
         reward = (ce_early - ce_full) if o.early_exit_reward else -ce_full
         reward = reward.detach().float() * mask
-        adv = rl.batch_baseline(reward, mask) if o.batch_baseline else reward
+        across = o.baseline_scope == "data_parallel" and self.training  # evaluation: no collective
+        adv = rl.batch_baseline(reward, mask, across_ranks=across) if o.batch_baseline else reward
         returns = rl.discounted_returns(adv, o.gamma, resets=b.resets)
         decisions = mask & ~b.forced  # b_1 (and every forced start) is no decision: no gradient
         return {

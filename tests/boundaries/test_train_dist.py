@@ -21,6 +21,8 @@ SECTIONS = {
     "whitespace": {"strategy": "whitespace"},
     "bpe": {"strategy": "bpe"},
     "policy-document-mask": {"strategy": "policy"},
+    # the batch baseline over both ranks' micro-batches: one all-reduce in every training step's loss
+    "policy-data-parallel-baseline": {"strategy": "policy", "baseline_scope": "data_parallel"},
 }
 
 
