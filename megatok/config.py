@@ -474,6 +474,8 @@ def _check_derived(cfg: Config, where: str, world_size: int) -> None:
     if t.decay_steps is not None and t.lr_schedule != "wsd":
         raise ConfigError(f"{where}: train.decay_steps is only for train.lr_schedule 'wsd' (it is '{t.lr_schedule}')")
     opts = cfg.boundary.options
-    if opts.get("batch_baseline") and t.micro_batch_size < 2:
-        raise ConfigError(f"{where}: boundary.batch_baseline needs train.micro_batch_size >= 2 "
-                          f"(the baseline is the mean over the micro-batch; with 1 sequence every advantage is 0)")
+    across = opts.get("baseline_scope") == "data_parallel"
+    if opts.get("batch_baseline") and t.micro_batch_size * (world_size if across else 1) < 2:
+        raise ConfigError(f"{where}: boundary.batch_baseline needs train.micro_batch_size >= 2, or "
+                          f"boundary.baseline_scope 'data_parallel' on 2 or more ranks (the baseline is the mean "
+                          f"over the batch; with 1 sequence every advantage is 0)")

@@ -184,6 +184,10 @@ def test_launcher_names_the_mixture_source_short_of_shards(tmp_path, shards):
 def test_baseline_needs_two_sequences_per_micro_batch(tmp_path):
     msg = error_of(write(tmp_path, "c.json", {"train": {"micro_batch_size": 1}}), world_size=1)
     assert "batch_baseline" in msg and "micro_batch_size" in msg
+    # over the data-parallel ranks, one sequence per rank is enough on 2 ranks, not on 1
+    dp = {"train": {"micro_batch_size": 1}, "boundary": {"strategy": "policy", "baseline_scope": "data_parallel"}}
+    assert "baseline_scope 'data_parallel' on 2 or more ranks" in error_of(write(tmp_path, "d.json", dp), world_size=1)
+    assert load_config(write(tmp_path, "e.json", dp), world_size=2).boundary.options["baseline_scope"] == "data_parallel"
 
 
 def test_launcher_fails_before_any_process_group(tmp_path):
