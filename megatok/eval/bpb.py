@@ -12,6 +12,7 @@ import hashlib
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
+from contextlib import nullcontext
 
 import torch
 
@@ -123,7 +124,8 @@ def evaluate_documents(model, docs: Iterator, *, seq_len: int, batch_size: int, 
     _set_eval_mode(module, mode)
     groups: dict[tuple[str, str], dict[str, float]] = defaultdict(lambda: defaultdict(float))
     doc_bpb: dict[tuple[str, str], list[float]] = defaultdict(list)
-    pending: list[tuple[int, torch.Tensor, int]] = []  # (document number, window, its boundary seed)
+    pending: list[tuple[int, torch.Tensor, bytes, int]] = []  # (document number, window, document, window index)
+    sampled = mode == "sample" and hasattr(module, "boundary")  # only sampled boundaries need window seeds
     meta: dict[int, tuple[str, str]] = {}  # document number -> (lang, domain)
     per_doc: dict[int, list[float]] = defaultdict(lambda: [0.0, 0.0])  # nll, bytes
     batch_no = 0
@@ -136,14 +138,15 @@ def evaluate_documents(model, docs: Iterator, *, seq_len: int, batch_size: int, 
             batch_no += 1
             pending.clear()
             return
-        width = max(len(w) for _, w, _ in pending)
+        width = max(len(w) for _, w, _, _ in pending)
         tokens = torch.full((len(pending), width), encoding.pad, dtype=torch.long)
-        for row, (_, w, _) in enumerate(pending):
+        for row, (_, w, _, _) in enumerate(pending):
             tokens[row, :len(w)] = w
-        with _Seeded(seed * 1_000_003 + batch_no), row_seeds([s for _, _, s in pending]):
+        seeds = row_seeds([window_seed(seed, text, i) for _, _, text, i in pending]) if sampled else nullcontext()
+        with _Seeded(seed * 1_000_003 + batch_no), seeds:
             cols = {k: v.cpu().tolist() for k, v in row_sums(model, tokens.to(device)).items()}
         batch_no += 1
-        for i, (doc_no, _, _) in enumerate(pending):
+        for i, (doc_no, _, _, _) in enumerate(pending):
             row = {k: cols[k][i] for k in cols}
             for key in _keys(meta[doc_no]):
                 for k, v in row.items():
@@ -155,7 +158,7 @@ def evaluate_documents(model, docs: Iterator, *, seq_len: int, batch_size: int, 
     for doc_no, d in enumerate(docs):
         meta[doc_no] = (d.lang or "unknown", d.domain or "unknown")
         for i, w in enumerate(document_windows(d.text, seq_len, encoding)):
-            pending.append((doc_no, w, window_seed(seed, d.text, i)))
+            pending.append((doc_no, w, d.text, i))
             if len(pending) == batch_size:
                 flush()
         if progress is not None:
