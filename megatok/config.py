@@ -179,6 +179,9 @@ class TrainConfig(_Section):
     log_every: int = Field(10, gt=0, description="steps between metrics rows (checkpoint and evaluation steps get one too)")
     save_every: int = Field(100, gt=0, description="steps between checkpoints (and one at the end)")
     keep_checkpoints: int = Field(3, ge=1, description="newest checkpoints kept in RUN_DIR/checkpoints")
+    keep_every: int | None = Field(None, gt=0, description="also keep, for good, every checkpoint whose step is a "
+                                                          "multiple of this (a multiple of save_every): for the "
+                                                          "head-to-head's matched baseline checkpoints, or analysis")
     max_skipped_steps: int = Field(10, ge=0, description="abort after this many optimizer steps in a row skipped for non-finite gradients")
     dist_timeout_s: float = Field(600.0, gt=0, description="collectives that take longer fail instead of hanging")
     save_timeout_s: float | None = Field(None, gt=0, description="how long one checkpoint save may take before the "
@@ -473,6 +476,9 @@ def _check_derived(cfg: Config, where: str, world_size: int) -> None:
                           f"the warmup")
     if t.decay_steps is not None and t.lr_schedule != "wsd":
         raise ConfigError(f"{where}: train.decay_steps is only for train.lr_schedule 'wsd' (it is '{t.lr_schedule}')")
+    if t.keep_every is not None and t.keep_every % t.save_every:
+        raise ConfigError(f"{where}: train.keep_every={t.keep_every} is not a multiple of train.save_every "
+                          f"({t.save_every}): no checkpoint would be written at most of its steps")
     opts = cfg.boundary.options
     across = opts.get("baseline_scope") == "data_parallel"
     if opts.get("batch_baseline") and t.micro_batch_size * (world_size if across else 1) < 2:

@@ -247,3 +247,12 @@ def test_wsd_and_constant_schedules():
         load_config(None, ["train.max_steps=20", "train.lr_schedule=wsd"], world_size=1)  # warmup 20
     with pytest.raises(ConfigError, match="train.decay_steps is only for train.lr_schedule 'wsd'"):
         load_config(None, sets + ["train.decay_steps=5"], world_size=1)
+
+
+def test_keep_every_is_a_multiple_of_save_every():
+    cfg = load_config(None, ["train.save_every=50", "train.keep_every=200"], world_size=1)
+    assert cfg.train.keep_every == 200
+    with pytest.raises(ConfigError, match=r"train.keep_every=120 is not a multiple of train.save_every \(50\)"):
+        load_config(None, ["train.save_every=50", "train.keep_every=120"], world_size=1)
+    with pytest.raises(ConfigError, match="train.keep_every"):
+        load_config(None, ["train.keep_every=0"], world_size=1)

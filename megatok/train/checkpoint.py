@@ -65,6 +65,16 @@ def published_tags(run_dir: str | Path) -> list[str]:
     return sorted(p.name for p in d.glob("step*") if p.is_dir() and not p.name.endswith(".tmp")) if d.is_dir() else []
 
 
+def rotated_out(tags: list[str], keep: int, keep_every: int | None = None) -> list[str]:
+    """Of the published ``tags`` (oldest first), those a save deletes: all but the newest ``keep``,
+    except those whose step is a multiple of ``keep_every``."""
+    def kept_for_good(tag: str) -> bool:
+        digits = tag.removeprefix("step")
+        return bool(keep_every) and digits.isdigit() and int(digits) % keep_every == 0
+
+    return [t for t in (tags[:-keep] if keep > 0 else []) if not kept_for_good(t)]
+
+
 def mark_evaluated(run_dir: str | Path, tag: str) -> None:
     """Rank 0: the evaluation a checkpoint left pending (``eval_pending``) has been run and logged."""
     path = checkpoint_dir(run_dir) / tag / META
@@ -388,8 +398,10 @@ def _publish(run_dir: str | Path, tmp: Path, tag: str, meta: dict) -> None:
 
 
 def save(engine, run_dir: str | Path, step: int, meta: dict, keep: int = 3,
-         cursors: dict[int, dict] | None = None) -> str:
-    """Collective: every rank calls it, with its readers' data ``cursors``. Returns the published tag."""
+         cursors: dict[int, dict] | None = None, keep_every: int | None = None) -> str:
+    """Collective: every rank calls it, with its readers' data ``cursors``. Returns the published tag.
+    Afterwards the newest ``keep`` checkpoints remain, and every one whose step is a multiple of
+    ``keep_every``."""
     import torch.distributed as dist
 
     if not weights_finite(engine):
@@ -426,7 +438,7 @@ def save(engine, run_dir: str | Path, step: int, meta: dict, keep: int = 3,
             if not _write_failed(exn):
                 raise
             raise _unwritten(run_dir, tmp, step, exn) from None
-        for old_tag in published_tags(run_dir)[:-keep] if keep > 0 else []:
+        for old_tag in rotated_out(published_tags(run_dir), keep, keep_every):
             if old_tag != tag:
                 shutil.rmtree(ckdir / old_tag, ignore_errors=True)
         _warn_if_the_next_will_not_fit(ckdir / tag, step, keep)

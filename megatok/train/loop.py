@@ -411,7 +411,7 @@ def train(cfg: Config, *, resume: str = "auto") -> dict:
                                                    "layout": layout(cfg, world), "bytes_seen": bytes_seen,
                                                    "param_shapes": shapes,
                                                    "flops": flops_seen}, keep=cfg.train.keep_checkpoints,
-                            cursors=position.cursors)
+                            keep_every=cfg.train.keep_every, cursors=position.cursors)
         paused += time.monotonic() - t_pause
         if stopping:
             logger.log({"step": step, "split": "event", "event": stop.reason(),

@@ -269,3 +269,16 @@ def test_a_save_warns_when_the_next_one_will_not_fit(tmp_path, monkeypatch, caps
     monkeypatch.setattr(checkpoint.shutil, "disk_usage", lambda path: real(path)._replace(free=2 * size))
     checkpoint.save(FilesEngine(), tmp_path, 5, {**meta, "step": 5})
     assert "warning" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("keep_every, left", [(None, [6, 7]), (3, [3, 6, 7]), (2, [2, 4, 6, 7])])
+def test_saves_keep_the_newest_and_every_multiple_of_keep_every(tmp_path, one_rank, keep_every, left):
+    for step in range(1, 8):
+        checkpoint.save(FilesEngine(), tmp_path, step, {"step": step}, keep=2, keep_every=keep_every)
+    assert checkpoint.published_tags(tmp_path) == [checkpoint.tag_for(s) for s in left]
+    assert checkpoint.latest_tag(tmp_path) == "step00000007"
+
+
+def test_only_step_tags_are_kept_for_good():
+    tags = ["step00000002", "step00000004-copy", "step00000005", "step00000006"]
+    assert checkpoint.rotated_out(tags, 1, 2) == ["step00000004-copy", "step00000005"]

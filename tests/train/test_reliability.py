@@ -438,15 +438,16 @@ def test_two_ranks_to_one_rank_and_export_matches_the_live_engine(shards, refere
     # one rank, same global batch (accumulation 2): ZeRO-2 states re-partitioned via the universal format,
     # from step 6 while a step-8 checkpoint exists (a rollback: step 8 is set aside).
     # A negligible learning rate for the one step makes the step-7 weights the loaded step-6 weights.
+    # and keep_checkpoints 1 with keep_every 4: step 6 is rotated out after step 7, step 4 is kept for good
     r = pretrain(args(shards, run, "train.max_steps=7", "train.save_every=2", "train.global_batch_size=8",
-                      "train.lr=1e-12", "--resume", "step00000006"))
+                      "train.lr=1e-12", "train.keep_checkpoints=1", "train.keep_every=4", "--resume", "step00000006"))
     assert "the data stream finishes epoch 0 with what the earlier layout had not read" in r.stdout
     assert checkpoint.read_meta(run, "step00000007")["stream_origin"]["unread"]
     assert sorted(train_rows(run)) == [7]
     (aside,) = run.glob("superseded-*")
     assert sorted(p.name for p in (aside / "checkpoints").iterdir()) == ["step00000008"]
     live = sorted(p.name for p in (run / "checkpoints").glob("step*"))
-    assert live == ["step00000004", "step00000006", "step00000007"]
+    assert live == ["step00000004", "step00000007"]
     assert checkpoint.read_meta(run, "step00000007")["layout"]["world_size"] == 1
     before = runs.load_model(reference, "step00000006")[0].state_dict()
     after = runs.load_model(run, "step00000007")[0].state_dict()
