@@ -10,6 +10,7 @@ dataset.
 import gzip
 import json
 import os
+import sys
 import zlib
 from dataclasses import dataclass
 from typing import Iterator
@@ -29,32 +30,51 @@ class Document:
     lang: str | None
     domain: str | None
     source: str  # "path/to/file.jsonl:17", "file.txt", or "file.txt#2" for the third piece of a split file
+    piece: int = 0  # which piece of a split input document this is (0: the first, or the whole document)
 
 
-def list_input_files(paths: list[str]) -> list[str]:
+def list_input_files(paths: list[str], warn: bool = True) -> list[str]:
     """Expand input paths into the list of files to read, in a stable (sorted) order.
 
-    Directories are walked recursively and files with unsupported suffixes inside them are
-    ignored; an unsupported file named explicitly is an error, because the user asked for it.
+    Directories are walked recursively (symbolic links followed, each directory once) and files
+    with unsupported suffixes inside them are ignored; an unsupported file named explicitly is an
+    error, because the user asked for it. A file reached twice (named inside a directory also given,
+    or through a link) is read once, at its first place, with a warning (``warn``).
     """
     if isinstance(paths, str):
         paths = [paths]
-    files = []
+    files, seen_files, seen_dirs, twice = [], set(), set(), []
+
+    def add(file):
+        real = os.path.realpath(file)
+        if real in seen_files:
+            twice.append(file)
+        else:
+            seen_files.add(real)
+            files.append(file)
+
     for path in paths:
-        if os.path.isdir(path):
+        if os.path.isdir(path) and os.path.realpath(path) in seen_dirs:
+            twice.append(path)  # a directory already walked, under this name or another
+        elif os.path.isdir(path):
             found = []
             for root, dirs, names in os.walk(path, followlinks=True):
-                dirs.sort()
+                seen_dirs.add(os.path.realpath(root))
+                dirs[:] = sorted(d for d in dirs if os.path.realpath(os.path.join(root, d)) not in seen_dirs)
                 found += [os.path.join(root, n) for n in sorted(names) if n.endswith(SUFFIXES)]
             if not found:
                 raise DataError(f"{path}: directory contains no {', '.join(SUFFIXES)} files")
-            files += found
+            for file in found:
+                add(file)
         elif os.path.exists(path):
             if not path.endswith(SUFFIXES):
                 raise DataError(f"{path}: unsupported file type (expected one of {', '.join(SUFFIXES)})")
-            files.append(path)
+            add(path)
         else:
             raise DataError(f"{path}: no such file or directory")
+    if twice and warn:
+        print(f"megatok: warning: {len(twice)} input(s) reached twice, read once: {', '.join(twice[:3])}"
+              f"{' ...' if len(twice) > 3 else ''}", file=sys.stderr, flush=True)
     return files
 
 
@@ -148,7 +168,7 @@ def iter_documents(paths: list[str], *, lang: str | None = None, domain: str | N
     stats = {} if stats is None else stats
     for key in ("documents", "bytes", "empty_documents", "split_documents"):
         stats.setdefault(key, 0)
-    for path in list_input_files(paths):
+    for path in list_input_files(paths, warn=False):  # the tools list the inputs first, which warns
         if path.endswith(JSONL_SUFFIXES):
             records = _jsonl_records(path, lang, domain)
         else:
@@ -163,4 +183,4 @@ def iter_documents(paths: list[str], *, lang: str | None = None, domain: str | N
             for k, piece in enumerate(pieces):
                 stats["documents"] += 1
                 stats["bytes"] += len(piece)
-                yield Document(piece, doc_lang, doc_domain, source if len(pieces) == 1 else f"{source}#{k}")
+                yield Document(piece, doc_lang, doc_domain, source if len(pieces) == 1 else f"{source}#{k}", k)

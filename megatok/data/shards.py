@@ -69,11 +69,11 @@ def _bytes_by(labels: list, lens: np.ndarray, indices) -> dict[str, int]:
     return dict(sorted(out.items()))
 
 
-def _copies(weights: np.ndarray, seed: int) -> np.ndarray:
+def _copies(weights: np.ndarray, seed: int, first: np.ndarray) -> np.ndarray:
     """Copies of each document for mixture weights: floor(w), plus one more with probability w - floor(w)
-    (decided by (seed, document index) alone, like the val split)."""
+    (decided by (seed, index of the input document's first piece) alone, like the val split)."""
     base = np.floor(weights)
-    extra = np.array([_val_score(seed + 7919, i) for i in range(len(weights))]) < weights - base
+    extra = np.array([_val_score(seed + 7919, int(i)) for i in first]) < weights - base
     return (base + extra).astype(np.int64)
 
 
@@ -99,7 +99,7 @@ def _build(inputs, files, tmp, *, val_fraction, num_shards, shard_bytes, min_sha
     """Both passes of the build, writing into the (existing, empty) directory tmp."""
     estimate = _estimate_bytes(files)
     stats = {}
-    offsets, text_lens, meta_lens, scores = array("q"), array("q"), array("q"), array("d")
+    offsets, text_lens, meta_lens, first = array("q"), array("q"), array("q"), array("q")
     doc_weights, doc_langs, seen = array("d"), [], {"lang": set(), "domain": set()}
     spill_path = os.path.join(tmp, "documents.spill")
     with open(spill_path, "w+b") as spill:
@@ -111,7 +111,7 @@ def _build(inputs, files, tmp, *, val_fraction, num_shards, shard_bytes, min_sha
                 offsets.append(spill.tell())
                 text_lens.append(len(doc.text))
                 meta_lens.append(len(meta))
-                scores.append(_val_score(seed, i))
+                first.append(i - doc.piece)  # the pieces of a split document share its first piece's draws
                 seen["lang"].add(doc.lang)
                 doc_langs.append(doc.lang)
                 seen["domain"].add(doc.domain)
@@ -131,9 +131,14 @@ def _build(inputs, files, tmp, *, val_fraction, num_shards, shard_bytes, min_sha
                                     f"(found: {', '.join(sorted(map(str, seen[key] - {None}))) or 'none'})")
 
         # pass 2: split, shuffle (train: with each document's copies for the mixture weights), cut, write
-        is_val = _choose_val(np.frombuffer(scores, dtype=np.float64), val_fraction)
+        # decided per input document, so no document has pieces on both sides (the same decisions as
+        # piece by piece when nothing was split)
+        first_piece = np.frombuffer(first, dtype=np.int64)
+        heads = np.flatnonzero(first_piece == np.arange(n))
+        head_val = _choose_val(np.array([_val_score(seed, int(i)) for i in heads]), val_fraction)
+        is_val = head_val[np.searchsorted(heads, first_piece)]
         lens = np.frombuffer(text_lens, dtype=np.int64)
-        n_copies = _copies(np.frombuffer(doc_weights, dtype=np.float64), seed) if any(weights.values()) else None
+        n_copies = _copies(np.frombuffer(doc_weights, dtype=np.float64), seed, first_piece) if any(weights.values()) else None
         rng = np.random.default_rng(seed)
         splits, repeat = {}, {}
         for split, mask in (("train", ~is_val), ("val", is_val)):
@@ -228,6 +233,8 @@ def build_shards(inputs: list[str], out_dir: str, *, val_fraction: float = 0.01,
         raise ValueError("shard_bytes and min_shards must be positive")
     files = list_input_files(inputs)  # fail on a missing input before touching anything
     out_dir = os.path.normpath(out_dir)
+    if os.path.islink(out_dir):  # e.g. data/shards -> /shared/shards: rebuild the target, keep the link
+        out_dir = os.path.realpath(out_dir)
     if os.path.exists(out_dir):
         if not os.path.isdir(out_dir):
             raise DataError(f"{out_dir}: exists and is not a directory")

@@ -3,6 +3,7 @@ import hashlib
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 from collections import Counter
@@ -160,6 +161,21 @@ def test_cli(tmp_path):
     assert result.stderr.startswith("error: ") and result.stderr.count("\n") == 1 and "missing.jsonl" in result.stderr
     result = run_cli(*inputs, "--out", out)  # exists
     assert result.returncode == 2 and "not empty" in result.stderr and "Traceback" not in result.stderr
+    result = run_cli(*inputs, "--out", os.path.join(inputs[0], "x"), "--no-progress")  # under a file
+    assert result.returncode == 2 and re.fullmatch(rf"error: {re.escape(inputs[0])}/x\.tmp-\d+: Not a directory\n",
+                                                   result.stderr), result.stderr
+
+
+def test_overwrite_through_a_link_rebuilds_its_target(tmp_path):
+    """data/shards -> /shared/shards: --overwrite replaces the shared shards and keeps the link."""
+    inputs = make_inputs(tmp_path / "in")
+    target, link = tmp_path / "shared" / "shards", tmp_path / "shards"
+    build_shards(inputs, str(target), num_shards=1, progress=False)
+    link.symlink_to(target)
+    m = build_shards(inputs, str(link), num_shards=2, overwrite=True, progress=False)
+    assert link.is_symlink() and os.readlink(link) == str(target) and len(m["train"]) == 2
+    assert len(read_manifest(str(target))["train"]) == 2 and verify_shards(str(link)) == []
+    assert sorted(os.listdir(tmp_path)) == ["in", "shards", "shared"] and os.listdir(tmp_path / "shared") == ["shards"]
 
 
 def test_mixture_weights_repeat_or_thin_training_documents_only(tmp_path):
@@ -204,3 +220,33 @@ def _keys(path):
 
     with tarfile.open(path) as tar:
         return sorted({m.name.split(".")[0] for m in tar.getmembers()})
+
+
+def test_a_split_document_is_never_on_both_sides_of_the_val_split(tmp_path):
+    """Pieces of a document cut by max_doc_bytes share their document's val decision and mixture copies
+    (one piece of a book in val and the next in train would make val_bpb too good)."""
+    rng = random.Random(1)
+    with open(tmp_path / "long.jsonl", "w") as f:
+        for i in range(30):
+            text = "\n".join(f"doc {i} line {j} " + "x" * rng.randint(0, 40) for j in range(60))
+            f.write(json.dumps({"text": text, "lang": rng.choice(["en", "fr"])}) + "\n")
+    inputs = [str(tmp_path / "long.jsonl")]
+
+    def sides(out, m):
+        where = {}
+        for split in ("train", "val"):
+            for d in iter_shard_documents([os.path.join(out, e["name"]) for e in m[split]]):
+                where.setdefault(d.source.split("#")[0], Counter())[(split, d.source)] += 1
+        return where
+
+    out = str(tmp_path / "split")
+    m = build_shards(inputs, out, val_fraction=0.3, num_shards=2, max_doc_bytes=400, progress=False,
+                     lang_weights={"fr": 1.5})
+    assert m["split_documents"] == 30 and m["documents"]["val"] > 0
+    where = sides(out, m)
+    assert len(where) == 30 and all(len({s for s, _ in c}) == 1 for c in where.values()), where
+    n_val = sum(1 for c in where.values() if {s for s, _ in c} == {"val"})
+    assert 0 < n_val < 30
+    for c in where.values():  # every piece of a document repeated as often (fr: 1 or 2 copies)
+        assert len(set(c.values())) == 1, c
+    assert {frozenset(c.values()) for c in where.values()} >= {frozenset({1}), frozenset({2})}
