@@ -77,6 +77,9 @@ class StreamPosition:
     def __init__(self, start_epochs: list[int], cursors: dict[int, dict] | None = None):
         self.epochs, self._bad = list(start_epochs), {}
         self.cursors = dict(cursors or {})
+        for reader, c in self.cursors.items():  # a resumed rank: where its readers were, before any batch
+            self.epochs = [max(e, p[0]) for e, p in zip(self.epochs, c["sources"])]
+            self._bad[reader] = c["bad_shards"]
 
     def update(self, batch: dict) -> None:
         self.epochs = [max(a, b) for a, b in zip(self.epochs, batch["epochs"])]

@@ -367,8 +367,16 @@ def test_stream_position_counts_every_reader_not_the_last_batch(tmp_path):
     position.update({"epochs": [0], "reader": 1, "bad_shards": 1, "cursor": {}})
     position.update({"epochs": [0], "reader": 0, "bad_shards": 3, "cursor": {}})  # running counts per reader
     assert position.bad_shards == 4 and position.epochs == [max(b["epoch"] for b in batches)]
-    # a resumed rank keeps the cursors it started from until its readers produce new ones
-    assert StreamPosition([0], {5: {"offset": 1}}).cursors == {5: {"offset": 1}}
+    # a resumed rank keeps the cursors it started from until its readers produce new ones, and reports
+    # their epochs and bad shards before they do (the first row after a resume, a save soon after it)
+    resumed = {r: [b for b in batches if b["reader"] == r][-1]["cursor"] for r in (0, 1)}
+    fresh = StreamPosition([0], resumed)
+    assert fresh.cursors == resumed and fresh.epochs == [max(b["epoch"] for b in batches)]
+    resumed = {4: {"sources": [[1, 0, 3, 0]], "bad_shards": 2}, 5: {"sources": [[2, 1, 0, 0]], "bad_shards": 1}}
+    fresh = StreamPosition([0], resumed)
+    assert fresh.epochs == [2] and fresh.bad_shards == 3
+    fresh.update({"epochs": [1], "reader": 4, "bad_shards": 2, "cursor": {}})
+    assert fresh.epochs == [2] and fresh.bad_shards == 3  # reader 5 has not produced a batch yet
 
 
 def test_too_few_shards_for_the_readers(tmp_path, monkeypatch):
