@@ -46,6 +46,9 @@ def main(argv=None) -> int:
     except (DataError, ValueError) as exn:
         print("error: " + " ".join(str(exn).split()), file=sys.stderr)
         return 2
+    except OSError as exn:  # a full disk, a quota, an output that cannot be made: the old output is not removed
+        print(f"error: {exn.filename or args.out}: {exn.strerror or exn}", file=sys.stderr)
+        return 2
     docs, nbytes = m["documents"], m["bytes"]
     print(f"wrote {args.out}: {docs['train'] + docs['val']} documents (train {docs['train']}, val {docs['val']}), "
           f"{(nbytes['train'] + nbytes['val']) / 2**20:.1f} MiB; {len(m['train'])} train + {len(m['val'])} val shards; "

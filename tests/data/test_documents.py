@@ -40,6 +40,24 @@ def test_directory_is_walked_sorted_and_recursively(tmp_path):
     assert [d.text for d in docs] == [b"a", b"b", b"z"]
 
 
+def test_an_input_reached_twice_is_read_once_and_links_do_not_loop(tmp_path, capsys):
+    from megatok.data.documents import list_input_files
+
+    raw = tmp_path / "raw"
+    (raw / "sub").mkdir(parents=True)
+    (raw / "a.txt").write_bytes(b"a")
+    (raw / "sub" / "b.txt").write_bytes(b"b")
+    (raw / "sub" / "up").symlink_to("..")  # a loop: raw/sub/up/sub/up/...
+    (tmp_path / "alias").symlink_to(raw)
+    got = list_input_files([str(raw), str(raw / "a.txt"), str(tmp_path / "alias"), str(raw / "sub" / "up")])
+    assert got == [str(raw / "a.txt"), str(raw / "sub" / "b.txt")]
+    err = capsys.readouterr().err
+    assert err == (f"megatok: warning: 3 input(s) reached twice, read once: {raw / 'a.txt'}, {tmp_path / 'alias'}, "
+                   f"{raw / 'sub' / 'up'}\n")
+    assert [d.text for d in iter_documents([str(raw), str(raw / "sub")])] == [b"a", b"b"]
+    assert capsys.readouterr().err == ""  # iter_documents leaves the warning to the tool's own listing
+
+
 def test_non_utf8_and_binary_txt_are_bytes(tmp_path):
     latin1 = "na\u00efve \u00e9t\u00e9".encode("latin-1")
     binary = bytes(range(256)) * 3
