@@ -138,7 +138,7 @@ def run(cfg, resume: str) -> int:
                 what = f"a write failed (torch.save: {str(e).splitlines()[0]}{free})"
             return _die(3, f"error: rank {rank}: {what}; last good checkpoint: {_last_good(cfg)}")
         if not dist.is_comm_failure(e):
-            raise
+            return _unexpected(e, cfg, rank)
         reason = str(e).splitlines()[0][:200]
         if re.search(r"time[ds]? ?out", reason, re.IGNORECASE):  # it waited; else the connection closed at once
             within = (f"train.dist_timeout_s={cfg.train.dist_timeout_s:g} s" if not cfg.train.save_timeout_s else
@@ -147,10 +147,30 @@ def run(cfg, resume: str) -> int:
             reason = f"no answer within {within}: {reason}"
         return _die(4, f"error: rank {rank}: lost contact with another rank, which died, hung or was killed "
                        f"({reason}); last good checkpoint: {_last_good(cfg)}")
+    except BaseException as e:  # Ctrl-C before the trainer handles stop requests
+        return _unexpected(e, cfg, rank)
     if row.get("stopped") and rank == "0":
         print(f"megatok: {row['stopped']} at step {row['step']}; checkpoint written; run the same command to "
               f"resume", flush=True)
     return 0
+
+
+def _unexpected(e: BaseException, cfg, rank: str) -> int:
+    """Anything else (a bug, running out of GPU memory): its traceback, then one line, and the process
+    leaves at once. Re-raising would wait forever at exit on the data workers, which ignore SIGTERM."""
+    import traceback
+
+    import torch
+
+    if isinstance(e, KeyboardInterrupt):
+        return _die(130, f"error: rank {rank}: interrupted; last good checkpoint: {_last_good(cfg)}")
+    traceback.print_exc()
+    what = f"{type(e).__name__}: {_worker_message(e)}".splitlines()[0][:300]
+    if isinstance(e, torch.OutOfMemoryError):
+        what += (" (out of device memory: lower train.micro_batch_size (train.global_batch_size is kept by more "
+                 "accumulation), set model.activation_checkpointing, or use a higher ZeRO stage or offload; "
+                 "tools/model_size.py estimates the memory)")
+    return _die(1, f"error: rank {rank}: {what}; last good checkpoint: {_last_good(cfg)}")
 
 
 def _worker_message(e: BaseException) -> str:

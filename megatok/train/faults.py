@@ -5,6 +5,7 @@
     MEGATOK_FAULT_DIE_IN_SAVE=6       SIGKILL this process while the step-6 checkpoint is half written
     MEGATOK_FAULT_HANG=1:3            rank 1 stops responding (sleeps) at step 3
     MEGATOK_FAULT_SLOW_SAVE=4:20      rank 0 takes 20 s longer to write the step-4 checkpoint
+    MEGATOK_FAULT_OOM=0:2             rank 0 raises torch.OutOfMemoryError at step 2 (as a GPU would)
 """
 
 from __future__ import annotations
@@ -42,3 +43,11 @@ def maybe_slow_save(step: int) -> None:
     spec = os.environ.get("MEGATOK_FAULT_SLOW_SAVE")
     if spec and _rank() == 0 and int(spec.split(":")[0]) == step:
         time.sleep(float(spec.split(":")[1]))
+
+
+def maybe_oom(step: int) -> None:
+    spec = os.environ.get("MEGATOK_FAULT_OOM")
+    if spec and tuple(map(int, spec.split(":"))) == (_rank(), step):
+        import torch
+
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (injected)")

@@ -314,16 +314,18 @@ def train(cfg: Config, *, resume: str = "auto") -> dict:
             h2h.run(engine, at_step, device, logger, bytes_seen=bytes_seen)
         engine.train()
 
+    watchdog = dist.Watchdog(cfg.train.dist_timeout_s,
+                             lambda: f"last good checkpoint: {checkpoint.last_good(run_dir)}")
     if meta and meta.get("eval_pending"):  # a stop request ended the run at an evaluation step before it ran
+        watchdog.beat(f"evaluating step {step} (left pending by the stop)")
         evaluate(step)
         if rank == 0:  # once: a rerun of a finished run must not log it again
             checkpoint.mark_evaluated(run_dir, meta["tag"])
     stop = StopRequest(run_dir, rank)
-    watchdog = dist.Watchdog(cfg.train.dist_timeout_s,
-                             lambda: f"last good checkpoint: {checkpoint.last_good(run_dir)}")
     save_limit = (cfg.train.save_timeout_s, "train.save_timeout_s") if cfg.train.save_timeout_s else None
     totals = Totals(device)
-    skipped_in_row, t_last, paused, last_row = 0, time.monotonic(), 0.0, {}
+    # a streak of skipped steps goes on across a resume, as it would have without the stop
+    skipped_in_row, t_last, paused, last_row = (meta or {}).get("skipped_in_row", 0), time.monotonic(), 0.0, {}
     peak_tflops = cfg.train.peak_tflops or device_peak_tflops(device)
     if not start_batch:  # a fresh stream: a reader nothing has been consumed from yet is at its start
         workers = max(1, cfg.data.num_workers)
@@ -333,6 +335,7 @@ def train(cfg: Config, *, resume: str = "auto") -> dict:
     while step < cfg.train.max_steps:
         watchdog.beat(f"training step {step + 1}")
         faults.maybe_hang(step + 1)
+        faults.maybe_oom(step + 1)
         lr, skipped_before = engine.get_lr()[0], engine.skipped_steps
         finite = torch.ones((), dtype=torch.bool, device=device)
         for micro in range(accum):
@@ -410,7 +413,8 @@ def train(cfg: Config, *, resume: str = "auto") -> dict:
                                                    **digests,
                                                    "layout": layout(cfg, world), "bytes_seen": bytes_seen,
                                                    "param_shapes": shapes,
-                                                   "flops": flops_seen}, keep=cfg.train.keep_checkpoints,
+                                                   "flops": flops_seen, "skipped_in_row": skipped_in_row},
+                            keep=cfg.train.keep_checkpoints,
                             keep_every=cfg.train.keep_every, cursors=position.cursors)
         paused += time.monotonic() - t_pause
         if stopping:
