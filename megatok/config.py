@@ -466,9 +466,13 @@ def _check_derived(cfg: Config, where: str, world_size: int) -> None:
         t.grad_accum = t.global_batch_size // per_step if t.global_batch_size is not None else 1
     total = per_step * t.grad_accum
     if t.global_batch_size is not None and t.global_batch_size != total:
+        hint = ""
+        if t.global_batch_size % per_step == 0:  # e.g. a run's config.json, which records the accumulation it derived
+            hint = (f"; --set train.grad_accum=null derives it for this world size "
+                    f"({t.global_batch_size // per_step})")
         raise ConfigError(
             f"{where}: train.global_batch_size={t.global_batch_size} but train.micro_batch_size ({t.micro_batch_size})"
-            f" x train.grad_accum ({t.grad_accum}) x world size ({world_size}) = {total}")
+            f" x train.grad_accum ({t.grad_accum}) x world size ({world_size}) = {total}{hint}")
     if t.lr_schedule == "wsd" and wsd_decay_steps(t) > t.max_steps - t.warmup_steps:
         given = "" if t.decay_steps is not None else " (the default, 20% of max_steps)"
         raise ConfigError(f"{where}: train.decay_steps={wsd_decay_steps(t)}{given} is more than train.max_steps "

@@ -25,19 +25,27 @@ DERIVED_DS_KEYS = {
     "scheduler": "train.warmup_steps / train.lr_schedule / train.min_lr_ratio (megatok's own, see lr_lambda)",
 }
 KNOWN_DS_KEYS = {
-    "zero_optimization", "bf16", "fp16", "activation_checkpointing", "steps_per_print",
+    "zero_optimization", "bf16", "fp16", "steps_per_print",
     "wall_clock_breakdown", "flops_profiler", "communication_data_type", "prescale_gradients",
     "gradient_predivide_factor", "checkpoint", "zero_allow_untested_optimizer",
     "zero_force_ds_cpu_optimizer", "aio", "comms_logger", "memory_breakdown", "data_types",
     "torch_autocast", "dump_state", "seq_parallel_communication_data_type", "tensorboard",
-    "csv_monitor", "wandb", "comet", "elasticity", "compile", "timers",
+    "csv_monitor", "wandb", "comet", "timers",
+}
+# DeepSpeed features megatok does not run through DeepSpeed: a key that would silently do nothing
+NOT_THROUGH_DEEPSPEED = {
+    "activation_checkpointing": "megatok recomputes blocks itself: set model.activation_checkpointing",
+    "compile": "megatok compiles its blocks itself: set train.compile",
 }
 
 
 def check_deepspeed(ds: dict[str, Any], where: str) -> None:
     """The user's section, before any process group: no derived keys, known keys only, ZeRO against
-    DeepSpeed's own schema, bf16 (not fp16) as an object."""
+    DeepSpeed's own schema, bf16 (not fp16) as an object, then the whole section as DeepSpeed reads it
+    (what ``deepspeed.initialize`` would refuse after the process group had started)."""
     for key in ds:
+        if key in NOT_THROUGH_DEEPSPEED:
+            raise ConfigError(f"{where}: deepspeed.{key}: {NOT_THROUGH_DEEPSPEED[key]}")
         if key in DERIVED_DS_KEYS:
             raise ConfigError(f"{where}: deepspeed.{key} is derived by megatok; set {DERIVED_DS_KEYS[key]} instead")
         if key not in KNOWN_DS_KEYS:
@@ -67,6 +75,44 @@ def check_deepspeed(ds: dict[str, Any], where: str) -> None:
                               f"(got {json.dumps(ds[sec]['enabled'])})")
     if ds.get("fp16", {}).get("enabled"):
         raise ConfigError(f"{where}: deepspeed.fp16 is not supported (use bf16; byte-level losses overflow fp16)")
+    every = ds.get("steps_per_print", 1)
+    if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+        raise ConfigError(f"{where}: deepspeed.steps_per_print must be a positive integer (got {json.dumps(every)})")
+    if stage >= 2 and zero.get("reduce_scatter", True):  # DeepSpeed asserts this only when it builds ZeRO
+        for key, bad in (("prescale_gradients", ds.get("prescale_gradients", False) is not False),
+                         ("gradient_predivide_factor", ds.get("gradient_predivide_factor", 1.0) != 1.0)):
+            if bad:
+                raise ConfigError(f"{where}: deepspeed.{key}: DeepSpeed does not support it with ZeRO stage {stage} "
+                                  f"and reduce_scatter (leave it out, or set "
+                                  f"deepspeed.zero_optimization.reduce_scatter to false)")
+    if DeepSpeedZeroConfig is not None:
+        _check_with_deepspeed(ds, where)
+
+
+def _check_with_deepspeed(ds: dict[str, Any], where: str) -> None:
+    """DeepSpeed's own reading of the section (its sub-configs' schemas, removed keys, values), with
+    placeholder batch keys: megatok checks the batch arithmetic itself, for the real world size."""
+    import logging
+
+    from deepspeed.runtime.config import DeepSpeedConfig, DtypeEnum
+    from deepspeed.utils import logger
+
+    probe = {**ds, "train_batch_size": 1, "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1}
+    level = logger.level
+    logger.setLevel(logging.ERROR)  # it logs the world size it assumes
+    try:
+        read = DeepSpeedConfig(probe)
+        if read.grad_accum_dtype is not None:  # read as given; the engine converts it only when it starts
+            DtypeEnum(read.grad_accum_dtype)
+    except ValidationError as e:
+        err = e.errors()[0]
+        loc = ".".join(str(p) for p in err["loc"])
+        raise ConfigError(f"{where}: deepspeed: {e.title}: {loc}: {err['msg']}") from None
+    except Exception as e:  # noqa: BLE001 - DeepSpeed reports a bad value as many exception types
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ConfigError(f"{where}: deepspeed: DeepSpeed refuses the section: {first}") from None
+    finally:
+        logger.setLevel(level)
 
 
 def zero_stage(cfg: Config) -> int:

@@ -111,6 +111,13 @@ def test_batch_mismatch(tmp_path):
     msg = error_of(write(tmp_path, "e.json", {"train": {"micro_batch_size": 4, "global_batch_size": 10}}),
                    world_size=2)
     assert "train.global_batch_size=10" in msg
+    # a run's config.json records the accumulation derived for its world size: relaunched on 2 ranks
+    # instead of 1, the line says how to derive it again
+    cfg.dump(tmp_path / "written.json")
+    msg = error_of(tmp_path / "written.json", world_size=4)
+    assert msg.endswith("x train.grad_accum (2) x world size (4) = 32; --set train.grad_accum=null derives it for "
+                        "this world size (1)"), msg
+    assert "--set" not in error_of(p, world_size=2)  # 12 is no multiple of 4 x 2: no accumulation fits
 
 
 def test_extends_merges_and_overrides_are_typed(tmp_path):
@@ -145,6 +152,28 @@ def test_deepspeed_section_is_checked(tmp_path):
     assert msg.endswith("deepspeed.zero_optimization.stage must be 0, 1, 2 or 3 (got 5)")
     msg = error_of(write(tmp_path, "g.json", {"deepspeed": {"bf16": {"enabled": "maybe"}}}))
     assert msg.endswith('deepspeed.bf16.enabled must be true or false (got "maybe")')  # DeepSpeed would refuse it late
+    # the rest of the section as DeepSpeed reads it, here and not after the process group has started
+    for i, (section, want) in enumerate([
+            ({"bf16": {"enable": True}}, "deepspeed: DeepSpeedBF16Config: enable: Extra inputs are not permitted"),
+            ({"data_types": {"grad_accum_dtype": "fp17"}}, "DeepSpeed refuses the section: 'fp17' is not a valid"),
+            ({"checkpoint": {"tag_validation": "bogus"}}, "DeepSpeed refuses the section: Checkpoint config contains "
+                                                          "invalid tag_validation value of BOGUS"),
+            ({"steps_per_print": "x"}, 'deepspeed.steps_per_print must be a positive integer (got "x")'),
+            ({"prescale_gradients": True}, "deepspeed.prescale_gradients: DeepSpeed does not support it with ZeRO "
+                                           "stage 2 and reduce_scatter"),
+            ({"zero_optimization": {"stage": 3}, "gradient_predivide_factor": 2.0},
+             "deepspeed.gradient_predivide_factor: DeepSpeed does not support it with ZeRO stage 3"),
+            ({"elasticity": {"enabled": True}}, "deepspeed.elasticity: unknown key"),
+            ({"activation_checkpointing": {"partition_activations": True}},
+             "deepspeed.activation_checkpointing: megatok recomputes blocks itself: set model.activation_checkpointing"),
+            ({"compile": {"deepcompile": True}}, "deepspeed.compile: megatok compiles its blocks itself: set train.compile"),
+    ]):
+        section = {"zero_optimization": {"stage": 2}, **section}
+        msg = error_of(write(tmp_path, f"ds{i}.json", {"deepspeed": section}))
+        assert want in msg and "\n" not in msg, msg
+    ok = {"zero_optimization": {"stage": 2, "reduce_scatter": False}, "prescale_gradients": True,
+          "data_types": {"grad_accum_dtype": "fp32"}, "steps_per_print": 5}
+    assert load_config(write(tmp_path, "ok.json", {"deepspeed": ok})).deepspeed == ok
 
 
 def test_a_directory_given_as_config(tmp_path):
