@@ -97,7 +97,9 @@ def _check_with_deepspeed(ds: dict[str, Any], where: str) -> None:
     from deepspeed.runtime.config import DeepSpeedConfig, DtypeEnum
     from deepspeed.utils import logger
 
-    probe = {**ds, "train_batch_size": 1, "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1}
+    # no train_batch_size: DeepSpeed derives it for the world size it sees (1, or the process group's in a tool
+    # that loads a config inside one)
+    probe = {**ds, "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1}
     level = logger.level
     logger.setLevel(logging.ERROR)  # it logs the world size it assumes
     try:
