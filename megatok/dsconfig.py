@@ -79,7 +79,7 @@ def check_deepspeed(ds: dict[str, Any], where: str) -> None:
     if isinstance(every, bool) or not isinstance(every, int) or every < 1:
         raise ConfigError(f"{where}: deepspeed.steps_per_print must be a positive integer (got {json.dumps(every)})")
     if stage >= 2 and zero.get("reduce_scatter", True):  # DeepSpeed asserts this only when it builds ZeRO
-        for key, bad in (("prescale_gradients", ds.get("prescale_gradients", False) is not False),
+        for key, bad in (("prescale_gradients", bool(ds.get("prescale_gradients", False))),
                          ("gradient_predivide_factor", ds.get("gradient_predivide_factor", 1.0) != 1.0)):
             if bad:
                 raise ConfigError(f"{where}: deepspeed.{key}: DeepSpeed does not support it with ZeRO stage {stage} "
