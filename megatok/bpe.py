@@ -367,10 +367,11 @@ def input_documents(paths: Iterable[str], split: str = "train") -> Iterator:
     file has no validation split."""
     from megatok.data.documents import iter_documents
 
+    seen = set()  # a file reached twice (inside a directory also given, through a link) is read once
     for p in paths:
         if is_shard_dir(p):
             from megatok.data.stream import iter_shard_documents, resolve_shards
 
             yield from iter_shard_documents(resolve_shards(str(p), split))
         elif split == "train":
-            yield from iter_documents([str(p)])
+            yield from iter_documents([str(p)], seen=seen)

@@ -33,17 +33,18 @@ class Document:
     piece: int = 0  # which piece of a split input document this is (0: the first, or the whole document)
 
 
-def list_input_files(paths: list[str], warn: bool = True) -> list[str]:
+def list_input_files(paths: list[str], warn: bool = True, seen: set[str] | None = None) -> list[str]:
     """Expand input paths into the list of files to read, in a stable (sorted) order.
 
     Directories are walked recursively (symbolic links followed, each directory once) and files
     with unsupported suffixes inside them are ignored; an unsupported file named explicitly is an
     error, because the user asked for it. A file reached twice (named inside a directory also given,
-    or through a link) is read once, at its first place, with a warning (``warn``).
+    or through a link) is read once, at its first place, with a warning (``warn``). ``seen`` (real
+    paths, updated) carries that over several calls, for a caller that reads its paths one by one.
     """
     if isinstance(paths, str):
         paths = [paths]
-    files, seen_files, seen_dirs, twice = [], set(), set(), []
+    files, seen_files, seen_dirs, twice = [], set() if seen is None else seen, set(), []
 
     def add(file):
         real = os.path.realpath(file)
@@ -155,7 +156,8 @@ def _jsonl_records(path: str, lang: str | None, domain: str | None):
 
 
 def iter_documents(paths: list[str], *, lang: str | None = None, domain: str | None = None,
-                   max_doc_bytes: int = 1 << 20, stats: dict | None = None) -> Iterator[Document]:
+                   max_doc_bytes: int = 1 << 20, stats: dict | None = None,
+                   seen: set[str] | None = None) -> Iterator[Document]:
     """Yield the documents of the input paths in a deterministic order.
 
     lang/domain fill the metadata of .txt files and of JSON lines that lack it. Documents longer
@@ -168,7 +170,7 @@ def iter_documents(paths: list[str], *, lang: str | None = None, domain: str | N
     stats = {} if stats is None else stats
     for key in ("documents", "bytes", "empty_documents", "split_documents"):
         stats.setdefault(key, 0)
-    for path in list_input_files(paths, warn=False):  # the tools list the inputs first, which warns
+    for path in list_input_files(paths, warn=False, seen=seen):  # the tools list the inputs first, which warns
         if path.endswith(JSONL_SUFFIXES):
             records = _jsonl_records(path, lang, domain)
         else:

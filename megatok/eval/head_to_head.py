@@ -40,16 +40,19 @@ def read_documents(spec: str | list[str]):
     """Documents of files / directories (iter_documents) or of shard directories (their val split)."""
     from megatok.data.stream import iter_shard_documents, resolve_shards
 
+    seen = set()  # a file reached twice (inside a directory also given, through a link) is read once
     for p in [spec] if isinstance(spec, str) else spec:
         if is_shards(p):
             yield from iter_shard_documents(resolve_shards(p, "val"))
         else:
-            yield from iter_documents([p])
+            yield from iter_documents([p], seen=seen)
 
 
 def is_shards(path: str) -> bool:
     """A shard directory, brace pattern or tar URL (read as a shard set's val split), not a document file."""
-    return Path(path, "manifest.json").is_file() or "{" in path or ".tar" in path
+    if Path(path, "manifest.json").is_file() or path.startswith("pipe:") or "://" in path:
+        return True
+    return path.endswith(".tar") or ("{" in path and ".tar" in path)  # a tar, or a pattern of them
 
 
 def heldout_documents(cfg: Config) -> list[Document]:
