@@ -116,6 +116,16 @@ def build(args) -> tuple[dict, dict, object, object]:
     return written, match, cfg, pieces
 
 
+def extends_chain(path: Path) -> list[Path]:
+    """A config file and those it extends, resolved (a config that loads: no cycle, every file there)."""
+    chain = []
+    while path is not None and path.resolve() not in chain:
+        chain.append(path.resolve())
+        parent = json.loads(path.read_text()).get("extends")
+        path = path.resolve().parent / parent if parent else None
+    return chain
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", required=True, help="the megatok (unet) config to match")
@@ -137,13 +147,19 @@ def main(argv=None) -> int:
     out = Path(args.out)
     try:
         written, match, src_cfg, pieces = build(args)
+        if out.resolve() in extends_chain(Path(args.config)):
+            raise ConfigError(f"--out {out}: that is {args.config} or a config it extends, which the matched "
+                              f"config extends in turn; write it to another file")
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(written, indent=2) + "\n")
+        tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")  # next to it: the same relative 'extends'
         try:
-            cfg = load_config(out, world_size=1)
+            tmp.write_text(json.dumps(written, indent=2) + "\n")
+            cfg = load_config(tmp, world_size=1)
+            os.replace(tmp, out)  # an earlier file at --out is replaced only by a config that loads
         except ConfigError as e:
-            out.unlink()
             raise ConfigError(f"the matched config does not load: {e}") from None
+        finally:
+            tmp.unlink(missing_ok=True)
     except (ConfigError, OSError) as e:
         print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2

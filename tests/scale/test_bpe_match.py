@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+from pathlib import Path
 import math
 import os
 
@@ -232,3 +233,31 @@ def test_tool_with_given_sizes_matches_the_shipped_config(tmp_path, capsys):
     mine, shipped = json.loads(out.read_text()), json.loads((ROOT / "configs/bpe/1b.json").read_text())
     mine.pop("extends"), shipped.pop("extends")
     assert mine == shipped
+
+
+def test_tool_never_writes_over_its_source_or_a_config_it_extends(tmp_path, capsys, monkeypatch):
+    """--out naming the source (or a file in its extends chain) is refused before anything is written; a
+    matched config that does not load leaves an earlier file at --out as it was."""
+    (tmp_path / "base.json").write_text(json.dumps({"extends": str(ROOT / "configs/tiny.json")}))
+    (tmp_path / "src.json").write_text(json.dumps({"extends": "base.json", "train": {"max_steps": 9}}))
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    sizes = ["--vocab-size", "4096", "--bytes-per-token", "3"]
+    for out in ("src.json", "base.json"):
+        assert match_tool.main(["--config", str(tmp_path / "src.json"), *sizes, "--out", str(tmp_path / out)]) == 2
+        line = _error_line(capsys)
+        assert f"--out {tmp_path / out}: that is {tmp_path / 'src.json'} or a config it extends" in line, line
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+    earlier = tmp_path / "earlier.json"
+    earlier.write_text("{}\n")
+    real = match_tool.load_config
+
+    def refuse_the_written(path, *a, **k):  # as if the matched config failed validation
+        if Path(path).name.startswith(".earlier.json.tmp-"):
+            raise match_tool.ConfigError(f"{path}: model.main_width: refused")
+        return real(path, *a, **k)
+
+    monkeypatch.setattr(match_tool, "load_config", refuse_the_written)
+    assert match_tool.main(["--config", str(tmp_path / "src.json"), *sizes, "--out", str(earlier)]) == 2
+    assert "the matched config does not load" in _error_line(capsys)
+    assert earlier.read_text() == "{}\n" and sorted(p.name for p in tmp_path.iterdir()) == [
+        "base.json", "earlier.json", "src.json"]
