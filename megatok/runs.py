@@ -17,9 +17,9 @@ from pathlib import Path
 
 import torch
 
-from megatok.config import Config, load_config
+from megatok.config import Config, ConfigError, load_config
 from megatok.dsconfig import zero_stage
-from megatok.train.checkpoint import CheckpointError, checkpoint_dir, damage, latest_tag
+from megatok.train.checkpoint import META, CheckpointError, check_model_files, checkpoint_dir, damage, latest_tag
 
 # Files a model needs to be built (a tokenizer).
 MODEL_FILES = (("model", "tokenizer"), ("boundary", "model_path"))
@@ -39,7 +39,10 @@ def written_config(path: Path, base: Path | None, *, base_first: bool = False) -
     """A config.json that a run or an export wrote, loaded for the world size it was written with. Its
     relative MODEL_FILES paths are looked up in ``base`` where they exist there: those that do not exist
     from the working directory, or all of them with ``base_first``."""
-    raw = json.loads(path.read_text())
+    try:
+        raw = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{path}: not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
     t = raw.get("train", {})
     world = (t["global_batch_size"] // (t["micro_batch_size"] * t["grad_accum"])) if t.get("global_batch_size") else 1
     found = []
@@ -58,7 +61,15 @@ def run_config(run_dir: str | Path) -> Config:
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no config.json here; is {run_dir} a megatok run directory?")
     recorded = json.loads(path.read_text()).get("train", {}).get("run_dir", "")
-    return written_config(path, launch_dir(run_dir, recorded))
+    # the start directory's files first: a file of the same relative name here may be another tokenizer
+    return written_config(path, launch_dir(run_dir, recorded), base_first=True)
+
+
+def _check_model_files(run_dir: str | Path, tag: str, cfg: Config) -> None:
+    """Before a model reads its tokenizer: the file the config names is the one the checkpoint was trained with."""
+    meta = checkpoint_dir(run_dir) / tag / META
+    if meta.is_file():
+        check_model_files(json.loads(meta.read_text()), meta.parent, cfg)
 
 
 def consolidated_state_dict(run_dir: str | Path, tag: str, cfg: Config) -> dict[str, torch.Tensor]:
@@ -68,6 +79,7 @@ def consolidated_state_dict(run_dir: str | Path, tag: str, cfg: Config) -> dict[
         raise FileNotFoundError(f"{ckpt}: checkpoint not found")
     if problem := damage(run_dir, tag):
         raise CheckpointError(f"{ckpt}: cannot be read: {problem}")
+    _check_model_files(run_dir, tag, cfg)
     if zero_stage(cfg) >= 1:
         from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
@@ -89,6 +101,7 @@ def load_model(run_dir: str | Path, tag: str | None = None, device: str | torch.
     tag = tag or latest_tag(run_dir)
     if tag is None:
         raise FileNotFoundError(f"{checkpoint_dir(run_dir)}: no checkpoint (no 'latest' file)")
+    _check_model_files(run_dir, tag, cfg)
     model = build_model(cfg)
     model.load_state_dict(consolidated_state_dict(run_dir, tag, cfg))
     return model.to(device).eval(), cfg, tag

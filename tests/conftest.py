@@ -75,10 +75,10 @@ TOOL_ENV = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu", "WAND
             "PYTHONPATH": str(ROOT)}
 
 
-def run_tool(name: str, *args, timeout: float = 240) -> subprocess.CompletedProcess:
+def run_tool(name: str, *args, timeout: float = 240, cwd=ROOT) -> subprocess.CompletedProcess:
     """Run tools/NAME with the arguments (str() of each), on CPU, wandb off, output captured."""
     return subprocess.run([sys.executable, str(ROOT / "tools" / name), *map(str, args)], capture_output=True,
-                          text=True, env=TOOL_ENV, timeout=timeout, cwd=ROOT)
+                          text=True, env=TOOL_ENV, timeout=timeout, cwd=cwd)
 
 
 TINY = [

@@ -194,11 +194,39 @@ def model_shapes(cfg: Config) -> dict[str, list[int]]:
     return {name: list(p.shape) for name, p in build_meta_model(cfg).named_parameters()}
 
 
+def model_files(cfg: Config) -> dict[str, str]:
+    """The files a model reads besides its weights, by config key (a token model's ``model.tokenizer``,
+    the bpe strategy's ``boundary.model_path``): the first 16 hex digits of each one's sha256. Recorded
+    in every checkpoint, so that a tokenizer replaced at the same path is noticed, not used."""
+    import hashlib
+
+    paths = {"model.tokenizer": cfg.model.tokenizer if cfg.model.kind == "bpe" else None,
+             "boundary.model_path": cfg.boundary.options.get("model_path") if cfg.model.kind != "bpe" else None}
+    files = {key: Path(path) / "tokenizer.model" if Path(path).is_dir() else Path(path)  # as bpe.load_tokenizer
+             for key, path in paths.items() if path}
+    return {key: hashlib.sha256(f.read_bytes()).hexdigest()[:16] for key, f in files.items() if f.is_file()}
+
+
+def check_model_files(meta: dict, where: Path, cfg: Config) -> None:
+    """A CheckpointError when a file the config points the model at is not the one the checkpoint
+    (its metadata ``meta``, at ``where``) was trained with."""
+    now = model_files(cfg)
+    for key, digest in (meta.get("model_files") or {}).items():
+        if now.get(key, digest) != digest:
+            section, name = key.split(".")
+            path = getattr(cfg.model, name) if section == "model" else cfg.boundary.options[name]
+            raise CheckpointError(f"{where} was trained with another {key} than {path} holds now (sha256 "
+                                  f"{digest}... then, {now[key]}... now: replaced since?); point {key} at the "
+                                  f"file the run was trained with")
+
+
 def check_same_model(run_dir: str | Path, tag: str, cfg: Config) -> None:
     """A CheckpointError, naming what changed, when ``cfg`` builds another model than checkpoint ``tag``
-    holds (its ``param_shapes``; checkpoints from before they were recorded are not checked)."""
-    saved = json.loads((_restorable(run_dir, tag) / META).read_text()).get("param_shapes")  # where resume_tag found it
-    now = model_shapes(cfg)
+    holds (its ``param_shapes``; checkpoints from before they were recorded are not checked), or points
+    it at another tokenizer file (:func:`check_model_files`)."""
+    meta = json.loads((_restorable(run_dir, tag) / META).read_text())  # where resume_tag found it
+    check_model_files(meta, checkpoint_dir(run_dir) / tag, cfg)
+    saved, now = meta.get("param_shapes"), model_shapes(cfg)
     if saved is None or saved == now:
         return
     differ = [n for n in sorted(set(saved) | set(now)) if saved.get(n) != now.get(n)]

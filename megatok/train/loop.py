@@ -207,6 +207,7 @@ def train(cfg: Config, *, resume: str = "auto") -> dict:
     run_dir = Path(cfg.train.run_dir)
     choice = [None, None]  # rank 0 picks the checkpoint for all ranks (their views of a filesystem may lag)
     shapes = checkpoint.model_shapes(cfg)  # recorded in every checkpoint: a resume must build the same model
+    files = checkpoint.model_files(cfg)  # ... and read the same tokenizer
     previous_config = None  # the config.json a set-aside trajectory keeps
     if rank == 0:
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -412,7 +413,7 @@ def train(cfg: Config, *, resume: str = "auto") -> dict:
                                                    "eval_pending": eval_due and bool(stopping),
                                                    **digests,
                                                    "layout": layout(cfg, world), "bytes_seen": bytes_seen,
-                                                   "param_shapes": shapes,
+                                                   "param_shapes": shapes, "model_files": files,
                                                    "flops": flops_seen, "skipped_in_row": skipped_in_row},
                             keep=cfg.train.keep_checkpoints,
                             keep_every=cfg.train.keep_every, cursors=position.cursors)

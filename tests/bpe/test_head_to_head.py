@@ -102,10 +102,35 @@ def test_a_run_with_relative_paths_is_read_from_anywhere_and_exports_whole(runs,
     same = run_tool("evaluate.py", "--run", runs["bpe"], "--data", runs["heldout"], "--max-bytes", 2000)
     assert json.loads(ev.stdout)["bpb"] == json.loads(same.stdout)["bpb"]
 
+    # a file of the same relative name where the tool runs is not the run's tokenizer: the start directory's wins
+    here = tmp_path / "here"
+    (here / "tok").mkdir(parents=True)
+    (here / "tok" / "tokenizer.model").write_bytes(b"another tokenizer")
+    again = run_tool("evaluate.py", "--run", moved, "--data", runs["heldout"], "--max-bytes", 2000, cwd=here)
+    assert again.returncode == 0 and json.loads(again.stdout)["bpb"] == json.loads(same.stdout)["bpb"], again.stderr
+
     out = tmp_path / "export"
     r = run_tool("export.py", "--run", moved, "--out", out)
     assert r.returncode == 0, r.stderr[-2000:]
     assert (out / "tokenizer.model").read_bytes() == (runs["tok"] / "tokenizer.model").read_bytes()
+
+    # the tokenizer replaced at its path (train_bpe.py run again): every reader refuses, naming it
+    from megatok.runs import run_config
+    from megatok.train import checkpoint
+
+    original = (launch / "tok" / "tokenizer.model").read_bytes()
+    r = run_tool("train_bpe.py", "--data", runs["heldout"], "--vocab-size", 400, "--out", tmp_path / "other")
+    assert r.returncode == 0, r.stderr[-2000:]
+    (launch / "tok" / "tokenizer.model").write_bytes((tmp_path / "other" / "tokenizer.model").read_bytes())
+    tag = checkpoint.latest_tag(moved)
+    want = f"{moved / 'checkpoints' / tag} was trained with another model.tokenizer than {launch / 'tok'}"
+    for tool, args in (("evaluate.py", ["--data", runs["heldout"]]), ("export.py", ["--out", tmp_path / "x"])):
+        r = run_tool(tool, "--run", moved, *args)
+        (line,) = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
+        assert r.returncode != 0 and want in line and "replaced since?" in line, r.stderr[-2000:]
+    with pytest.raises(checkpoint.CheckpointError, match="was trained with another model.tokenizer"):
+        checkpoint.check_same_model(moved, tag, run_config(moved))  # what a --resume checks before it starts
+    (launch / "tok" / "tokenizer.model").write_bytes(original)
     shutil.rmtree(launch)
     model, cfg = load_exported(out)
     assert cfg.model.tokenizer == str((out / "tokenizer.model").resolve())
