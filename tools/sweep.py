@@ -233,7 +233,7 @@ def run_local(runs: list[dict], nproc: int) -> int:
             continue
         cmd = local_command(run, nproc)
         print(f"sweep: [{i}/{len(runs)}] {run['name']}: {shlex.join(cmd)}", flush=True)
-        rc = subprocess.run(cmd, env=env, cwd=ROOT).returncode
+        rc = subprocess.run(cmd, env=env).returncode  # from here, where the configs' relative paths were checked
         if rc != 0:
             print(f"sweep: {run['name']} failed with exit code {rc}; rerun the same command to resume", file=sys.stderr)
             return rc
@@ -265,15 +265,22 @@ def collect(out: Path) -> list[dict]:
                 rate = sum(rates) / len(rates) if rates else cfg.boundary.target_rate
             fpb = flops.flops_per_byte(cfg, rate=rate)["training"]
             per_step = flops.training_bytes(cfg, run["world"]) / cfg.train.max_steps
+            # the FLOPs the run logged up to each evaluation (its bytes seen at its realised rate; evaluation
+            # steps always get a training row); the planned bytes at the realised rate where not logged
+            logged = {r["step"]: r["flops"] for r in train if isinstance(r.get("flops"), (int, float))}
+
+            def flops_at(step: int) -> float:
+                return logged.get(step, step * per_step * fpb)
+
             row.update(status="finished" if any(v["step"] == run["max_steps"] for v in val) else
                        f"running (step {train[-1]['step'] if train else 0})",
                        realised_rate=rate, realised_flops_per_byte=fpb,
-                       curve=[(v["step"] * per_step * fpb, v["val_bpb"]) for v in val])
+                       curve=[(flops_at(v["step"]), v["val_bpb"]) for v in val])
             if val:
                 last = val[-1]
                 row.update(val_bpb=last["val_bpb"], val_bytes_per_chunk=last.get("val_bytes_per_chunk"),
                            boundary_rule=last.get("boundary_rule"), step=last["step"],
-                           flops_done=last["step"] * per_step * fpb)
+                           flops_done=flops_at(last["step"]))
         rows.append(row)
     write_table(rows, out / "results.md")
     plot(rows, out / "loss_vs_flops.png")

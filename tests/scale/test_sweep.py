@@ -3,6 +3,7 @@ of a tiny sweep, and the collected table and plot."""
 
 import importlib.util
 import json
+import os
 import math
 
 import pytest
@@ -97,10 +98,11 @@ def test_collect_table_and_plot_from_metrics(tmp_path, capsys):
 
 
 @pytest.mark.dist
-def test_run_local_then_collect_a_tiny_sweep(shards, tmp_path, capsys):
+def test_run_local_then_collect_a_tiny_sweep(shards, tmp_path, capsys, monkeypatch):
     out = tmp_path / "s"
-    sets = TINY + [f"data.shards={shards}", "data.num_workers=1", "train.micro_batch_size=4",
-                   "train.global_batch_size=4"]
+    monkeypatch.chdir(tmp_path)  # relative paths are read from where the sweep runs, when checked and when run
+    sets = TINY + [f"data.shards={os.path.relpath(shards, tmp_path)}", "data.num_workers=1",
+                   "train.micro_batch_size=4", "train.global_batch_size=4"]
     # 2 steps of 4 sequences x 64 bytes
     assert sweep.main(["--sizes", "tiny", "--strategies", "fixed", "--bytes", str(2 * 4 * 64), "--out", str(out),
                        "--run-local", "--nproc", "1", "--set", *sets]) == 0
@@ -141,6 +143,12 @@ def test_bpe_lm_runs_are_matched_token_models_at_equal_bytes(tmp_path, capsys):
     (rd / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in rows))
     rows = {row["name"]: row for row in sweep.collect(out)}
     assert rows["1b-bpe-lm"]["realised_rate"] == pytest.approx(0.25) and rows["1b-bpe-lm"]["status"] == "finished"
+    # training FLOPs are the run's own logged figure (its bytes seen at 4.0 bytes per token, not the 4.2 planned)
+    rows = [{"step": s, "split": "train", "bytes_per_token": 4.0, "flops": 3e18 * s} for s in (1, r["max_steps"])]
+    rows += [{"step": r["max_steps"], "split": "val", "val_bpb": 1.0}]
+    (rd / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in rows))
+    row = {row["name"]: row for row in sweep.collect(out)}["1b-bpe-lm"]
+    assert row["flops_done"] == 3e18 * r["max_steps"] and row["curve"] == [(3e18 * r["max_steps"], 1.0)]
 
 
 def test_bpe_lm_needs_a_tokenizer_or_its_figures(tmp_path, capsys):
