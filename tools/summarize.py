@@ -49,7 +49,11 @@ def main(argv=None) -> int:
     if not (run / "config.json").is_file() or not (run / "metrics.jsonl").is_file():
         print(f"error: {run}: not a run directory (needs config.json and metrics.jsonl)", file=sys.stderr)
         return 2
-    cfg = json.loads((run / "config.json").read_text())
+    try:
+        cfg = json.loads((run / "config.json").read_text())
+    except json.JSONDecodeError as e:
+        print(f"error: {run / 'config.json'}: not valid JSON: {e.msg} at line {e.lineno}", file=sys.stderr)
+        return 2
     data = args.data or cfg["data"]["shards"]
     rows = read_metrics(run)
     train = [r for r in rows if r.get("split") == "train"]
@@ -70,6 +74,10 @@ def main(argv=None) -> int:
     if ev is not None and not (isinstance(ev, dict) and "bpb" in ev):
         print(f"error: {eval_path}: not tools/evaluate.py output (no \"bpb\")", file=sys.stderr)
         return 2
+    latest = (run / "checkpoints" / "latest").read_text().strip() if (run / "checkpoints" / "latest").is_file() else None
+    if ev and ev.get("checkpoint") != latest:  # e.g. the run trained on after eval.json was written
+        print(f"warning: {eval_path} scored checkpoint {ev.get('checkpoint')}, the run's latest is {latest}: its "
+              f"held-out row is that checkpoint's (rerun tools/evaluate.py for the latest)", file=sys.stderr)
 
     try:
         entropy = unigram_entropy(d.text for d in iter_shard_documents(resolve_shards(data, "train")))
@@ -89,8 +97,8 @@ def main(argv=None) -> int:
         f"val_bytes_per_{unit}": val[-1][f"val_bytes_per_{unit}"] if val else None,
         "val_boundary_rate": val[-1]["val_boundary_rate"] if val and not tokens else None,
         "target_rate": target, "byte_unigram_entropy": entropy, **comp,
-        "evaluate": {k: ev.get(k) for k in ("boundary_rule", "bpb", f"bytes_per_{unit}", "boundary_rate",
-                                            "whitespace_boundary_fraction", "bytes")} if ev else None,
+        "evaluate": {k: ev.get(k) for k in ("checkpoint", "boundary_rule", "bpb", f"bytes_per_{unit}",
+                                            "boundary_rate", "whitespace_boundary_fraction", "bytes")} if ev else None,
     }
     (run / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
 
@@ -106,7 +114,8 @@ def main(argv=None) -> int:
              val[-1].get("boundary_rule", "BPE tokens"))
     if ev:
         line("held-out bits per byte (tools/evaluate.py)", fmt(ev["bpb"]),
-             f"{ev.get('boundary_rule') or 'BPE tokens'}, {ev['bytes']:,} bytes")
+             f"{ev.get('boundary_rule') or 'BPE tokens'}, {ev['bytes']:,} bytes"
+             + (f", {ev.get('checkpoint')} (not the latest, {latest})" if ev.get("checkpoint") != latest else ""))
     line("byte-unigram entropy of the training text", fmt(entropy), "a model must beat this")
     for k, v in comp.items():
         line(f"{k} on the validation text", fmt(v), "bits per byte")

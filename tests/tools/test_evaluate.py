@@ -287,6 +287,24 @@ def test_summarize_bad_inputs_are_one_line(run, shards, tmp_path):
     (copy / "eval.json").unlink()
     assert_clean_error(tool("summarize.py", "--run", copy, "--data", tmp_path / "missing"), tmp_path / "missing")
     assert not (copy / "summary.json").exists()
+    (copy / "config.json").write_text('{"model": ')  # cut short
+    assert_clean_error(tool("summarize.py", "--run", copy, "--data", shards), copy / "config.json")
+
+
+def test_summarize_names_an_eval_json_of_another_checkpoint(run, shards, tmp_path):
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    latest = (copy / "checkpoints" / "latest").read_text().strip()
+    ev = tool("evaluate.py", "--run", copy, "--data", shards, "--max-bytes", 3000)
+    assert ev.returncode == 0, ev.stderr[-2000:]
+    # as if written for an earlier checkpoint, and the run trained on since
+    (copy / "eval.json").write_text(json.dumps({**json.loads(ev.stdout), "checkpoint": "step00000001", "bpb": 3.25}))
+    r = tool("summarize.py", "--run", copy, "--data", shards)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert f"scored checkpoint step00000001, the run's latest is {latest}" in r.stderr
+    (row,) = [ln for ln in r.stdout.splitlines() if ln.startswith("| held-out bits per byte")]
+    assert "3.2500" in row and f"step00000001 (not the latest, {latest})" in row
+    assert json.loads((copy / "summary.json").read_text())["evaluate"]["checkpoint"] == "step00000001"
 
 
 def test_metrics_with_a_last_row_cut_short_still_read(tmp_path):
