@@ -26,7 +26,7 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 def export(run_dir: str | Path, out_dir: str | Path, *, dtype: str = "fp32", tag: str | None = None) -> Path:
     """Write the export of ``run_dir``'s checkpoint ``tag`` (default: latest); returns out_dir."""
-    run_dir, out_dir = Path(run_dir), Path(out_dir)
+    run_dir, out_dir = Path(run_dir), Path(out_dir).absolute()  # "." has no name to put NAME.tmp next to
     check_out_dir(out_dir)
     cfg = runs.run_config(run_dir)
     tag = tag or checkpoint.latest_tag(run_dir)

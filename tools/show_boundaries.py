@@ -54,6 +54,11 @@ def _seeded(seed: int):
 def boundaries_for_run(run: str, data: bytes, mode: str, seed: int, seq_len: int | None) -> Row:
     from megatok.runs import load_model
 
+    from megatok.runs import run_config
+
+    if run_config(run).model.kind == "bpe":
+        raise ValueError(f"{run}: a BPE token model, whose units are its tokenizer's tokens, has no chunk "
+                         f"boundaries to show (for its tokenizer's segmentation: --strategy bpe:model_path=...)")
     model, cfg, tag = load_model(run)
     model.boundary.eval_mode = mode
     return _segment(lambda x: model(x).boundaries.starts, data, seq_len or cfg.data.seq_len, seed,
@@ -74,7 +79,12 @@ def boundaries_for_rule(spec: str, data: bytes, seed: int, seq_len: int, rate: f
             options[k] = json.loads(v)
         except json.JSONDecodeError:
             options[k] = v
-    strat = build_strategy(name, d_model=1, target_rate=rate, options=options).eval()
+    try:
+        strat = build_strategy(name, d_model=1, target_rate=rate, options=options).eval()
+    except ValueError as e:  # the strategy's options schema (pydantic), or a tokenizer that cannot be used
+        errs = e.errors() if hasattr(e, "errors") else None
+        what = f"{'.'.join(map(str, errs[0]['loc']))}: {errs[0]['msg']}" if errs else str(e)
+        raise ValueError(f"--strategy {spec}: {what}") from None
     shown_opts = " ".join(f"{k}={v}" for k, v in options.items() if k != "model_path")
     label = f"{name} {shown_opts}".strip() + " (rule)"
     return _segment(lambda x: strat(None, x, torch.ones_like(x, dtype=torch.bool)).starts, data, seq_len, seed,
@@ -241,18 +251,18 @@ def main(argv=None) -> int:
     if not args.run and not args.strategy:
         ap.error("give at least one --run or --strategy")
 
-    data = args.text.encode("utf-8") if args.text is not None else Path(args.data).read_bytes()[:args.max_bytes]
-    if not data:
-        ap.error("the text is empty")
     rows = []
     try:
+        data = args.text.encode("utf-8") if args.text is not None else Path(args.data).read_bytes()[:args.max_bytes]
+        if not data:
+            ap.error("the text is empty")
         for run in args.run:
             rows.append(boundaries_for_run(run, data, args.boundary, args.seed, args.seq_len))
-    except FileNotFoundError as e:
-        print(f"error: {e}", file=sys.stderr)
+        for spec in args.strategy:
+            rows.append(boundaries_for_rule(spec, data, args.seed, args.seq_len or 512, args.rate))
+    except (OSError, ValueError) as e:  # a missing run, file or tokenizer, a config or option refused
+        print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
-    for spec in args.strategy:
-        rows.append(boundaries_for_rule(spec, data, args.seed, args.seq_len or 512, args.rate))
 
     chars = characters(data)
     rule = f"sample(seed={args.seed})" if args.boundary == "sample" else args.boundary

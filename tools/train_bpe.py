@@ -97,6 +97,8 @@ def main(argv=None) -> int:
                 pass
         if out.exists() and not out.is_dir():
             raise DataError(f"{out}: exists and is not a directory")
+        if out.suffix == ".model":  # a directory is written: tokenizer.model and report.json
+            raise DataError(f"--out {out}: give the output directory (it gets tokenizer.model and report.json)")
         trained = bpe.train_bpe(bpe.input_documents(args.data), out, args.vocab_size, max_bytes=max_bytes,
                                 progress=True, character_coverage=args.character_coverage)
         t_train = time.perf_counter() - t0

@@ -61,6 +61,20 @@ def test_show_boundaries_refuses_learned_strategies_without_a_run():
     assert r.returncode != 0 and "need --run" in r.stderr
 
 
+@pytest.mark.parametrize("args, want", [
+    (["--strategy", "whitespace", "--data", "nope.txt"], "error: [Errno 2] No such file or directory: 'nope.txt'"),
+    (["--strategy", "fixed:bogus=1", "--text", "hi"], "error: --strategy fixed:bogus=1: bogus: Extra inputs are not "
+                                                      "permitted"),
+    (["--strategy", "bpe", "--text", "hi"], "error: --strategy bpe: model_path: Value error, the bpe strategy needs "
+                                            "a sentencepiece model"),
+    (["--run", "no/such/run", "--text", "hi"], "error: no/such/run/config.json: no config.json here"),
+])
+def test_show_boundaries_bad_input_is_one_line(args, want, capsys):
+    assert load_tool("show_boundaries").main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(want), err
+
+
 def test_estimator_variance_reports_every_gamma(policy_run, tmp_path):
     out = tmp_path / "ev"
     r = tool("estimator_variance.py", "--run", policy_run, "--samples", 3, "--batch-size", 2,

@@ -74,6 +74,9 @@ def test_evaluate_and_summarize_a_token_model(runs):
     assert summary["strategy"] == "bpe token model" and summary["target_rate"] is None
     assert summary["evaluate"]["bpb"] == json.loads(ev.stdout)["bpb"] and "bytes per token" in r.stdout
     assert "boundary rate" not in r.stdout
+    r = run_tool("show_boundaries.py", "--run", runs["bpe"], "--text", "hi")  # no chunks to show: one line
+    assert r.returncode == 2 and "a BPE token model, whose units are its tokenizer's tokens" in r.stderr
+    assert "Traceback" not in r.stderr
 
 
 def test_a_run_with_relative_paths_is_read_from_anywhere_and_exports_whole(runs, tmp_path):

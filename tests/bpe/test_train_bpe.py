@@ -77,3 +77,6 @@ def test_bad_input_is_one_error_line(tmp_path):
     r = train_bpe("--data", good, "--vocab-size", 300, "--out", tmp_path / "o", "--heldout", bad)
     assert r.returncode == 2 and "bad.jsonl:2" in r.stderr and "Traceback" not in r.stderr
     assert not (tmp_path / "o").exists()  # refused before training, not after
+    r = train_bpe("--data", good, "--vocab-size", 300, "--out", tmp_path / "o.model")  # a file name, not a directory
+    assert r.returncode == 2 and "--out" in r.stderr and "give the output directory" in r.stderr
+    assert not (tmp_path / "o.model").exists() and "Traceback" not in r.stderr
