@@ -29,9 +29,7 @@ def export(run_dir: str | Path, out_dir: str | Path, *, dtype: str = "fp32", tag
     run_dir, out_dir = Path(run_dir), Path(out_dir).absolute()  # "." has no name to put NAME.tmp next to
     check_out_dir(out_dir)
     cfg = runs.run_config(run_dir)
-    tag = tag or checkpoint.latest_tag(run_dir)
-    if tag is None:
-        raise FileNotFoundError(f"{checkpoint.checkpoint_dir(run_dir)}: no checkpoint (no 'latest' file)")
+    tag = runs.checkpoint_to_read(run_dir, tag)
     state = runs.consolidated_state_dict(run_dir, tag, cfg)
     tmp = out_dir.with_name(out_dir.name + f".tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)

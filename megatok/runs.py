@@ -19,7 +19,8 @@ import torch
 
 from megatok.config import Config, ConfigError, load_config
 from megatok.dsconfig import zero_stage
-from megatok.train.checkpoint import META, CheckpointError, check_model_files, checkpoint_dir, damage, latest_tag
+from megatok.train.checkpoint import (META, CheckpointError, restorable, check_model_files, checkpoint_dir, damage,
+                                      latest_tag, published_tags)
 
 # Files a model needs to be built (a tokenizer).
 MODEL_FILES = (("model", "tokenizer"), ("boundary", "model_path"))
@@ -76,6 +77,10 @@ def consolidated_state_dict(run_dir: str | Path, tag: str, cfg: Config) -> dict[
     """Full fp32 weights of a checkpoint, merging ZeRO partitions; no engine or process group needed."""
     ckpt = checkpoint_dir(run_dir) / tag
     if not ckpt.is_dir():
+        aside = restorable(run_dir, tag)
+        if aside != ckpt:  # a killed re-save moved it aside; the trainer puts it back when it starts
+            raise CheckpointError(f"{ckpt}: moved aside to {aside.name} by a save that was killed; the next "
+                                  f"training start puts it back (or rename it to {tag})")
         raise FileNotFoundError(f"{ckpt}: checkpoint not found")
     if problem := damage(run_dir, tag):
         raise CheckpointError(f"{ckpt}: cannot be read: {problem}")
@@ -90,6 +95,18 @@ def consolidated_state_dict(run_dir: str | Path, tag: str, cfg: Config) -> dict[
     return {k: v.float() for k, v in state.items()}
 
 
+def checkpoint_to_read(run_dir: str | Path, tag: str | None) -> str:
+    """``tag``, or the run's latest checkpoint: a FileNotFoundError naming the run's checkpoints when
+    there is none to read."""
+    tag = tag or latest_tag(run_dir)
+    if tag:
+        return tag
+    tags = published_tags(run_dir)
+    why = "its 'latest' file is empty" if tag == "" else "no 'latest' file"
+    raise FileNotFoundError(f"{checkpoint_dir(run_dir)}: {why}; "
+                            + (f"its checkpoints: {', '.join(tags)} (name one)" if tags else "no checkpoint"))
+
+
 def load_model(run_dir: str | Path, tag: str | None = None, device: str | torch.device = "cpu"):
     """The model of a run's checkpoint, in fp32, without DeepSpeed's engine or a process group.
 
@@ -98,9 +115,7 @@ def load_model(run_dir: str | Path, tag: str | None = None, device: str | torch.
     from megatok.model import build_model
 
     cfg = run_config(run_dir)
-    tag = tag or latest_tag(run_dir)
-    if tag is None:
-        raise FileNotFoundError(f"{checkpoint_dir(run_dir)}: no checkpoint (no 'latest' file)")
+    tag = checkpoint_to_read(run_dir, tag)
     _check_model_files(run_dir, tag, cfg)
     model = build_model(cfg)
     model.load_state_dict(consolidated_state_dict(run_dir, tag, cfg))

@@ -86,7 +86,7 @@ class CheckpointError(FileNotFoundError):
     tool reports it in one line as it reports a missing checkpoint.)"""
 
 
-def _restorable(run_dir: str | Path, tag: str) -> Path:
+def restorable(run_dir: str | Path, tag: str) -> Path:
     """Where a published checkpoint is: ``<tag>``, or the copy a killed re-save had moved aside, which
     remove_stale puts back at the next start."""
     d = checkpoint_dir(run_dir) / tag
@@ -130,7 +130,7 @@ def damage(run_dir: str | Path, tag: str) -> str | None:
     archive (see _archive_problem: the data itself is not read), and that a ZeRO checkpoint has one
     optimizer partition per rank of the run that wrote it. A checkpoint a killed re-save had moved
     aside counts as in place (the next start restores it)."""
-    d = _restorable(run_dir, tag)
+    d = restorable(run_dir, tag)
     try:
         meta = json.loads((d / META).read_text())
         world = int(meta["layout"]["world_size"])
@@ -163,7 +163,7 @@ def resume_tag(run_dir: str | Path, requested: str, warn: bool = True) -> str | 
     "auto", ``latest`` or, when that is damaged, the newest usable checkpoint before it (rank 0 warns:
     the damaged ones are set aside with the abandoned trajectory, not deleted), with ``warn``."""
     if requested != "auto":
-        if not _restorable(run_dir, requested).is_dir():
+        if not restorable(run_dir, requested).is_dir():
             tags = published_tags(run_dir)
             raise CheckpointError(f"{checkpoint_dir(run_dir)}: no checkpoint {requested}; "
                                   + (f"its checkpoints: {', '.join(tags)} (or --resume auto)" if tags else
@@ -224,7 +224,7 @@ def check_same_model(run_dir: str | Path, tag: str, cfg: Config) -> None:
     """A CheckpointError, naming what changed, when ``cfg`` builds another model than checkpoint ``tag``
     holds (its ``param_shapes``; checkpoints from before they were recorded are not checked), or points
     it at another tokenizer file (:func:`check_model_files`)."""
-    meta = json.loads((_restorable(run_dir, tag) / META).read_text())  # where resume_tag found it
+    meta = json.loads((restorable(run_dir, tag) / META).read_text())  # where resume_tag found it
     check_model_files(meta, checkpoint_dir(run_dir) / tag, cfg)
     saved, now = meta.get("param_shapes"), model_shapes(cfg)
     if saved is None or saved == now:

@@ -251,6 +251,21 @@ def test_errors_are_one_line(run, data_file, tmp_path):
     assert_clean_error(tool("export.py", "--run", damaged, "--out", tmp_path / "export"), model_file.name)
 
 
+def test_a_checkpoint_the_tools_cannot_find_is_explained(run, tmp_path):
+    from megatok.runs import load_model
+
+    aside = tmp_path / "run"
+    shutil.copytree(run, aside)
+    tag = checkpoint.latest_tag(aside)
+    (aside / "checkpoints" / "latest").write_text("")
+    with pytest.raises(FileNotFoundError, match=rf"its 'latest' file is empty; its checkpoints: {tag} \(name one\)"):
+        load_model(aside)
+    (aside / "checkpoints" / tag).rename(aside / "checkpoints" / f"{tag}.old-123.tmp")
+    with pytest.raises(checkpoint.CheckpointError, match=f"moved aside to {tag}.old-123.tmp by a save that was "
+                                                         f"killed; the next training start puts it back"):
+        load_model(aside, tag)
+
+
 # --------------------------------------------------------------------------- summarize.py
 
 
