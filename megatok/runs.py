@@ -19,8 +19,8 @@ import torch
 
 from megatok.config import Config, ConfigError, load_config
 from megatok.dsconfig import zero_stage
-from megatok.train.checkpoint import (META, CheckpointError, restorable, check_model_files, checkpoint_dir, damage,
-                                      latest_tag, published_tags)
+from megatok.train.checkpoint import (META, CheckpointError, check_model_files, checkpoint_dir, damage, latest_tag,
+                                      published_tags, restorable)
 
 # Files a model needs to be built (a tokenizer).
 MODEL_FILES = (("model", "tokenizer"), ("boundary", "model_path"))
