@@ -153,7 +153,7 @@ def damage(run_dir: str | Path, tag: str) -> str | None:
         if problem := _archive_problem(f):
             return problem
     partitions = len(list(d.glob("*_optim_states.pt")))
-    if partitions and partitions != world:
+    if (partitions or meta.get("zero_stage", 0) >= 1) and partitions != world:  # none at all under ZeRO 1-3
         return f"{partitions} optimizer partitions for the {world} ranks that wrote it"
     return None
 

@@ -413,6 +413,7 @@ def train(cfg: Config, *, resume: str = "auto") -> dict:
                                                    "eval_pending": eval_due and bool(stopping),
                                                    **digests,
                                                    "layout": layout(cfg, world), "bytes_seen": bytes_seen,
+                                                   "zero_stage": engine.zero_optimization_stage(),
                                                    "param_shapes": shapes, "model_files": files,
                                                    "flops": flops_seen, "skipped_in_row": skipped_in_row},
                             keep=cfg.train.keep_checkpoints,

@@ -4,6 +4,7 @@ disk before it is published."""
 
 import errno
 import json
+import shutil
 import os
 from pathlib import Path
 
@@ -15,10 +16,10 @@ from megatok.train import checkpoint
 
 def published(tmp_path, name, step, world=None):
     """A checkpoint directory with megatok's metadata; with ``world``, DeepSpeed-like files too (torch.save
-    archives: the model states and one ZeRO optimizer partition per rank)."""
+    archives: the model states and one ZeRO optimizer partition per rank, ZeRO-2)."""
     d = tmp_path / "checkpoints" / name
     d.mkdir(parents=True)
-    meta = {"step": step} if world is None else {"step": step, "layout": {"world_size": world}}
+    meta = {"step": step} if world is None else {"step": step, "layout": {"world_size": world}, "zero_stage": 2}
     (d / checkpoint.META).write_text(json.dumps(meta))
     if world:
         torch.save({"module": {"w": torch.zeros(64)}}, d / "mp_rank_00_model_states.pt")
@@ -71,6 +72,11 @@ def test_damaged_checkpoints_are_named_and_auto_resume_falls_back_past_them(tmp_
     lost = published(tmp_path, "step00000006", 6, world=2)
     (lost / "zero_pp_rank_0_mp_rank_00_optim_states.pt").unlink()
     assert checkpoint.damage(tmp_path, "step00000006") == "1 optimizer partitions for the 2 ranks that wrote it"
+    gone = published(tmp_path, "step00000007", 7, world=2)  # every partition lost: no optimizer to resume
+    for f in gone.glob("*_optim_states.pt"):
+        f.unlink()
+    assert checkpoint.damage(tmp_path, "step00000007") == "0 optimizer partitions for the 2 ranks that wrote it"
+    shutil.rmtree(gone)
     (published(tmp_path, "step00000008", 8, world=1) / checkpoint.META).unlink()
     assert checkpoint.damage(tmp_path, "step00000008").startswith("megatok.json: ")
 
