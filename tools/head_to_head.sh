@@ -39,7 +39,7 @@ if [ "${REUSE_BPE:-0}" = 1 ] && [ -f "$OUT/bpe/checkpoints/latest" ]; then
   # the kept run, its tokenizer and its config as they are: nothing here is trained again
   echo "head_to_head: REUSE_BPE=1: keeping $OUT/bpe ($(cat "$OUT/bpe/checkpoints/latest")) and $OUT/bpe$VOCAB"
 else
-  $PY tools/train_bpe.py --data data/shards-multi --vocab-size "$VOCAB" --out "$OUT/bpe$VOCAB" \
+  $PY tools/train_bpe.py --data data/shards-multi --vocab-size "$VOCAB" --out "$OUT/bpe$VOCAB" --overwrite \
     --heldout data/heldout_bible.jsonl data/heldout_udhr.jsonl
   $PY tools/match_bpe.py --config "$CONFIG" --tokenizer "$OUT/bpe$VOCAB" --out "$OUT/bpe-model.json" \
     --run-dir "$OUT/bpe" --set data.shards=data/shards-multi

@@ -85,6 +85,7 @@ def main(argv=None) -> int:
     ap.add_argument("--heldout", nargs="+", default=[], help="held-out files to report bytes per token on")
     ap.add_argument("--character-coverage", type=float, default=bpe.SP_OPTIONS["character_coverage"],
                     help="fraction of characters the vocabulary must cover; the rest fall back to bytes")
+    ap.add_argument("--overwrite", action="store_true", help="replace an existing OUT/tokenizer.model")
     args = ap.parse_args(argv)
     out = Path(args.out)
     max_bytes = int(args.max_mb * MB) if args.max_mb else None
@@ -99,6 +100,9 @@ def main(argv=None) -> int:
             raise DataError(f"{out}: exists and is not a directory")
         if out.suffix == ".model":  # a directory is written: tokenizer.model and report.json
             raise DataError(f"--out {out}: give the output directory (it gets tokenizer.model and report.json)")
+        if (out / "tokenizer.model").exists() and not args.overwrite:
+            raise DataError(f"{out / 'tokenizer.model'}: exists, and runs trained with it need it as it is (they "
+                            f"record its digest and refuse another); --overwrite replaces it")
         trained = bpe.train_bpe(bpe.input_documents(args.data), out, args.vocab_size, max_bytes=max_bytes,
                                 progress=True, character_coverage=args.character_coverage)
         t_train = time.perf_counter() - t0

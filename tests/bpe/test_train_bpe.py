@@ -59,6 +59,13 @@ def test_from_files_small_vocab_warns(tmp_path):
     assert report["vocab_size"] < 5000 and report["heldout"] == {}
     assert "lang_disparity" not in report["train"]  # one language (or none): no max/min, never NaN
     assert "NaN" not in (tmp_path / "o" / "report.json").read_text()
+    # again into the same directory: refused (runs may use that tokenizer), unless --overwrite
+    before = (tmp_path / "o" / "tokenizer.model").read_bytes()
+    r = train_bpe("--data", data, "--vocab-size", 400, "--out", tmp_path / "o")
+    assert r.returncode == 2 and "tokenizer.model: exists" in r.stderr and "--overwrite replaces it" in r.stderr
+    assert (tmp_path / "o" / "tokenizer.model").read_bytes() == before
+    r = train_bpe("--data", data, "--vocab-size", 400, "--out", tmp_path / "o", "--overwrite")
+    assert r.returncode == 0 and (tmp_path / "o" / "tokenizer.model").read_bytes() != before, r.stderr[-2000:]
 
 
 def test_bad_input_is_one_error_line(tmp_path):
