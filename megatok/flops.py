@@ -74,8 +74,8 @@ from megatok.vocab import VOCAB_SIZE
 
 
 # Dense bf16 peak of one GPU (TFLOP/s, no sparsity), for MFU: the first key found as whole words in
-# torch's device name ("NVIDIA H100 80GB HBM3"), so the PCIe and NVL H100s come before the SXM one.
-PEAK_BF16_TFLOPS = {"H200": 989.0, "GH200": 989.0, "H100 PCIe": 756.0, "H100 NVL": 835.0, "H100": 989.0, "A100": 312.0,
+# torch's device name ("NVIDIA H100 80GB HBM3"), so the PCIe and NVL cards come before the SXM ones.
+PEAK_BF16_TFLOPS = {"H200 NVL": 835.0, "H200": 989.0, "GH200": 989.0, "H100 PCIe": 756.0, "H100 NVL": 835.0, "H100": 989.0, "A100": 312.0,
                     "L40S": 362.0, "A10": 125.0}
 
 

@@ -36,6 +36,7 @@ import json
 import os
 import platform
 import resource
+import signal
 import subprocess
 import sys
 import sysconfig
@@ -272,6 +273,11 @@ def trainer_check(config: str, overrides: list[str], *, device: torch.device, st
 
     tmp = Path(tempfile.mkdtemp(prefix="megatok-gpu-check-"))
     row: dict = {"config": config, "zero_stage": 3, "steps": steps}
+    end = time.monotonic() + timeout  # for all its processes together
+
+    def left() -> float:
+        return max(1.0, end - time.monotonic())
+
     try:
         stdlib = sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py"))
         with (tmp / "corpus.jsonl").open("w") as f:
@@ -290,7 +296,7 @@ def trainer_check(config: str, overrides: list[str], *, device: torch.device, st
                 "deepspeed.zero_optimization.stage=3", "logging.wandb_mode=disabled", "logging.progress=false"]
         first, again = tmp / "run", tmp / "resumed"
         t = time.perf_counter()
-        r = _run(["launch/pretrain.py", "--config", config, "--set", *sets, f"train.run_dir={first}"], timeout)
+        r = _run(["launch/pretrain.py", "--config", config, "--set", *sets, f"train.run_dir={first}"], left())
         row["train_s"] = round(time.perf_counter() - t, 1)
         if r.returncode:
             return {**row, "error": f"trainer exited {r.returncode}: {r.stderr.strip()[-400:]}"}
@@ -301,7 +307,7 @@ def trainer_check(config: str, overrides: list[str], *, device: torch.device, st
         tag = f"step{half:08d}"
         shutil.copytree(first / "checkpoints" / tag, again / "checkpoints" / tag)
         r = _run(["launch/pretrain.py", "--config", str(first / "config.json"), "--set", f"train.run_dir={again}",
-                  "--resume", tag], timeout)
+                  "--resume", tag], left())
         if r.returncode:
             return {**row, "error": f"resumed trainer exited {r.returncode}: {r.stderr.strip()[-400:]}"}
         b = _train_losses(again)
@@ -310,7 +316,7 @@ def trainer_check(config: str, overrides: list[str], *, device: torch.device, st
 
         t = time.perf_counter()
         r = _run(["tools/generate.py", "--run", str(first), "--prompt", "def ", "--max-bytes", "64",
-                  "--device", str(device), "--json"], timeout)
+                  "--device", str(device), "--json"], left())
         if r.returncode:
             return {**row, "error": f"generate exited {r.returncode}: {r.stderr.strip()[-400:]}"}
         sample = json.loads(r.stdout.splitlines()[-1])
@@ -319,7 +325,7 @@ def trainer_check(config: str, overrides: list[str], *, device: torch.device, st
         # ZeRO-2: the whole model built directly on the GPU (megatok/train/loop.py build), 2 steps
         t = time.perf_counter()
         r = _run(["launch/pretrain.py", "--config", config, "--set", *sets, "deepspeed.zero_optimization.stage=2",
-                  "train.max_steps=2", "train.save_every=2", f"train.run_dir={tmp / 'zero2'}"], timeout)
+                  "train.max_steps=2", "train.save_every=2", f"train.run_dir={tmp / 'zero2'}"], left())
         if r.returncode:
             return {**row, "error": f"ZeRO-2 trainer exited {r.returncode}: {r.stderr.strip()[-400:]}"}
         z = _train_losses(tmp / "zero2")
@@ -396,7 +402,12 @@ def main(argv=None) -> int:
     ap.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                     help="the first config once more with train.compile (default: on a GPU, not in --cpu-smoke)")
     ap.add_argument("--cpu-smoke", action="store_true", help="tiny config on the CPU, 2 steps: tests the code paths")
+    ap.add_argument("--budget-s", type=float, default=480,
+                    help="wall-clock budget: work that would start past it is skipped and reported as such, and the "
+                         "trainer check's processes get what is left (the report and --json-out are written after "
+                         "every section and on SIGTERM, so a run cut short keeps what it measured)")
     args = ap.parse_args(argv)
+    deadline = time.monotonic() + args.budget_s
 
     os.environ.setdefault("WANDB_MODE", "disabled")
     if _importable("deepspeed"):
@@ -423,33 +434,59 @@ def main(argv=None) -> int:
         engine = "deepspeed" if _importable("deepspeed") else "torch"
     peak = peak_tflops(device, args.peak_tflops)
 
-    report = {"environment": environment(device), "attention": attention_check(device, shapes, args.attn_iters),
-              "training": []}
-    runs = [(config, overrides, config) for config in configs]
-    if args.document_mask and configs:
-        runs.append((configs[0], overrides + ["model.document_mask=true"], f"{configs[0]} + document_mask"))
-    if (args.compile if args.compile is not None else not args.cpu_smoke) and configs:
-        runs.append((configs[0], overrides + ["train.compile=true"], f"{configs[0]} + compile"))
-    for config, sets, label in runs:
-        try:
-            report["training"].append(train_check(str(ROOT / config) if not Path(config).is_absolute() else config,
-                                                  sets, device=device, engine=engine, steps=steps,
-                                                  warmup=warmup, micro=micro, peak=peak))
-            report["training"][-1]["config"] = label
-        except torch.cuda.OutOfMemoryError as e:  # report and go on with the next config
-            report["training"].append({"config": label, "engine": engine, "error": f"out of memory: {e}"[:300]})
-            gc.collect()
-            torch.cuda.empty_cache()
-        except Exception as e:  # noqa: BLE001 - one failing run must not cost the rest of a GPU session
-            traceback.print_exc()
-            report["training"].append({"config": label, "engine": engine, "error": f"{type(e).__name__}: {e}"[:300]})
-    if trainer_config and engine == "deepspeed":
-        report["trainer"] = trainer_check(str(ROOT / trainer_config), overrides, device=device,
-                                          steps=max(2, trainer_steps // 2 * 2), micro=micro)
-        report["trainer"]["config"] = trainer_config
-    print(show(report), flush=True)
-    if args.json_out:
-        Path(args.json_out).write_text(json.dumps(report, indent=2) + "\n")
+    report = {"environment": environment(device), "attention": [], "training": []}
+
+    def save(done: str) -> None:  # after every section: a run cut short keeps what it measured
+        print(f"gpu_check: {done} ({time.monotonic() - deadline + args.budget_s:.0f} s)", flush=True)
+        if args.json_out:
+            Path(args.json_out).write_text(json.dumps(report, indent=2) + "\n")
+
+    previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # e.g. `timeout`: the finally still reports
+    try:
+        report["attention"] = attention_check(device, shapes, args.attn_iters)
+        save("attention done")
+        runs = [(config, overrides, config) for config in configs]
+        if args.document_mask and configs:
+            runs.append((configs[0], overrides + ["model.document_mask=true"], f"{configs[0]} + document_mask"))
+        if (args.compile if args.compile is not None else not args.cpu_smoke) and configs:
+            runs.append((configs[0], overrides + ["train.compile=true"], f"{configs[0]} + compile"))
+        for config, sets, label in runs:
+            if time.monotonic() > deadline:
+                report["training"].append({"config": label, "engine": engine, "error": "skipped: --budget-s spent"})
+                continue
+            try:
+                report["training"].append(train_check(str(ROOT / config) if not Path(config).is_absolute() else config,
+                                                      sets, device=device, engine=engine, steps=steps,
+                                                      warmup=warmup, micro=micro, peak=peak))
+                report["training"][-1]["config"] = label
+            except torch.cuda.OutOfMemoryError as e:  # report and go on with the next config
+                report["training"].append({"config": label, "engine": engine, "error": f"out of memory: {e}"[:300]})
+                gc.collect()
+                torch.cuda.empty_cache()
+            except Exception as e:  # noqa: BLE001 - one failing run must not cost the rest of a GPU session
+                traceback.print_exc()
+                report["training"].append({"config": label, "engine": engine,
+                                           "error": f"{type(e).__name__}: {e}"[:300]})
+            save(f"training {label} done")
+        if trainer_config and engine == "deepspeed":
+            left = deadline - time.monotonic()
+            if left < 60:
+                report["trainer"] = {"error": f"skipped: --budget-s spent ({left:.0f} s left)"}
+            else:
+                try:
+                    report["trainer"] = trainer_check(str(ROOT / trainer_config), overrides, device=device,
+                                                      steps=max(2, trainer_steps // 2 * 2), micro=micro,
+                                                      timeout=left)
+                except Exception as e:  # noqa: BLE001 - the sections before it are kept
+                    traceback.print_exc()
+                    report["trainer"] = {"error": f"{type(e).__name__}: {e}"[:300]}
+            report["trainer"]["config"] = trainer_config
+            save("trainer done")
+    finally:  # whatever ended the check (an error, SIGTERM): the report of what was measured
+        signal.signal(signal.SIGTERM, previous)
+        print(show(report), flush=True)
+        if args.json_out:
+            Path(args.json_out).write_text(json.dumps(report, indent=2) + "\n")
     try:
         from megatok.train import dist
 

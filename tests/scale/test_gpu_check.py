@@ -51,6 +51,7 @@ def test_the_peak_for_mfu_is_found_by_whole_words_of_the_device_name():
     assert peak_tflops_for("NVIDIA H100 80GB HBM3") == peak_tflops_for("NVIDIA H200") == 989.0
     assert peak_tflops_for("NVIDIA GH200 480GB") == 989.0
     assert peak_tflops_for("NVIDIA H100 PCIe") == 756.0 and peak_tflops_for("NVIDIA H100 NVL") == 835.0
+    assert peak_tflops_for("NVIDIA H200 NVL") == 835.0  # the PCIe card, not the SXM one's 989
     assert peak_tflops_for("NVIDIA A100-SXM4-80GB") == 312.0 and peak_tflops_for("NVIDIA A10") == 125.0
     for unknown in ("NVIDIA RTX A1000", "NVIDIA A10G", "Tesla V100-SXM2-16GB"):  # not an A100 / A10
         assert peak_tflops_for(unknown) is None, unknown

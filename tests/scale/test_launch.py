@@ -19,8 +19,8 @@ TORCHRUN = ROOT / "launch/torchrun_multinode.sh"
 ARGS = ["--config", "configs/1b.json", "--set", "data.shards=/shared/megatok/shards"]
 
 FAKE_SCONTROL = """#!/bin/bash
-[[ $1 == show && $2 == hostnames && $3 == "gpu-a[01-02]" ]] || { echo "unexpected: $*" >&2; exit 1; }
-printf 'gpu-a01\\ngpu-a02\\n'
+[[ $1 == show && $2 == hostnames ]] || { echo "unexpected: $*" >&2; exit 1; }
+case $3 in "gpu-a[01-02]") printf 'gpu-a01\\ngpu-a02\\n';; gpu-a01) echo gpu-a01;; *) exit 1;; esac
 """
 # srun: run the command once per task, locally, with the variables Slurm gives each task.
 FAKE_SRUN = """#!/bin/bash
@@ -48,6 +48,10 @@ def fake_bin(tmp_path):
 
 def slurm_env(tmp_path, launcher):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "MASTER_", "NCCL_", "OMP_", "MEGATOK_"))}
+    home = tmp_path / "home"
+    home.mkdir(exist_ok=True)
+    (home / ".deepspeed_env").write_text("NCCL_IB_TIMEOUT=22\nNCCL_NET_GDR_LEVEL=PHB\nNCCL_IB_HCA=from-file\n")
+    env["HOME"] = str(home)
     env.update(PATH=f"{fake_bin(tmp_path)}:{env['PATH']}", VIRTUAL_ENV="/fake/venv", LAUNCHER=launcher,
                SLURM_JOB_ID="4242", SLURM_JOB_NODELIST="gpu-a[01-02]", SLURM_JOB_NUM_NODES="2",
                SLURM_GPUS_ON_NODE="8", SLURM_CPUS_ON_NODE="96", JOB_DIR=str(tmp_path / "job"),
@@ -78,6 +82,15 @@ def test_scripts_are_valid_bash(script):
     assert os.access(script, os.X_OK)
 
 
+def test_sbatch_one_node_launches_without_a_hostfile(tmp_path):
+    env = {**slurm_env(tmp_path, "deepspeed"), "SLURM_JOB_NODELIST": "gpu-a01", "SLURM_JOB_NUM_NODES": "1",
+           "SLURM_JOB_ID": "39999", "MEGATOK_PRINT_ONLY": "1"}
+    r = subprocess.run(["bash", str(SBATCH), *ARGS], capture_output=True, text=True, env=env, cwd=ROOT, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert launch_line(r.stdout) == ["deepspeed", "--num_gpus", "8", "--master_port", str(20000 + 9999),
+                                     "launch/pretrain.py", *ARGS]  # a port below the kernel's ephemeral range
+
+
 def test_sbatch_deepspeed_launch_for_2_nodes_x_8_gpus(tmp_path, capsys):
     cmd = launch_line(render(tmp_path, "deepspeed"))
     job = tmp_path / "job"
@@ -91,6 +104,8 @@ def test_sbatch_deepspeed_launch_for_2_nodes_x_8_gpus(tmp_path, capsys):
     assert envfile["AWS_PROFILE"] == "shards" and "UNSET_VARIABLE" not in envfile
     assert envfile["PYTHONPATH"].split(":")[0] == str(ROOT) and "MEGATOK_PRINT_ONLY" not in envfile
     assert envfile["MEGATOK_STOP_FILE"] == str(job / "STOP")
+    # the user's own ~/.deepspeed_env comes along (DS_ENV_FILE replaces it for DeepSpeed's runner)
+    assert envfile["NCCL_IB_TIMEOUT"] == "22" and envfile["NCCL_NET_GDR_LEVEL"] == "PHB"
     # The arguments it passes resolve to a valid job of 16 ranks.
     assert dry_run(cmd[cmd.index("--config") + 1], [ARGS[-1]], world=16) == 0
     assert '"train_batch_size": 512' in capsys.readouterr().out
