@@ -451,6 +451,9 @@ def warnings_for(cfg: Config) -> list[str]:
     if t.warmup_steps >= t.max_steps:
         out.append(f"train.warmup_steps={t.warmup_steps} is not below train.max_steps={t.max_steps}: the run ends "
                    f"before its warmup does (or as it does), so train.lr_schedule never takes over")
+    from megatok.dsconfig import NOT_THROUGH_DEEPSPEED  # (it imports this module)
+
+    out += [f"deepspeed.{k} does nothing here: {why}" for k, why in NOT_THROUGH_DEEPSPEED.items() if k in cfg.deepspeed]
     return out
 
 

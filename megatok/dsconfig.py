@@ -25,14 +25,15 @@ DERIVED_DS_KEYS = {
     "scheduler": "train.warmup_steps / train.lr_schedule / train.min_lr_ratio (megatok's own, see lr_lambda)",
 }
 KNOWN_DS_KEYS = {
-    "zero_optimization", "bf16", "fp16", "steps_per_print",
+    "zero_optimization", "bf16", "fp16", "steps_per_print", "activation_checkpointing", "compile",
     "wall_clock_breakdown", "flops_profiler", "communication_data_type", "prescale_gradients",
     "gradient_predivide_factor", "checkpoint", "zero_allow_untested_optimizer",
     "zero_force_ds_cpu_optimizer", "aio", "comms_logger", "memory_breakdown", "data_types",
     "torch_autocast", "dump_state", "seq_parallel_communication_data_type", "tensorboard",
     "csv_monitor", "wandb", "comet", "timers",
 }
-# DeepSpeed features megatok does not run through DeepSpeed: a key that would silently do nothing
+# DeepSpeed features megatok does not run through DeepSpeed: accepted (runs that set them stay readable),
+# with a warning at launch (config.warnings_for), and not handed to DeepSpeed's checks
 NOT_THROUGH_DEEPSPEED = {
     "activation_checkpointing": "megatok recomputes blocks itself: set model.activation_checkpointing",
     "compile": "megatok compiles its blocks itself: set train.compile",
@@ -42,10 +43,9 @@ NOT_THROUGH_DEEPSPEED = {
 def check_deepspeed(ds: dict[str, Any], where: str) -> None:
     """The user's section, before any process group: no derived keys, known keys only, ZeRO against
     DeepSpeed's own schema, bf16 (not fp16) as an object, then the whole section as DeepSpeed reads it
-    (what ``deepspeed.initialize`` would refuse after the process group had started)."""
+    (what ``deepspeed.initialize`` would refuse after the process group had started), less the keys
+    megatok does not run through DeepSpeed (NOT_THROUGH_DEEPSPEED)."""
     for key in ds:
-        if key in NOT_THROUGH_DEEPSPEED:
-            raise ConfigError(f"{where}: deepspeed.{key}: {NOT_THROUGH_DEEPSPEED[key]}")
         if key in DERIVED_DS_KEYS:
             raise ConfigError(f"{where}: deepspeed.{key} is derived by megatok; set {DERIVED_DS_KEYS[key]} instead")
         if key not in KNOWN_DS_KEYS:
@@ -76,8 +76,9 @@ def check_deepspeed(ds: dict[str, Any], where: str) -> None:
     if ds.get("fp16", {}).get("enabled"):
         raise ConfigError(f"{where}: deepspeed.fp16 is not supported (use bf16; byte-level losses overflow fp16)")
     every = ds.get("steps_per_print", 1)
-    if isinstance(every, bool) or not isinstance(every, int) or every < 1:
-        raise ConfigError(f"{where}: deepspeed.steps_per_print must be a positive integer (got {json.dumps(every)})")
+    if every is not None and (isinstance(every, bool) or not isinstance(every, int) or every < 1):
+        raise ConfigError(f"{where}: deepspeed.steps_per_print must be a positive integer or null "
+                          f"(got {json.dumps(every)})")
     if stage >= 2 and zero.get("reduce_scatter", True):  # DeepSpeed asserts this only when it builds ZeRO
         for key, bad in (("prescale_gradients", bool(ds.get("prescale_gradients", False))),
                          ("gradient_predivide_factor", ds.get("gradient_predivide_factor", 1.0) != 1.0)):
@@ -99,7 +100,8 @@ def _check_with_deepspeed(ds: dict[str, Any], where: str) -> None:
 
     # no train_batch_size: DeepSpeed derives it for the world size it sees (1, or the process group's in a tool
     # that loads a config inside one)
-    probe = {**ds, "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1}
+    probe = {**{k: v for k, v in ds.items() if k not in NOT_THROUGH_DEEPSPEED},
+             "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1}
     level = logger.level
     logger.setLevel(logging.ERROR)  # it logs the world size it assumes
     try:

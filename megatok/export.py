@@ -47,6 +47,11 @@ def export(run_dir: str | Path, out_dir: str | Path, *, dtype: str = "fp32", tag
     (tmp / INFO).write_text(json.dumps({"run_dir": str(run_dir), "tag": tag, "step": meta["step"], "dtype": dtype,
                                         "parameters": sum(v.numel() for v in state.values())}, indent=2) + "\n")
     old = out_dir.with_name(out_dir.name + f".old-{os.getpid()}")
+    if out_dir.is_dir() and not any(out_dir.iterdir()):  # an empty directory (--out .) is filled, not replaced
+        for f in tmp.iterdir():
+            os.replace(f, out_dir / f.name)
+        tmp.rmdir()
+        return out_dir
     if out_dir.exists():  # an earlier export: moved aside first (killed in between, NAME.old-PID holds it)
         os.replace(out_dir, old)
     os.replace(tmp, out_dir)

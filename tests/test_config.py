@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from megatok.config import ConfigError, load_config
+from megatok.config import ConfigError, load_config, warnings_for
 from megatok.dsconfig import deepspeed_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -158,22 +158,26 @@ def test_deepspeed_section_is_checked(tmp_path):
             ({"data_types": {"grad_accum_dtype": "fp17"}}, "DeepSpeed refuses the section: 'fp17' is not a valid"),
             ({"checkpoint": {"tag_validation": "bogus"}}, "DeepSpeed refuses the section: Checkpoint config contains "
                                                           "invalid tag_validation value of BOGUS"),
-            ({"steps_per_print": "x"}, 'deepspeed.steps_per_print must be a positive integer (got "x")'),
+            ({"steps_per_print": "x"}, 'deepspeed.steps_per_print must be a positive integer or null (got "x")'),
             ({"prescale_gradients": True}, "deepspeed.prescale_gradients: DeepSpeed does not support it with ZeRO "
                                            "stage 2 and reduce_scatter"),
             ({"zero_optimization": {"stage": 3}, "gradient_predivide_factor": 2.0},
              "deepspeed.gradient_predivide_factor: DeepSpeed does not support it with ZeRO stage 3"),
             ({"elasticity": {"enabled": True}}, "deepspeed.elasticity: unknown key"),
-            ({"activation_checkpointing": {"partition_activations": True}},
-             "deepspeed.activation_checkpointing: megatok recomputes blocks itself: set model.activation_checkpointing"),
-            ({"compile": {"deepcompile": True}}, "deepspeed.compile: megatok compiles its blocks itself: set train.compile"),
     ]):
         section = {"zero_optimization": {"stage": 2}, **section}
         msg = error_of(write(tmp_path, f"ds{i}.json", {"deepspeed": section}))
         assert want in msg and "\n" not in msg, msg
     ok = {"zero_optimization": {"stage": 2, "reduce_scatter": False}, "prescale_gradients": True,
-          "data_types": {"grad_accum_dtype": "fp32"}, "steps_per_print": 5}
+          "data_types": {"grad_accum_dtype": "fp32"}, "steps_per_print": None}
     assert load_config(write(tmp_path, "ok.json", {"deepspeed": ok})).deepspeed == ok
+    # what megatok does itself: accepted (a run that set it stays readable), with a warning at launch
+    idle = {"activation_checkpointing": {"partition_activations": "yes"}, "compile": {"deepcompile": True}}
+    cfg = load_config(write(tmp_path, "idle.json", {"deepspeed": idle}))
+    assert warnings_for(cfg) == [
+        "deepspeed.activation_checkpointing does nothing here: megatok recomputes blocks itself: set "
+        "model.activation_checkpointing",
+        "deepspeed.compile does nothing here: megatok compiles its blocks itself: set train.compile"]
 
 
 def test_a_directory_given_as_config(tmp_path):

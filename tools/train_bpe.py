@@ -92,7 +92,12 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     try:
         # fail on a missing or unreadable input before training anything
-        list_input_files([p for p in args.data if not bpe.is_shard_dir(p)] + list(args.heldout))
+        trained_on = list_input_files([p for p in args.data if not bpe.is_shard_dir(p)])
+        heldout_files = list_input_files(list(args.heldout)) if args.heldout else []
+        also = sorted({os.path.realpath(f) for f in trained_on} & {os.path.realpath(f) for f in heldout_files})
+        if also:  # its bytes per token would be measured on training text
+            print(f"warning: --heldout {', '.join(also[:3])} is also in --data: trained on, so not held out",
+                  file=sys.stderr)
         for f in args.heldout:  # a malformed held-out file fails now, not after training
             for _ in iter_documents([f]):
                 pass

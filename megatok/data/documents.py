@@ -58,12 +58,16 @@ def list_input_files(paths: list[str], warn: bool = True, seen: set[str] | None 
         if os.path.isdir(path) and os.path.realpath(path) in seen_dirs:
             twice.append(path)  # a directory already walked, under this name or another
         elif os.path.isdir(path):
-            found = []
+            found, pruned = [], False
             for root, dirs, names in os.walk(path, followlinks=True):
                 seen_dirs.add(os.path.realpath(root))
-                dirs[:] = sorted(d for d in dirs if os.path.realpath(os.path.join(root, d)) not in seen_dirs)
+                kept = sorted(d for d in dirs if os.path.realpath(os.path.join(root, d)) not in seen_dirs)
+                pruned |= len(kept) < len(dirs)
+                dirs[:] = kept
                 found += [os.path.join(root, n) for n in sorted(names) if n.endswith(SUFFIXES)]
-            if not found:
+            if pruned and not found:  # everything in it was reached already (raw/sub raw)
+                twice.append(path)
+            elif not found:
                 raise DataError(f"{path}: directory contains no {', '.join(SUFFIXES)} files")
             for file in found:
                 add(file)

@@ -51,13 +51,22 @@ def _estimate_bytes(files: list[str]) -> int:
     return sum(os.path.getsize(f) * (3 if f.endswith(".gz") else 1) for f in files)
 
 
-def _choose_val(scores: np.ndarray, val_fraction: float) -> np.ndarray:
-    """Boolean val mask: score < val_fraction, with at least one val and one train document when n >= 2."""
-    is_val = scores < val_fraction
-    if val_fraction > 0 and len(scores) >= 2 and not is_val.any():
-        is_val[np.argmin(scores)] = True
-    if is_val.all():  # never leave train empty; with n >= 2 at least one val document remains
-        is_val[np.argmax(scores)] = False
+def _choose_val(scores: np.ndarray, first: np.ndarray, val_fraction: float) -> np.ndarray:
+    """Boolean val mask over the documents (pieces of split ones; ``first``: each one's first piece,
+    ``scores``: its document's score). A whole document is val when its score < val_fraction. One split
+    into k pieces holds out its last floor(val_fraction x k + score) pieces: a contiguous tail (as
+    enwik8 holds out its end), so no val piece sits between training pieces of its document, and the
+    fraction holds by pieces even for a corpus of one large file. At least one val and one train piece
+    when n >= 2."""
+    n = len(scores)
+    k = np.bincount(first, minlength=n)[first]  # the pieces of each one's document
+    held = np.where(k == 1, scores < val_fraction, np.floor(val_fraction * k + scores)).astype(np.int64)
+    is_val = np.arange(n) - first >= k - held
+    if val_fraction > 0 and n >= 2 and not is_val.any():
+        d = int(np.argmin(scores))  # the lowest-scored document's first piece; its last piece goes to val
+        is_val[d + k[d] - 1] = True
+    if is_val.all():  # never leave train empty; with n >= 2 at least one val piece remains
+        is_val[np.argmax(scores)] = False  # the highest-scored document's first piece
     return is_val
 
 
@@ -131,12 +140,10 @@ def _build(inputs, files, tmp, *, val_fraction, num_shards, shard_bytes, min_sha
                                     f"(found: {', '.join(sorted(map(str, seen[key] - {None}))) or 'none'})")
 
         # pass 2: split, shuffle (train: with each document's copies for the mixture weights), cut, write
-        # decided per input document, so no document has pieces on both sides (the same decisions as
-        # piece by piece when nothing was split)
+        # decided per input document (see _choose_val: a split one holds out a tail of its pieces); the
+        # same decisions as before when nothing was split
         first_piece = np.frombuffer(first, dtype=np.int64)
-        heads = np.flatnonzero(first_piece == np.arange(n))
-        head_val = _choose_val(np.array([_val_score(seed, int(i)) for i in heads]), val_fraction)
-        is_val = head_val[np.searchsorted(heads, first_piece)]
+        is_val = _choose_val(np.array([_val_score(seed, int(i)) for i in first_piece]), first_piece, val_fraction)
         lens = np.frombuffer(text_lens, dtype=np.int64)
         n_copies = _copies(np.frombuffer(doc_weights, dtype=np.float64), seed, first_piece) if any(weights.values()) else None
         rng = np.random.default_rng(seed)

@@ -64,8 +64,10 @@ def test_from_files_small_vocab_warns(tmp_path):
     r = train_bpe("--data", data, "--vocab-size", 400, "--out", tmp_path / "o")
     assert r.returncode == 2 and "tokenizer.model: exists" in r.stderr and "--overwrite replaces it" in r.stderr
     assert (tmp_path / "o" / "tokenizer.model").read_bytes() == before
-    r = train_bpe("--data", data, "--vocab-size", 400, "--out", tmp_path / "o", "--overwrite")
+    r = train_bpe("--data", data, "--vocab-size", 400, "--out", tmp_path / "o", "--overwrite", "--heldout", data)
     assert r.returncode == 0 and (tmp_path / "o" / "tokenizer.model").read_bytes() != before, r.stderr[-2000:]
+    assert f"warning: --heldout {data} is also in --data: trained on, so not held out" in r.stderr
+    assert "reached twice" not in r.stderr
 
 
 def test_bad_input_is_one_error_line(tmp_path):

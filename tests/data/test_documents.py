@@ -56,6 +56,9 @@ def test_an_input_reached_twice_is_read_once_and_links_do_not_loop(tmp_path, cap
                    f"{raw / 'sub' / 'up'}\n")
     assert [d.text for d in iter_documents([str(raw), str(raw / "sub")])] == [b"a", b"b"]
     assert capsys.readouterr().err == ""  # iter_documents leaves the warning to the tool's own listing
+    (raw / "a.txt").unlink()  # raw holds only sub now: given after it, raw adds nothing and is no error
+    assert list_input_files([str(raw / "sub"), str(raw)]) == [str(raw / "sub" / "b.txt")]
+    assert "1 input(s) reached twice, read once: " + str(raw) in capsys.readouterr().err
 
 
 def test_the_tools_readers_read_a_file_reached_twice_once(tmp_path):

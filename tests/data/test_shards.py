@@ -222,31 +222,44 @@ def _keys(path):
         return sorted({m.name.split(".")[0] for m in tar.getmembers()})
 
 
-def test_a_split_document_is_never_on_both_sides_of_the_val_split(tmp_path):
-    """Pieces of a document cut by max_doc_bytes share their document's val decision and mixture copies
-    (one piece of a book in val and the next in train would make val_bpb too good)."""
+def test_a_split_document_holds_out_a_tail_of_its_pieces(tmp_path):
+    """Pieces of a document cut by max_doc_bytes: its val pieces are its last ones (no val piece between
+    training pieces of the same book), the fraction holds by pieces, its training pieces share its
+    mixture copies, and a corpus of one large file still gets a val split."""
     rng = random.Random(1)
     with open(tmp_path / "long.jsonl", "w") as f:
         for i in range(30):
             text = "\n".join(f"doc {i} line {j} " + "x" * rng.randint(0, 40) for j in range(60))
             f.write(json.dumps({"text": text, "lang": rng.choice(["en", "fr"])}) + "\n")
-    inputs = [str(tmp_path / "long.jsonl")]
 
-    def sides(out, m):
-        where = {}
+    def pieces(out, m):  # {document: {piece number: (split, copies)}}
+        got = {}
         for split in ("train", "val"):
             for d in iter_shard_documents([os.path.join(out, e["name"]) for e in m[split]]):
-                where.setdefault(d.source.split("#")[0], Counter())[(split, d.source)] += 1
-        return where
+                doc, _, k = d.source.partition("#")
+                got.setdefault(doc, Counter())[(int(k), split)] += 1
+        return got
 
     out = str(tmp_path / "split")
-    m = build_shards(inputs, out, val_fraction=0.3, num_shards=2, max_doc_bytes=400, progress=False,
-                     lang_weights={"fr": 1.5})
-    assert m["split_documents"] == 30 and m["documents"]["val"] > 0
-    where = sides(out, m)
-    assert len(where) == 30 and all(len({s for s, _ in c}) == 1 for c in where.values()), where
-    n_val = sum(1 for c in where.values() if {s for s, _ in c} == {"val"})
-    assert 0 < n_val < 30
-    for c in where.values():  # every piece of a document repeated as often (fr: 1 or 2 copies)
-        assert len(set(c.values())) == 1, c
-    assert {frozenset(c.values()) for c in where.values()} >= {frozenset({1}), frozenset({2})}
+    m = build_shards([str(tmp_path / "long.jsonl")], out, val_fraction=0.3, num_shards=2, max_doc_bytes=400,
+                     progress=False, lang_weights={"fr": 1.5})
+    got = pieces(out, m)
+    assert m["split_documents"] == 30 and len(got) == 30
+    n_val = n_all = straddling = 0
+    for doc, c in got.items():
+        splits = [s for _, s in sorted(c)]
+        assert splits == sorted(splits, key=lambda s: s == "val"), (doc, splits)  # train pieces, then val ones
+        assert len({n for (_, s), n in c.items() if s == "train"}) <= 1, c  # one copy count per document
+        n_val, n_all = n_val + splits.count("val"), n_all + len({k for k, _ in c})
+        straddling += len(set(splits)) == 2
+    assert 0.2 < n_val / n_all < 0.4 and straddling > 0
+    assert {n for c in got.values() for (_, s), n in c.items() if s == "train"} == {1, 2}  # fr: 1 or 2 copies
+
+    (tmp_path / "book.txt").write_text("\n".join(f"line {j} " + "y" * (j % 50) for j in range(2000)))
+    m = build_shards([str(tmp_path / "book.txt")], str(tmp_path / "book"), val_fraction=0.05, max_doc_bytes=2000,
+                     progress=False)
+    (c,) = pieces(str(tmp_path / "book"), m).values()
+    k = len(c)
+    assert k > 20 and 1 <= m["documents"]["val"] <= 0.05 * k + 1
+    assert sorted(c) == [(i, "train") for i in range(k - m["documents"]["val"])] + [
+        (i, "val") for i in range(k - m["documents"]["val"], k)]

@@ -75,8 +75,11 @@ def test_export_replaces_only_an_earlier_export(tiny_run, tmp_path):
         assert r.returncode == 0, r.stderr[-2000:]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "export", "notes"]
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "export.json", "model.safetensors"]
-    here = tmp_path / "here"  # --out . in an empty directory fills it
+    here = tmp_path / "here"  # --out . in an empty directory fills it (the same directory, not a new one)
     here.mkdir()
+    inode = here.stat().st_ino
     r = run_tool("export.py", "--run", tiny_run, "--out", ".", cwd=here)
     assert r.returncode == 0, r.stderr[-2000:]
     assert sorted(p.name for p in here.iterdir()) == ["config.json", "export.json", "model.safetensors"]
+    assert here.stat().st_ino == inode and sorted(p.name for p in tmp_path.iterdir()) == [
+        "afile", "export", "here", "notes"]
