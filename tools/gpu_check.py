@@ -410,6 +410,10 @@ def main(argv=None) -> int:
     deadline = time.monotonic() + args.budget_s
 
     os.environ.setdefault("WANDB_MODE", "disabled")
+    if not args.cpu_smoke and os.environ.get("DS_ACCELERATOR", "cuda") != "cuda":  # before DeepSpeed reads it
+        print(f"gpu_check: DS_ACCELERATOR={os.environ['DS_ACCELERATOR']} ignored: the GPU check runs DeepSpeed on "
+              f"cuda", file=sys.stderr)
+        os.environ["DS_ACCELERATOR"] = "cuda"  # the trainer processes it starts inherit it too
     if _importable("deepspeed"):
         sizing.quiet_deepspeed_import()
     if args.cpu_smoke:

@@ -55,3 +55,19 @@ def test_the_peak_for_mfu_is_found_by_whole_words_of_the_device_name():
     assert peak_tflops_for("NVIDIA A100-SXM4-80GB") == 312.0 and peak_tflops_for("NVIDIA A10") == 125.0
     for unknown in ("NVIDIA RTX A1000", "NVIDIA A10G", "Tesla V100-SXM2-16GB"):  # not an A100 / A10
         assert peak_tflops_for(unknown) is None, unknown
+
+
+def test_a_spent_budget_skips_what_is_left_and_still_reports(tmp_path, capsys):
+    """On a lent GPU a check cut short must keep what it measured: past --budget-s the rest is skipped and
+    reported as such, and the JSON is written after every section (and on SIGTERM, by the same finally)."""
+    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "tools/gpu_check.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    out = tmp_path / "r.json"
+    assert mod.main(["--cpu-smoke", "--attn-iters", "1", "--budget-s", "0", "--json-out", str(out)]) == 0
+    rep = json.loads(out.read_text())
+    assert rep["attention"] and all(a["sdpa_ms"] > 0 for a in rep["attention"])
+    assert [r["error"] for r in rep["training"]] == ["skipped: --budget-s spent"] * 2
+    assert rep["trainer"]["error"].startswith("skipped: --budget-s spent")
+    printed = capsys.readouterr().out
+    assert "gpu_check: attention done" in printed and "error: skipped: --budget-s spent" in printed
