@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 import time
 import warnings
 from pathlib import Path
@@ -107,9 +108,11 @@ class MetricsLogger:
 
 
 def wandb_run_id(run_dir, name: str | None) -> str:
-    """Stable across resumes of one run directory, distinct for two directories with the same name."""
+    """Stable across resumes of one run directory, distinct for two directories with the same name. The
+    characters wandb refuses in an id (a sweep's "lr:1e-3") become '-' (the id only; the name is kept)."""
     path = str(Path(run_dir).resolve())
-    return f"{name or Path(path).name}-{hashlib.sha1(path.encode()).hexdigest()[:8]}"
+    readable = re.sub(r"[:;,#?/'\\]", "-", name or Path(path).name)
+    return f"{readable}-{hashlib.sha1(path.encode()).hexdigest()[:8]}"
 
 
 def read_metrics(run_dir: str | Path) -> list[dict]:

@@ -427,6 +427,10 @@ def train(cfg: Config, *, resume: str = "auto") -> dict:
                 stop.remove_files()  # else the resumed run would stop again at once
             break
 
+    # The data workers end now, not at interpreter exit, where they would be waited for: they ignore
+    # SIGTERM, and a reference left elsewhere to this frame (wandb keeps the exception of a failed init,
+    # and with it the frames) would keep the loader alive past this return.
+    batches = None
     watchdog.stop()
     stop.restore()
     logger.close()

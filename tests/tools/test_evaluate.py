@@ -13,6 +13,7 @@ import json
 import math
 import shutil
 import subprocess
+import warnings
 
 import pytest
 import torch
@@ -62,6 +63,41 @@ def run(shards, tmp_path_factory):
               f"data.shards={shards}", f"train.run_dir={run_dir}", f"train.max_steps={STEPS}",
               "train.micro_batch_size=2", "train.global_batch_size=2"], env=env)
     return run_dir
+
+
+def test_a_run_whose_wandb_cannot_start_still_ends(shards, tmp_path):
+    """wandb.init failing (here RUN_DIR/wandb is a file) is a warning; the run ends with exit 0. It used
+    to hang at exit: wandb kept the exception and, through its frames, the data loader, whose worker
+    (which ignores SIGTERM) the interpreter then waited for."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "wandb").write_text("not a directory")
+    env = {"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path), "WANDB_CONFIG_DIR": str(tmp_path / "config"),
+           "WANDB_CACHE_DIR": str(tmp_path / "cache"), "WANDB_DATA_DIR": str(tmp_path / "data")}
+    r = pretrain(["--config", "configs/tiny.json", "--set", *TINY, "logging.wandb_mode=offline",
+                  f"data.shards={shards}", f"train.run_dir={run_dir}", "train.max_steps=2", "data.num_workers=1",
+                  "train.micro_batch_size=2", "train.global_batch_size=2"], env=env, timeout=150, check=False)
+    assert r.returncode == 0 and "wandb disabled" in r.stderr, r.stderr[-2000:]
+    assert [row["step"] for row in read_metrics(run_dir) if row.get("split") == "train"] == [1, 2]
+
+
+def test_wandb_takes_a_run_directory_named_like_a_sweep_point(tmp_path, monkeypatch):
+    """wandb refuses ':' and '/' (and more) in a run id; the id is made from the directory's name."""
+    from megatok.metrics import MetricsLogger
+
+    for k, v in {"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path), "WANDB_CONFIG_DIR": str(tmp_path / "config"),
+                 "WANDB_CACHE_DIR": str(tmp_path / "cache"), "WANDB_DATA_DIR": str(tmp_path / "data"),
+                 "WANDB_SILENT": "true"}.items():
+        monkeypatch.setenv(k, v)
+    run_dir = tmp_path / "lr:1e-3,wd#0.1"
+    run_dir.mkdir()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # "wandb disabled: ..." would fail here
+        logger = MetricsLogger(run_dir, enabled=True, total_steps=1, wandb_mode="offline", progress=False)
+    assert logger.wandb is not None and logger.wandb.id.startswith("lr-1e-3-wd-0.1-")
+    assert logger.wandb.name == "lr:1e-3,wd#0.1"
+    logger.log({"step": 1, "split": "train", "loss": 1.0})
+    logger.close()
 
 
 @pytest.fixture(scope="module")
