@@ -236,7 +236,8 @@ class LoggingConfig(_Section):
     wandb_project: str = Field("megatok", description="wandb project")
     wandb_entity: str | None = Field(None, description="wandb team or user")
     wandb_name: str | None = Field(None, description="wandb run name (default: the run directory's name); the id adds a hash of the directory's path")
-    progress: bool = Field(True, description="progress bar on rank 0")
+    progress: bool = Field(True, description="progress bar on rank 0, when its output is a terminal (a log "
+                                             "file gets the metrics rows, not one endless line)")
 
 
 class Config(_Section):

@@ -63,7 +63,9 @@ class MetricsLogger:
             return
         self.file = self.path.open("a")
         if progress:
-            self.bar = tqdm(total=total_steps, initial=start_step, desc="train", unit="step", dynamic_ncols=True)
+            # disable=None: off when stderr is not a terminal (a job's log file would get the whole run on one line)
+            self.bar = tqdm(total=total_steps, initial=start_step, desc="train", unit="step", dynamic_ncols=True,
+                            disable=None)
         if wandb_mode != "disabled":
             try:
                 import wandb
