@@ -66,15 +66,9 @@ def run_config(run_dir: str | Path) -> Config:
     return written_config(path, launch_dir(run_dir, recorded), base_first=True)
 
 
-def _check_model_files(run_dir: str | Path, tag: str, cfg: Config) -> None:
-    """Before a model reads its tokenizer: the file the config names is the one the checkpoint was trained with."""
-    meta = checkpoint_dir(run_dir) / tag / META
-    if meta.is_file():
-        check_model_files(json.loads(meta.read_text()), meta.parent, cfg)
-
-
 def consolidated_state_dict(run_dir: str | Path, tag: str, cfg: Config) -> dict[str, torch.Tensor]:
-    """Full fp32 weights of a checkpoint, merging ZeRO partitions; no engine or process group needed."""
+    """Full fp32 weights of a checkpoint, merging ZeRO partitions; no engine or process group needed.
+    Refuses a tokenizer the config names that is not the one the checkpoint was trained with."""
     ckpt = checkpoint_dir(run_dir) / tag
     if not ckpt.is_dir():
         aside = restorable(run_dir, tag)
@@ -84,7 +78,7 @@ def consolidated_state_dict(run_dir: str | Path, tag: str, cfg: Config) -> dict[
         raise FileNotFoundError(f"{ckpt}: checkpoint not found")
     if problem := damage(run_dir, tag):
         raise CheckpointError(f"{ckpt}: cannot be read: {problem}")
-    _check_model_files(run_dir, tag, cfg)
+    check_model_files(json.loads((ckpt / META).read_text()), ckpt, cfg)  # before the merge, which can be slow
     if zero_stage(cfg) >= 1:
         from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
@@ -116,7 +110,7 @@ def load_model(run_dir: str | Path, tag: str | None = None, device: str | torch.
 
     cfg = run_config(run_dir)
     tag = checkpoint_to_read(run_dir, tag)
-    _check_model_files(run_dir, tag, cfg)
+    state = consolidated_state_dict(run_dir, tag, cfg)  # first: it checks the tokenizer the model would read
     model = build_model(cfg)
-    model.load_state_dict(consolidated_state_dict(run_dir, tag, cfg))
+    model.load_state_dict(state)
     return model.to(device).eval(), cfg, tag
