@@ -49,6 +49,9 @@ def test_batch_baseline_has_zero_mean_per_position_over_real_entries():
     r = torch.randn(5, 30)
     mask = torch.arange(30)[None, :] < torch.tensor([30, 12, 12, 5, 1])[:, None]
     a = rl.batch_baseline(r, mask)
+    for t in range(30):  # by hand: the reward less the mean over the sequences real at t
+        real = mask[:, t]
+        torch.testing.assert_close(a[real, t], r[real, t] - r[real, t].mean(), rtol=0, atol=1e-6)
     per_pos = (a * mask).sum(0) / mask.sum(0)
     torch.testing.assert_close(per_pos, torch.zeros(30), rtol=0, atol=1e-6)
     assert (a[~mask] == 0).all()

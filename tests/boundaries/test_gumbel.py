@@ -71,6 +71,10 @@ def test_prior_gradient_pushes_logits_toward_the_rate():
     b = strat(h, None, mask)
     strat.loss(b, None, None, mask)["rate_loss"].backward()
     assert strat.head.bias.grad.item() > 0  # descent lowers the bias
+    # the term is boundary.prior_weight x the prior (a weight other than the default 1)
+    weighted = build_strategy("gumbel", d_model=4, target_rate=0.2, options={"prior_weight": 0.4})
+    term = weighted.loss(b, None, None, mask)["rate_loss"]
+    assert term.item() == pytest.approx(0.4 * binomial_prior_loss(b.extra["hard"], mask, 0.2).item(), rel=1e-6)
 
 
 def test_strategy_starts_at_the_target_rate_forces_b1_and_gates_with_value_one():

@@ -37,12 +37,12 @@ def test_ratio_loss_equals_its_formula_on_hand_made_inputs():
     got = ratio_loss(starts, probs, mask, rho)
     assert got.item() == pytest.approx(want, rel=1e-6)
     # through the strategy, with its weight
-    strat = build_strategy("hnet", d_model=2, target_rate=rho, options={"ratio_weight": 0.03})
+    strat = build_strategy("hnet", d_model=2, target_rate=rho, options={"ratio_weight": 0.07})  # not the default
     rec = {"starts": starts, "probs": probs}
     from megatok.boundaries.base import Boundaries
 
     term = strat.loss(Boundaries(**rec), None, None, mask)["rate_loss"]
-    assert term.item() == pytest.approx(0.03 * want, rel=1e-6)
+    assert term.item() == pytest.approx(0.07 * want, rel=1e-6)
 
 
 @pytest.mark.parametrize("rho", [0.2, 0.25, 0.5])
@@ -116,3 +116,27 @@ def test_the_router_learns_through_the_language_model_loss():
     out.terms["lm_loss"].backward()
     assert model.boundary.wq.weight.grad.abs().sum() > 0 and model.boundary.wk.weight.grad.abs().sum() > 0
     assert set(out.terms) == {"lm_loss", "rate_loss"}
+
+
+def test_smoothing_off_leaves_plain_upsampling():
+    """boundary.smoothing false: no ``smooth`` hook, so the model's output is the one it gives with
+    the EMA taken out by hand (the same weights, the same boundaries and gate)."""
+    from tests.model.test_causality import make_model
+
+    on, off = make_model("hnet"), make_model("hnet")
+    off.boundary.options = off.boundary.options.model_copy(update={"smoothing": False})
+    x = torch.randint(0, 256, (2, 30))
+    b = off.boundary(torch.randn(2, 30, 32), x, torch.ones(2, 30, dtype=torch.bool))
+    assert b.smooth is None and b.gate is not None
+    strategy = on.boundary.forward
+
+    def without_smooth(h, x, mask, forced):
+        b = strategy(h, x, mask, forced)
+        b.smooth = None
+        return b
+
+    smoothed = on(x).logits
+    on.boundary.forward = without_smooth
+    plain = on(x).logits
+    torch.testing.assert_close(off(x).logits, plain, rtol=0, atol=0)
+    assert not torch.allclose(smoothed, plain, atol=1e-4)

@@ -6,6 +6,7 @@ strategy's EMA smoothing coefficient is read at each chunk's start byte."""
 import pytest
 import torch
 
+from megatok.vocab import PAD
 from tests.model.test_causality import make_model
 
 
@@ -64,3 +65,21 @@ def test_pinned_boundaries_are_for_inference_only():
     x = torch.randint(0, 256, (1, 12))
     with pytest.raises(ValueError, match="inference only"):
         model(x, x, starts=torch.ones(1, 4, dtype=torch.bool))
+
+
+@pytest.mark.parametrize("weight", [0.0, 0.3])
+def test_the_lm_loss_weighs_the_full_and_early_exit_cross_entropies(weight):
+    """lm_loss = (1 - w) CE_full + w CE_early over real targets (model.early_exit_weight), each CE
+    computed here from the logits; the loss backward takes is the sum of the terms."""
+    model = make_model("policy", early_exit_weight=weight).train()
+    x = torch.randint(0, 256, (3, 21))
+    x[2, 15:] = PAD
+    targets = torch.cat([x[:, 1:], torch.full((3, 1), PAD)], 1)
+    out = model(x, targets)
+    real = targets != PAD
+    full = torch.nn.functional.cross_entropy(out.logits[real], targets[real])
+    early = torch.nn.functional.cross_entropy(out.early_logits[real], targets[real])
+    assert early.item() != pytest.approx(full.item(), rel=1e-3)
+    torch.testing.assert_close(out.terms["lm_loss"], (1 - weight) * full + weight * early)
+    torch.testing.assert_close(out.loss, sum(out.terms.values()))
+    assert set(out.terms) == {"lm_loss", "policy_loss", "rate_loss"}
