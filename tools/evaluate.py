@@ -26,6 +26,7 @@ from tqdm.auto import tqdm  # noqa: E402
 from megatok.data.documents import DataError, list_input_files  # noqa: E402
 from megatok.eval.bpb import boundary_rule, evaluate_documents  # noqa: E402
 from megatok.eval.head_to_head import read_documents  # noqa: E402
+from megatok.metrics import finite_or_none  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -75,7 +76,7 @@ def _evaluate(args, result_out) -> int:
     out = {"run": str(args.run), "checkpoint": tag, "kind": cfg.model.kind,
            "strategy": cfg.boundary.strategy if cfg.model.kind == "unet" else None,
            "boundary_rule": boundary_rule(args.boundary, args.seed) if cfg.model.kind == "unet" else None, **result}
-    print(json.dumps(out, indent=2), file=result_out)
+    print(json.dumps(finite_or_none(out), indent=2, allow_nan=False), file=result_out)  # NaN (0 / 0): null
     return 0
 
 

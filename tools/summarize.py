@@ -23,7 +23,7 @@ import numpy as np  # noqa: E402
 
 from megatok.data.documents import DataError  # noqa: E402
 from megatok.data.stream import iter_shard_documents, resolve_shards  # noqa: E402
-from megatok.metrics import read_metrics  # noqa: E402
+from megatok.metrics import finite_or_none, read_metrics  # noqa: E402
 
 
 def unigram_entropy(texts) -> float:
@@ -100,12 +100,14 @@ def main(argv=None) -> int:
         "evaluate": {k: ev.get(k) for k in ("checkpoint", "boundary_rule", "bpb", f"bytes_per_{unit}",
                                             "boundary_rate", "whitespace_boundary_fraction", "bytes")} if ev else None,
     }
-    (run / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    (run / "summary.json").write_text(json.dumps(finite_or_none(summary), indent=2, allow_nan=False) + "\n")
 
     def line(name, value, note=""):
         print(f"| {name:<44} | {value:>12} | {note}")
 
-    fmt = "{:.4f}".format
+    def fmt(v):  # None: a ratio with nothing to count (evaluate.py writes NaN as null)
+        return "n/a" if v is None else f"{v:.4f}"
+
     print(f"\n## {run}  (strategy {summary['strategy']}, {summary['steps']} steps, "
           f"{summary['train_bytes'] / 1e6:.1f} MB of training text)\n")
     print(f"| {'figure':<44} | {'value':>12} | note\n|{'-' * 46}|{'-' * 14}|-----")

@@ -38,7 +38,11 @@ SHORT_DOC = "def f(x):\n    return x + 1  # café\n"
 def evaluate(run, *args) -> dict:
     r = tool("evaluate.py", "--run", run, *args)
     assert r.returncode == 0, r.stderr[-3000:]
-    return json.loads(r.stdout)  # the whole stdout is one JSON object
+    return json.loads(r.stdout, parse_constant=_not_json)  # the whole stdout is one strict JSON object
+
+
+def _not_json(name):
+    raise ValueError(f"{name} is not JSON (strict parsers such as jq refuse it)")
 
 
 def assert_clean_error(r: subprocess.CompletedProcess, path) -> None:
@@ -248,6 +252,26 @@ def test_same_seed_same_result_other_seed_other_sample(run, data_file, result):
     assert other["boundary_rule"] == "sample(seed=1)"
     assert other["bytes"] == result["bytes"]
     assert other["bpb"] != result["bpb"]  # boundaries are sampled: a different seed, a different sample
+
+
+def test_max_bytes_and_seq_len_change_what_is_scored(run, data_file, result, docs):
+    """--max-bytes stops after the document that reaches it; --seq-len sets the windows (the same
+    bytes scored, with less context each)."""
+    first = len(docs[0]["text"].encode())
+    short = evaluate(run, "--data", data_file, "--max-bytes", first)
+    assert short["documents"] == 1 and short["bytes"] == first
+    narrow = evaluate(run, "--data", data_file, "--seq-len", "16")
+    assert narrow["bytes"] == result["bytes"] and narrow["bpb"] != pytest.approx(result["bpb"], rel=1e-4)
+
+
+def test_threshold_output_is_strict_json_with_null_for_empty_ratios(run, data_file, tmp_path):
+    """Few or no decided boundaries under p > 0.5: a ratio with nothing to count is null, not NaN;
+    summarize.py shows it as n/a."""
+    r = tool("evaluate.py", "--run", run, "--data", data_file, "--boundary", "threshold")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "NaN" not in r.stdout
+    got = json.loads(r.stdout, parse_constant=_not_json)
+    assert got["boundary_rule"] == "threshold"
 
 
 def test_topk_rule_is_refused(run, data_file):
