@@ -128,3 +128,59 @@ def test_sampled_boundaries_of_a_document_do_not_depend_on_its_batch(strategy):
     for key in keys:
         assert french_alone[key] == pytest.approx(one["by_lang"]["fr"][key], rel=1e-6 if key == "bpb" else 0), key
     assert run(docs, 1, seed=1)["bytes_per_chunk"] != one["bytes_per_chunk"]  # the seed still matters
+
+
+def test_sep_targets_are_trained_on_but_not_counted_and_cr_is_whitespace():
+    """Packed documents: the SEP between them is a target the model trains on, but bits per byte
+    count UTF-8 bytes only (nll and targets leave it out); \\r is whitespace like \\n, \\t and ' '."""
+    x = torch.tensor([[SEP, ord("a"), 13, 10, SEP, ord("b"), ord("c")]])
+    y = torch.tensor([[ord("a"), 13, 10, SEP, ord("b"), ord("c"), ord("d")]])
+    starts = torch.tensor([[1, 0, 1, 0, 1, 0, 0]], dtype=torch.bool)
+    ce = torch.arange(1.0, 8.0)[None]
+    s = {k: float(v.sum()) for k, v in row_stats(x, y, starts, ce, 2 * ce).items()}
+    assert s["targets"] == 6 and s["positions"] == 7
+    assert s["nll"] == 28 - 4 and s["nll_early"] == 2 * (28 - 4)  # the SEP target at index 3 is not counted
+    assert s["ws_positions"] == 2 and s["ws_boundaries"] == 1  # \r (a boundary) and \n
+
+
+def test_each_window_of_a_document_draws_from_its_own_seed(monkeypatch):
+    """The seeds of a document's windows are window_seed(seed, text, 0), (..., 1), ...: a long
+    document's windows never repeat each other's draws."""
+    from megatok.config import load_config
+    from megatok.data.documents import Document
+    from megatok.eval import bpb
+    from megatok.model import build_model
+    from tests.conftest import ROOT
+
+    cfg = load_config(ROOT / "configs/tiny.json", ["data.seq_len=16"], world_size=1)
+    model = build_model(cfg)
+    seen = []
+    real = bpb.row_seeds
+    monkeypatch.setattr(bpb, "row_seeds", lambda seeds: seen.extend(seeds) or real(seeds))
+    text = b"abcdefghijklmno " * 4  # 64 bytes + SEP: windows of 16 targets
+    bpb.evaluate_documents(model, iter([Document(text, None, None, "d")]), seq_len=16, batch_size=8, mode="sample",
+                           seed=3, device="cpu")
+    assert seen == [bpb.window_seed(3, text, i) for i in range(4)] and len(set(seen)) == 4
+
+
+def test_evaluation_restores_the_callers_rng_and_seeds_each_batch_by_its_index():
+    """Validation inside training must not move the training RNG; a batch's sampled boundaries come
+    from (seed, batch index): the same index, the same draws; another index, others."""
+    from megatok.config import load_config
+    from megatok.eval.bpb import evaluate_batches
+    from megatok.model import build_model
+    from tests.conftest import ROOT
+
+    cfg = load_config(ROOT / "configs/tiny.json", ['boundary={"strategy": "uniform", "target_rate": 0.25}'],
+                      world_size=1)
+    model = build_model(cfg)
+    tokens = torch.randint(0, 256, (2, 65), generator=torch.Generator().manual_seed(0))
+    torch.manual_seed(123)
+    before = torch.random.get_rng_state()
+
+    def chunks(index):
+        return evaluate_batches(model, [(index, tokens)], mode="sample", seed=0, device="cpu")["chunks"]
+
+    first, again, other = chunks(0), chunks(0), chunks(1)
+    assert torch.equal(torch.random.get_rng_state(), before)
+    assert first == again and first != other

@@ -186,3 +186,15 @@ def test_config_errors(tok_dir, tmp_path):
     with pytest.raises(ConfigError, match="model.tokenizer: .*no such tokenizer model"):
         encoding_for(cfg)
     assert np.asarray(encoding_for(load_config(None, bpe_overrides(tok_dir))).byte_lengths).sum() > 700
+
+
+def test_token_row_stats_count_byte_tokens_only():
+    """A control target (</s> between packed documents) and padding are not counted: nll and tokens
+    over the tokens that spell bytes, targets their UTF-8 bytes, positions every non-pad target."""
+    from megatok.model.token_lm import token_row_stats
+
+    byte_lengths = torch.tensor([0, 0, 3, 1, 2])  # id 0 pad, 1 </s>, then pieces of 3, 1 and 2 bytes
+    y = torch.tensor([[2, 1, 3, 4, 0]])
+    ce = torch.tensor([[1.0, 10.0, 2.0, 3.0, 100.0]])
+    s = {k: float(v.sum()) for k, v in token_row_stats(y, ce, byte_lengths, pad_id=0).items()}
+    assert s == {"nll": 6.0, "targets": 6.0, "tokens": 3.0, "positions": 4.0}

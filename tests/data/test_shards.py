@@ -263,3 +263,36 @@ def test_a_split_document_holds_out_a_tail_of_its_pieces(tmp_path):
     assert k > 20 and 1 <= m["documents"]["val"] <= 0.05 * k + 1
     assert sorted(c) == [(i, "train") for i in range(k - m["documents"]["val"])] + [
         (i, "val") for i in range(k - m["documents"]["val"], k)]
+
+def test_a_fractional_lang_weight_keeps_that_share_and_a_domain_weight_multiplies(tmp_path):
+    """lang weight 0.2 keeps about a fifth of that language's training documents (0.5, which the
+    test above uses, cannot tell a share from its complement); a domain weight of 2 repeats every
+    document of the domain twice and leaves the others alone."""
+    inputs = make_inputs(tmp_path / "in", n_jsonl=300)
+    kw = {"val_fraction": 0.1, "num_shards": 2, "progress": False}
+    plain = build_shards(inputs, str(tmp_path / "plain"), **kw)
+
+    def counts(name, **weights):
+        m = build_shards(inputs, str(tmp_path / name), **kw, **weights)
+        return m, Counter((d.text, d.domain) for d in iter_shard_documents(
+            [os.path.join(tmp_path, name, e["name"]) for e in m["train"]]))
+
+    base = counts("plain2")[1]
+    _, thin = counts("thin", lang_weights={"en": 0.2})
+    kept = [thin[k] for k in base if k[0].startswith(b"en ")]
+    assert set(kept) <= {0, 1} and 0.1 < sum(kept) / len(kept) < 0.3
+    m, web = counts("web", domain_weights={"web": 2})
+    assert all(web[k] == (2 if k[1] == "web" else 1) for k in base)
+    assert m["bytes"]["train"] > plain["bytes"]["train"] and m["weights"]["domain"] == {"web": 2}
+
+
+def test_the_val_split_follows_the_seed_and_a_small_corpus_still_gets_min_shards(tmp_path):
+    inputs = make_inputs(tmp_path / "in", n_jsonl=100)
+
+    def val_texts(seed, name):
+        m = build_shards(inputs, str(tmp_path / name), val_fraction=0.2, progress=False, seed=seed)
+        return m, {d.text for d in iter_shard_documents([os.path.join(tmp_path, name, e["name"]) for e in m["val"]])}
+
+    m, zero = val_texts(0, "a")
+    assert val_texts(0, "b")[1] == zero != val_texts(1, "c")[1]
+    assert len(m["train"]) == 8  # min_shards: a corpus far below shard_bytes is still cut into 8 shards

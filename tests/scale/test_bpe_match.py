@@ -107,6 +107,9 @@ def test_bpe_config_matches_its_unet(name):
     m = flops.match_bpe(unet, tokenizer="data/bpe32k/tokenizer.model", vocab_size=32000, bytes_per_token=4.2)
     assert {k: getattr(cfg.model, k) for k in m["overrides"]["model"]} == m["overrides"]["model"]
     assert cfg.data.seq_len == m["overrides"]["data"]["seq_len"]
+    # matched at another chunk rate: the target is the unet's FLOPs per byte at that rate
+    at = flops.match_bpe(unet, tokenizer="t", vocab_size=32000, bytes_per_token=4.2, rate=0.4)
+    assert at["target_flops_per_byte"] == flops.flops_per_byte(unet, 0.4)["training"] > m["target_flops_per_byte"]
 
 
 SHAPES = {

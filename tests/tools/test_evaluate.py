@@ -359,6 +359,12 @@ def test_summarize(run, shards):
     entropy = -sum(c / n * math.log2(c / n) for c in counts.values())
     assert summary["byte_unigram_entropy"] == pytest.approx(entropy, rel=1e-9)
     assert f"{entropy:.4f}" in next(line for line in r.stdout.splitlines() if "byte-unigram entropy" in line)
+    val = b"\n".join(d.text for d in iter_shard_documents(resolve_shards(str(shards), "val")))
+    import bz2
+    import gzip
+
+    assert summary["gzip -9"] == pytest.approx(8 * len(gzip.compress(val, 9)) / len(val))  # bits, not bytes
+    assert summary["bzip2 -9"] == pytest.approx(8 * len(bz2.compress(val, 9)) / len(val))
 
 
 def test_summarize_bad_inputs_are_one_line(run, shards, tmp_path):
