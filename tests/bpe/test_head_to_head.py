@@ -176,6 +176,7 @@ def test_head_to_head_rows_match_the_evaluators(runs):
     for lang, texts in PARALLEL.items():
         n = sum(len(t.encode()) for t in texts) / sum(len(bpe.encode_bytes(sp, t.encode())) for t in texts)
         assert last["by_lang"][lang]["h2h_bpe_bytes_per_token"] == pytest.approx(n)
+    assert last["by_domain"]["legal"]["h2h_bpe_bytes_per_token"] > 1  # per domain too
     # the baseline's and megatok's figures are tools/evaluate.py's (one process) on the same file and checkpoints
     base = json.loads(run_tool("evaluate.py", "--run", runs["bpe"], "--data", runs["heldout"]).stdout)
     mine = json.loads(run_tool("evaluate.py", "--run", runs["unet"], "--data", runs["heldout"], "--seed", "1234",
