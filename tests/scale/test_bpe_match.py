@@ -264,3 +264,12 @@ def test_tool_never_writes_over_its_source_or_a_config_it_extends(tmp_path, caps
     assert "the matched config does not load" in _error_line(capsys)
     assert earlier.read_text() == "{}\n" and sorted(p.name for p in tmp_path.iterdir()) == [
         "base.json", "earlier.json", "src.json"]
+
+
+def test_bytes_per_token_come_from_the_training_text_before_any_held_out_set(tmp_path):
+    report = tmp_path / "report.json"
+    report.write_text(json.dumps({"train": {"bytes_per_token": 3.1}, "heldout": {"udhr": {"bytes_per_token": 4.0}}}))
+    assert match_tool.report_bytes_per_token(report) == 3.1
+    report.write_text(json.dumps({"heldout": {"udhr": {"bytes_per_token": 4.0}}}))
+    assert match_tool.report_bytes_per_token(report) == 4.0
+    assert match_tool.report_bytes_per_token(tmp_path / "missing.json") is None

@@ -189,7 +189,7 @@ def test_model_size_tool_json(capsys):
     assert rep["world"]["ranks"] == 16 and rep["params"]["total"] == rep["params_instantiated"]
     assert {row["stage"] for row in rep["memory"]["stages"]} == {0, 1, 2, 3}
     assert rep["training_flops"] == pytest.approx(rep["flops_per_byte"]["training"] * rep["training_bytes"])
-    assert rep["batch"]["grad_accum"] == 512 // (16 * 16)
+    assert rep["batch"]["grad_accum"] == 512 // (16 * 16) and rep["batch"]["global"] == 512
     assert _load_tool("model_size").main(["--config", "configs/1b.json", "--rate", "0.5", "--json"]) == 0
     half = json.loads(capsys.readouterr().out)["flops_per_byte"]
     assert half["main_matmul"] == pytest.approx(2.5 * rep["flops_per_byte"]["main_matmul"])  # 0.5 against 0.2
