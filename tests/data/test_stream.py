@@ -443,3 +443,27 @@ def test_url_schemes_are_those_webdataset_opens(monkeypatch):
     assert resolve_shards("s3://bucket/a.tar") == ["s3://bucket/a.tar"]
     with pytest.raises(DataError, match="not a shard pattern"):
         resolve_shards('{"a": 1, "b": 2')
+
+
+def test_unread_pieces_keep_the_documents_already_skipped_in_a_piece():
+    """An origin that was itself finishing an epoch can hold a piece that starts mid-shard ([shard 2,
+    first document 5]); a reader of the next layout stopped at that piece's start (document 0 of its
+    list) must not read documents 0-4 again, and one further in keeps its own position."""
+    origin = {"epochs": [1], "unread": [[[2, 5], [0, 0], [1, 3]]]}
+
+    def cursor(k, doc):  # [epoch, index in the reader's list, document, offset]
+        return {"sources": [[1, k, doc, 0]], "read": [0], "bad_shards": 0, "offset": 0}
+
+    assert stream.unread_pieces([3], {0: cursor(0, 0)}, 1, 5, origin) == ([1], [[[2, 5], [0, 0], [1, 3]]])
+    assert stream.unread_pieces([3], {0: cursor(0, 7)}, 1, 5, origin) == ([1], [[[2, 7], [0, 0], [1, 3]]])
+    assert stream.unread_pieces([3], {0: cursor(2, 1)}, 1, 5, origin) == ([1], [[[1, 3]]])
+    assert stream.unread_pieces([3], {0: cursor(2, 4)}, 1, 5, origin) == ([1], [[[1, 4]]])
+
+
+def test_is_cursor_takes_only_a_reader_cursors_shape():
+    good = {"sources": [[1, 0, 3, 0], [0, 2, 0, 5]], "read": [10, 4], "bad_shards": 0, "offset": 7}
+    assert stream.is_cursor(good) and stream.is_cursor(good, 2) and not stream.is_cursor(good, 1)
+    for bad in ({"offset": "7"}, {"offset": None}, {"bad_shards": 1.0}, {"read": [10]}, {"sources": []},
+                {"sources": [[1, 0, 3], [0, 2, 0, 5]]}, {"sources": [[1, 0, 3, 0.5], [0, 2, 0, 5]]}):
+        assert not stream.is_cursor({**good, **bad}), bad
+    assert not stream.is_cursor(None) and not stream.is_cursor([good])
