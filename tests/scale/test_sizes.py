@@ -149,6 +149,10 @@ def test_memory_model_follows_zero():
     assert per[3] == pytest.approx(24 / 8)
     off = sizing.model_state_bytes(P, stage=3, offload_optimizer=True, offload_param=True, **kw)
     assert off["device"] == 2 * P / 8 and off["host"] == pytest.approx(22 * P / 8)
+    # ZeRO-2 with the optimizer offloaded: bf16 params and grad partitions stay; the fp32 states and
+    # a staging copy of the gradient partition (2 bytes / 8 ranks) go to the host
+    off2 = sizing.model_state_bytes(P, stage=2, offload_optimizer=True, **kw)
+    assert off2["device"] == pytest.approx(2 * P + 2 * P / 8) and off2["host"] == pytest.approx((20 + 2) * P / 8)
     ckpt = load_config(ROOT / "configs/13b.json", world_size=8)
     assert (sizing.activation_bytes(ckpt, checkpointing=True)["total"]
             < sizing.activation_bytes(ckpt, checkpointing=False)["total"] / 4)
@@ -275,3 +279,14 @@ def test_bpe_configs_fit_an_80gb_gpu_as_configured():
     for name in SIZED:
         m = sizing.memory_table(load_config(ROOT / "configs" / "bpe" / name, world_size=8), 8)["configured"]
         assert m["total_gpu_bytes"] < 60 * 2**30, (name, m["total_gpu_bytes"] / 2**30)
+
+
+def test_document_mask_activations_count_the_byte_and_chunk_rate_masks():
+    """model.document_mask materialises a [T, T] mask per sequence for the encoder and the decoder and
+    a [rho T, rho T] one for the main network (bf16 here: 2 bytes each); off, none."""
+    cfg = load_config(ROOT / "configs/100m.json", ["model.document_mask=true"], world_size=8)
+    B, T, rho = cfg.train.micro_batch_size, cfg.data.seq_len, cfg.boundary.target_rate
+    assert cfg.model.n_encoder_layers and cfg.model.n_decoder_layers
+    got = sizing.activation_bytes(cfg, bf16=True)
+    assert got["masks"] == pytest.approx((2 * B * T * T + B * (rho * T) ** 2) * 2)
+    assert sizing.activation_bytes(load_config(ROOT / "configs/100m.json", world_size=8), bf16=True)["masks"] == 0
