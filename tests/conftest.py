@@ -81,6 +81,33 @@ def run_tool(name: str, *args, timeout: float = 240, cwd=ROOT) -> subprocess.Com
                           text=True, env=TOOL_ENV, timeout=timeout, cwd=cwd)
 
 
+def decisive(strategy, std: float = 1.0, generator=None):
+    """A learned strategy's ``head`` and ``window_head`` (those it has) set to weights N(0, std^2) and bias 0,
+    so its decisions depend on h: at initialisation a policy's p sits near the target rate whatever it
+    reads (and its window head is zero). Returns ``strategy``."""
+    import torch
+
+    with torch.no_grad():
+        for head in filter(None, (getattr(strategy, "head", None), getattr(strategy, "window_head", None))):
+            head.weight.normal_(std=std, generator=generator)
+            head.bias.zero_()
+    return strategy
+
+
+def two_gloo_ranks(tmp_path: Path, worker: str) -> list:
+    """Run ``worker`` (Python source; argv: rank, a file-store path, an output path, and it torch.saves its
+    result there) as two gloo ranks; each rank's result."""
+    import torch
+
+    script = tmp_path / "worker.py"
+    script.write_text(worker)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    procs = [subprocess.Popen([sys.executable, script, str(rank), tmp_path / "store", tmp_path / f"{rank}.pt"],
+                              env=env) for rank in (0, 1)]
+    assert [p.wait(timeout=120) for p in procs] == [0, 0]
+    return [torch.load(tmp_path / f"{rank}.pt") for rank in (0, 1)]
+
+
 TINY = [
     "model.d_model=32", "model.n_heads=2", "model.n_encoder_layers=1", "model.n_main_layers=1",
     "model.n_decoder_layers=1", "data.seq_len=64", "train.log_every=1", "train.warmup_steps=2",

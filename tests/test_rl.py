@@ -77,19 +77,9 @@ dist.destroy_process_group()
 def test_the_data_parallel_baseline_is_the_mean_over_every_ranks_rows(tmp_path):
     """baseline_scope "data_parallel": two gloo ranks, each with its own rows; each rank's advantage is
     its reward less the per-position mean over both ranks' real rows (one all-reduce)."""
-    import os
-    import subprocess
-    import sys
+    from tests.conftest import two_gloo_ranks
 
-    from tests.conftest import ROOT
-
-    script = tmp_path / "worker.py"
-    script.write_text(DP_WORKER)
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    procs = [subprocess.Popen([sys.executable, script, str(rank), tmp_path / "store", tmp_path / f"{rank}.pt"],
-                              env=env) for rank in (0, 1)]
-    assert [p.wait(timeout=120) for p in procs] == [0, 0]
-    parts = [torch.load(tmp_path / f"{rank}.pt") for rank in (0, 1)]
+    parts = two_gloo_ranks(tmp_path, DP_WORKER)
     r = torch.cat([p["r"] for p in parts])
     mask = torch.cat([p["mask"] for p in parts])
     whole = rl.batch_baseline(r, mask)  # one process holding both ranks' rows

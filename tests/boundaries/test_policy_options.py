@@ -3,15 +3,13 @@ the reward (early-exit or not), the batch baseline (on, off, over the micro-batc
 gamma, the rate term's scope, the threshold rule; and that the estimator points the right way
 (a bandit) and is unbiased without a baseline (Monte Carlo against the exact gradient)."""
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 
 from megatok.boundaries import build_strategy
-from tests.conftest import ROOT
+from megatok.boundaries.base import Boundaries
+from tests.conftest import decisive as decisive_heads
+from tests.conftest import two_gloo_ranks
 from tests.test_rl import reference_returns
 
 LAM = 0.01
@@ -29,14 +27,9 @@ def inputs(seed=0, B=4, T=12, D=6):
 
 
 def decisive(strat):
-    """Heads whose logits vary with h (at initialisation p is near the target rate everywhere), and a
-    window head that weighs the previous decisions (it starts at zero)."""
-    g = torch.Generator().manual_seed(7)
-    with torch.no_grad():
-        for head in filter(None, (strat.head, strat.window_head)):
-            head.weight.normal_(generator=g)
-            head.bias.zero_()
-    return strat
+    """Heads whose logits vary with h, and a window head that weighs the previous decisions (the same
+    draws for every strategy built here)."""
+    return decisive_heads(strat, 1.0, torch.Generator().manual_seed(7))
 
 
 def reference_policy_loss(b, ce_full, ce_early, mask, *, early_exit_reward, batch_baseline, gamma,
@@ -198,21 +191,13 @@ dist.destroy_process_group()
 def test_the_data_parallel_baseline_scope_takes_the_mean_over_every_ranks_rows(tmp_path):
     """baseline_scope "data_parallel" through Strategy.loss on two gloo ranks: each rank's policy loss
     is the loop reference with the baseline over both ranks' rows; "micro_batch" uses its own rows."""
-    script = tmp_path / "worker.py"
-    script.write_text(DP_WORKER)
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    procs = [subprocess.Popen([sys.executable, script, str(rank), tmp_path / "store", tmp_path / f"{rank}.pt"],
-                              env=env) for rank in (0, 1)]
-    assert [p.wait(timeout=120) for p in procs] == [0, 0]
-    parts = [torch.load(tmp_path / f"{rank}.pt") for rank in (0, 1)]
+    parts = two_gloo_ranks(tmp_path, DP_WORKER)
     rows = [inputs(seed=rank) for rank in (0, 1)]
     rewards = torch.cat([(ce_early - ce_full) * mask for _, mask, ce_full, ce_early in rows])
     masks = torch.cat([mask for _, mask, _, _ in rows])
+    opts = {"early_exit_reward": True, "batch_baseline": True, "gamma": 0.9}
     for rank, (part, (_, mask, ce_full, ce_early)) in enumerate(zip(parts, rows)):
-        from megatok.boundaries.base import Boundaries
-
         b = Boundaries(starts=part["starts"], log_probs=part["log_probs"])
-        opts = {"early_exit_reward": True, "batch_baseline": True, "gamma": 0.9}
         across = reference_policy_loss(b, ce_full, ce_early, mask, **opts, all_rows=(rewards, masks))
         local = reference_policy_loss(b, ce_full, ce_early, mask, **opts)
         got = part["got"]

@@ -9,6 +9,7 @@ import torch
 from megatok.config import load_config
 from megatok.model.unet import ByteUNet
 from megatok.vocab import PAD
+from tests.conftest import decisive
 
 STRATEGIES = ["policy", "policy-window3", "fixed", "hnet", "gumbel", "uniform", "whitespace", "bpe"]
 
@@ -24,21 +25,16 @@ def strategy_sets(strategy: str) -> list[str]:
     return [f"boundary.strategy={strategy}"]
 
 
-def make_model(strategy, **model):
+def make_model(strategy, heads_std=25.0, **model):
     sets = strategy_sets(strategy) + ["model.d_model=32", "model.n_heads=2", "model.n_main_layers=2",
                                       "train.micro_batch_size=2"] + [f"model.{k}={v}" for k, v in model.items()]
     cfg = load_config(None, sets, world_size=1)
     torch.manual_seed(0)
     model = ByteUNet(cfg.model, cfg.boundary).eval()
     if strategy.startswith("policy"):
-        # Heads that decide (logits of std ~3; h has an RMS near init_std, 0.02): at initialisation p
-        # is near the target rate whatever h is, so a head that read later bytes would seldom flip a
-        # draw. (The window head starts at zero.)
-        with torch.no_grad():
-            heads = [model.boundary.head] + [model.boundary.window_head] * (model.boundary.window_head is not None)
-            for head in heads:
-                head.weight.normal_(std=25.0)
-                head.bias.zero_()
+        # Heads that decide (std 25: logits of std ~3, h has an RMS near init_std, 0.02), so a head that
+        # read later bytes would flip draws and move p.
+        decisive(model.boundary, heads_std)
     return model
 
 

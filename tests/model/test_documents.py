@@ -6,13 +6,13 @@ one's rewards nor lets a window of past decisions reach across a SEP."""
 
 import pytest
 import torch
-from torch import nn
 
 from megatok import rl
 from megatok.boundaries import build_strategy
 from megatok.config import ModelConfig
 from megatok.model.token_lm import TokenLM
 from megatok.vocab import SEP
+from tests.conftest import decisive
 from tests.model.test_causality import STRATEGIES, make_model
 from tests.test_rl import reference_returns
 
@@ -25,14 +25,11 @@ def window(a: bytes, b: bytes) -> torch.Tensor:
 
 
 def document_model(strategy, document_mask=True):
-    model = make_model(strategy, document_mask=str(document_mask).lower())
+    # heads that actually decide (p near 0.5, a window that matters): make_model sets the policy's
+    model = make_model(strategy, heads_std=1.0, document_mask=str(document_mask).lower())
     model.boundary.eval_mode = "threshold"  # deterministic decisions
-    with torch.no_grad():  # heads that actually decide (p near 0.5, a window that matters)
-        for name in ("head", "window_head"):
-            head = getattr(model.boundary, name, None) if strategy.startswith(("policy", "gumbel")) else None
-            if isinstance(head, nn.Linear):
-                nn.init.normal_(head.weight, std=1.0)
-                nn.init.zeros_(head.bias)
+    if strategy.startswith("gumbel"):
+        decisive(model.boundary, 1.0)
     return model
 
 
