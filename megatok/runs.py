@@ -19,8 +19,9 @@ import torch
 
 from megatok.config import Config, ConfigError, load_config
 from megatok.dsconfig import zero_stage
-from megatok.train.checkpoint import (META, CheckpointError, check_model_files, checkpoint_dir, damage, latest_tag,
-                                      published_tags, restorable)
+from megatok.train.checkpoint import (META, CheckpointError, checkpoint_dir, damage, latest_tag, published_tags,
+                                      restorable)
+from megatok.train.same_model import check_model_files
 
 # Files a model needs to be built (a tokenizer).
 MODEL_FILES = (("model", "tokenizer"), ("boundary", "model_path"))

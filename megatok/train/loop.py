@@ -30,7 +30,7 @@ from megatok.metrics import MetricsLogger
 from megatok.model import build_model
 from megatok.model.blocks import compile_blocks
 from megatok.stats import ratios
-from megatok.train import checkpoint, dist, faults
+from megatok.train import checkpoint, dist, faults, same_model
 from megatok.train.dist import sum_over_ranks
 from megatok.train.position import (StreamPosition, all_cursors, by_source, data_digests, data_matches, data_position,
                                     layout, layout_matches)
@@ -206,8 +206,8 @@ def train(cfg: Config, *, resume: str = "auto") -> dict:
     rank, world = tdist.get_rank(), tdist.get_world_size()
     run_dir = Path(cfg.train.run_dir)
     choice = [None, None]  # rank 0 picks the checkpoint for all ranks (their views of a filesystem may lag)
-    shapes = checkpoint.model_shapes(cfg)  # recorded in every checkpoint: a resume must build the same model
-    files = checkpoint.model_files(cfg)  # ... and read the same tokenizer
+    shapes = same_model.model_shapes(cfg)  # recorded in every checkpoint: a resume must build the same model
+    files = same_model.model_files(cfg)  # ... and read the same tokenizer
     previous_config = None  # the config.json a set-aside trajectory keeps
     if rank == 0:
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -215,7 +215,7 @@ def train(cfg: Config, *, resume: str = "auto") -> dict:
         try:
             choice[0] = None if resume == "none" else checkpoint.resume_tag(run_dir, resume)
             if choice[0]:
-                checkpoint.check_same_model(run_dir, choice[0], cfg)
+                same_model.check_same_model(run_dir, choice[0], cfg)
         except checkpoint.CheckpointError as e:
             choice[1] = str(e)
         if not choice[1]:  # a refused start leaves the run's config.json as it was

@@ -120,6 +120,7 @@ def test_a_run_with_relative_paths_is_read_from_anywhere_and_exports_whole(runs,
     # the tokenizer replaced at its path (train_bpe.py run again): every reader refuses, naming it
     from megatok.runs import run_config
     from megatok.train import checkpoint
+    from megatok.train.same_model import check_same_model
 
     original = (launch / "tok" / "tokenizer.model").read_bytes()
     r = run_tool("train_bpe.py", "--data", runs["heldout"], "--vocab-size", 400, "--out", tmp_path / "other")
@@ -132,7 +133,7 @@ def test_a_run_with_relative_paths_is_read_from_anywhere_and_exports_whole(runs,
         (line,) = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
         assert r.returncode != 0 and want in line and "replaced since?" in line, r.stderr[-2000:]
     with pytest.raises(checkpoint.CheckpointError, match="was trained with another model.tokenizer"):
-        checkpoint.check_same_model(moved, tag, run_config(moved))  # what a --resume checks before it starts
+        check_same_model(moved, tag, run_config(moved))  # what a --resume checks before it starts
     (launch / "tok" / "tokenizer.model").write_bytes(original)
     shutil.rmtree(launch)
     model, cfg = load_exported(out)
