@@ -136,14 +136,14 @@ def attention_check(device: torch.device, shapes: list[tuple[int, int, int, int]
 # ----------------------------------------------------------------------------- 2. training
 
 def build(cfg, device: torch.device):
-    from megatok.model.blocks import compile_blocks
     from megatok.model.unet import ByteUNet
+    from megatok.train.loop import compile_model
 
     torch.manual_seed(cfg.train.seed)
     with torch.device(device):
         model = ByteUNet(cfg.model, cfg.boundary)
     if cfg.train.compile:
-        compile_blocks(model)
+        compile_model(model, cfg)
     return model
 
 

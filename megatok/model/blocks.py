@@ -116,12 +116,13 @@ class Block(nn.Module):
 
 
 def compile_blocks(model: nn.Module) -> int:
-    """torch.compile every Block of ``model`` in place (its parameters and state-dict keys unchanged),
-    with dynamic shapes: the main network's length is the number of chunks, which changes from batch to
-    batch. Returns how many blocks."""
+    """torch.compile the forward of every Block of ``model`` in place (its parameters and state-dict
+    keys unchanged), with dynamic shapes: the main network's length is the number of chunks, which
+    changes from batch to batch. The block's own hooks run outside the compiled code (a hook inside it
+    splits the graph; see megatok.train.loop.compile_model for ZeRO-3). Returns how many blocks."""
     blocks = [m for m in model.modules() if isinstance(m, Block)]
     for block in blocks:
-        block.compile(dynamic=True)
+        block.forward = torch.compile(block.forward, dynamic=True)
     return len(blocks)
 
 
