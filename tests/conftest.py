@@ -14,6 +14,10 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+# The suite runs on the CPU, also on a machine with GPUs: its figures are CPU figures, and DeepSpeed's
+# accelerator is the CPU (DS_ACCELERATOR=cpu below). Set before torch first looks for a GPU; every
+# process the tests start inherits it.
+os.environ["CUDA_VISIBLE_DEVICES"] = ""
 
 
 def stdlib_texts(n_files: int = 80, max_bytes: int = 40_000) -> list[str]:

@@ -67,20 +67,25 @@ def world_size_from_env() -> int:
 
 
 def init(timeout_s: float) -> torch.device:
-    """Start the process group; returns this rank's device."""
+    """Start the process group; returns this rank's device: a GPU (nccl) where DeepSpeed's accelerator
+    is CUDA, else the CPU (gloo). DeepSpeed places the model on its accelerator's device, so the data
+    and the collectives follow it, not torch.cuda.is_available(): DS_ACCELERATOR=cpu on a machine with
+    GPUs (as the tests set) runs wholly on the CPU."""
     ensure_launch_env()
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    if not torch.cuda.is_available() and "OMP_NUM_THREADS" not in os.environ:
+    import deepspeed
+    from deepspeed.accelerator import get_accelerator
+
+    on_gpu = get_accelerator().device_name() == "cuda"
+    if not on_gpu and "OMP_NUM_THREADS" not in os.environ:
         # Ranks sharing a CPU must split its cores; the deepspeed launcher does not set this.
         per_node = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("LOCAL_SIZE", os.environ["WORLD_SIZE"])))
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // per_node))
-    import deepspeed
-
     # The shared-memory all-reduce op serves only inference and would compile C++ for a minute on CPU.
     deepspeed.ops.__compatible_ops__ = {}
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
-    deepspeed.init_distributed(dist_backend=backend, timeout=timedelta(seconds=timeout_s), verbose=False)
-    if torch.cuda.is_available():
+    deepspeed.init_distributed(dist_backend="nccl" if on_gpu else "gloo", timeout=timedelta(seconds=timeout_s),
+                               verbose=False)
+    if on_gpu:
         torch.cuda.set_device(local_rank)
         return torch.device("cuda", local_rank)
     return torch.device("cpu")

@@ -119,3 +119,26 @@ def test_compiled_blocks_train_like_eager_and_their_checkpoints_load_without(sha
     assert read_rows(compiled, "val")[2]["val_bpb"] == pytest.approx(read_rows(eager, "val")[2]["val_bpb"], rel=1e-5)
     r = pretrain(common + [f"train.run_dir={compiled}", "--resume", "step00000002"])  # eager, from the compiled run
     assert "torch.compile" not in r.stdout and losses(compiled)[3] == pytest.approx(want[3], rel=1e-5)
+
+
+def test_the_ranks_follow_deepspeeds_accelerator_not_a_visible_gpu():
+    """DS_ACCELERATOR=cpu on a machine with a GPU (the tests' setting): DeepSpeed keeps the model on the
+    CPU, so the data and the collectives must stay there too (gloo; nccl cannot reduce CPU tensors).
+    The GPU is faked: torch.cuda.is_available() answers True."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    script = ("import torch; torch.cuda.is_available = lambda: True\n"
+              "from megatok.train import dist\n"
+              "device = dist.init(60)\n"
+              "print(device, torch.distributed.get_backend())\n"
+              "dist.finish()\n")
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "PYTHONPATH": str(ROOT)}
+    for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(key, None)
+    r = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.strip().splitlines()[-1] == "cpu gloo"
