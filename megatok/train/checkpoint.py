@@ -231,12 +231,14 @@ def sync_tree(path: Path) -> None:
 
 
 def rng_state() -> dict:
+    """This process's generators; of the GPUs, only its own device's (a rank sees every GPU of its
+    node under the deepspeed launcher, and a resume may see another number)."""
     py = random.getstate()
     np_state = np.random.get_state()
     return {"python": [py[0], list(py[1]), py[2]],
             "numpy": [np_state[0], np_state[1].tolist(), *np_state[2:]],
             "torch": torch.random.get_rng_state().tolist(),
-            "cuda": [s.tolist() for s in torch.cuda.get_rng_state_all()] if torch.cuda.is_available() else []}
+            "cuda": [torch.cuda.get_rng_state().tolist()] if torch.cuda.is_available() else []}
 
 
 def set_rng_state(state: dict) -> None:
@@ -245,8 +247,12 @@ def set_rng_state(state: dict) -> None:
     np_state = state["numpy"]
     np.random.set_state((np_state[0], np.array(np_state[1], dtype=np.uint32), *np_state[2:]))
     torch.random.set_rng_state(torch.tensor(state["torch"], dtype=torch.uint8))
-    if state["cuda"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all([torch.tensor(s, dtype=torch.uint8) for s in state["cuda"]])
+    saved = state["cuda"]
+    if saved and torch.cuda.is_available():
+        # one state: this rank's device; several (checkpoints before 2026-12): one per visible GPU then
+        i = 0 if len(saved) == 1 else torch.cuda.current_device()
+        if i < len(saved):
+            torch.cuda.set_rng_state(torch.tensor(saved[i], dtype=torch.uint8))
 
 
 def weights_finite(engine) -> bool:

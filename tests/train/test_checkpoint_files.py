@@ -288,3 +288,27 @@ def test_saves_keep_the_newest_and_every_multiple_of_keep_every(tmp_path, one_ra
 def test_only_step_tags_are_kept_for_good():
     tags = ["step00000002", "step00000004-copy", "step00000005", "step00000006"]
     assert checkpoint.rotated_out(tags, 1, 2) == ["step00000004-copy", "step00000005"]
+
+
+def test_a_rank_saves_and_restores_only_its_own_gpus_generator(monkeypatch):
+    """A rank sees all 8 GPUs of its node under the deepspeed launcher, but a resume may see fewer (4 per
+    node, or one per task under srun): restoring one state per GPU then indexed a device that is not
+    there. The GPU is faked: this rank's device is cuda:3, its generator state a 16-byte tensor."""
+    states = {3: torch.arange(16, dtype=torch.uint8)}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    monkeypatch.setattr(torch.cuda, "get_rng_state", lambda device="cuda": states[3].clone())
+    monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda: [torch.zeros(16, dtype=torch.uint8)] * 8)
+    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda t, device="cuda": states.__setitem__(3, t.clone()))
+    monkeypatch.setattr(torch.cuda, "set_rng_state_all", lambda ts: pytest.fail("restores every GPU's state"))
+    saved = json.loads(json.dumps(checkpoint.rng_state()))
+    assert saved["cuda"] == [list(range(16))]
+    states[3] = torch.zeros(16, dtype=torch.uint8)
+    checkpoint.set_rng_state(saved)
+    assert states[3].tolist() == list(range(16))
+    # an earlier checkpoint's list of every visible GPU's states: this device's entry, or none to restore
+    old = {**saved, "cuda": [[i] * 16 for i in range(8)]}
+    checkpoint.set_rng_state(old)
+    assert states[3].tolist() == [3] * 16
+    checkpoint.set_rng_state({**saved, "cuda": [[1] * 16, [2] * 16]})  # 2 GPUs seen then, cuda:3 now
+    assert states[3].tolist() == [3] * 16
