@@ -22,7 +22,8 @@ document by document and logs one ``"split": "h2h"`` row with, side by side:
 
 The ranks share the documents' batches and merge their sums (under ZeRO-3, where every rank must
 take part in every forward, each rank scores all of them); rank 0 alone loads and scores the
-baseline (fp32, on the training device) and writes the row.
+baseline, on the training device and in the run's precision (bf16 when the run is: the run is scored
+through its bf16 engine, and the baseline was trained so too), frees it, and writes the row.
 """
 
 from __future__ import annotations
@@ -31,7 +32,10 @@ import itertools
 import time
 from pathlib import Path
 
+import torch
+
 from megatok.config import Config
+from megatok.dsconfig import uses_bf16
 from megatok.data.documents import DataError, Document, iter_documents
 from megatok.eval.bpb import evaluate_documents
 
@@ -215,6 +219,8 @@ class HeadToHead:
         if self.baseline is None or self.baseline[0] != tag:
             try:
                 model, bcfg, tag = load_model(run, tag, device)
+                if uses_bf16(self.cfg):
+                    model = model.to(torch.bfloat16)
             except (OSError, ValueError, RuntimeError) as e:
                 # e.g. a baseline still training rotated it out (train.keep_checkpoints) while it was
                 # read: a missing file, or DeepSpeed's "fewer optimizer partitions than expected"
@@ -226,6 +232,8 @@ class HeadToHead:
                                         mode=bcfg.eval.boundary_mode, seed=bcfg.eval.seed, device=device,
                                         encoding=encoding_for(bcfg))
             del model
+            if device.type == "cuda":  # give its memory back to the training
+                torch.cuda.empty_cache()
             self.baseline = (tag, result, its_bytes)
         return self.baseline[1]
 

@@ -330,3 +330,32 @@ def test_a_baseline_checkpoint_that_cannot_be_read_does_not_stop_the_run(tmp_pat
     for _ in range(2):
         h2h._baseline(torch.device("cpu"), 5.0)
     assert capsys.readouterr().out.count("do not record their training bytes") == 1
+
+
+@pytest.mark.parametrize("bf16", [False, True])
+def test_the_baseline_is_scored_in_the_runs_precision(tmp_path, monkeypatch, bf16):
+    """The run is scored through its engine (bf16 weights under bf16): the baseline too, not in fp32
+    beside it (a 7B baseline in fp32 is 28 GB more on rank 0)."""
+    import torch
+
+    from megatok.config import load_config
+    from megatok.eval import head_to_head
+    from megatok.eval.head_to_head import HeadToHead
+    from megatok.model import build_model
+    from megatok.train import checkpoint
+
+    run = tmp_path / "base"
+    (run / checkpoint.CHECKPOINTS / "step00000002").mkdir(parents=True)
+    bcfg = load_config(ROOT / "configs/tiny.json", [f"train.run_dir={run}", *TINY], world_size=1)
+    (run / checkpoint.CHECKPOINTS / "step00000002" / checkpoint.META).write_text('{"bytes_seen": 10.0}')
+    checkpoint.set_latest(run, "step00000002")
+    monkeypatch.setattr("megatok.runs.load_model", lambda r, tag, device: (build_model(bcfg), bcfg, tag))
+    scored = []
+    monkeypatch.setattr(head_to_head, "evaluate_documents",
+                        lambda model, docs, **kw: scored.append({p.dtype for p in model.parameters()}) or {"bpb": 1.0})
+    h2h = object.__new__(HeadToHead)  # only what _baseline reads
+    h2h.cfg = load_config(ROOT / "configs/tiny.json", [f"eval.baseline_run={run}",
+                                                       f"deepspeed.bf16.enabled={str(bf16).lower()}"], world_size=1)
+    h2h.docs, h2h.baseline, h2h.warned = [], None, False
+    assert h2h._baseline(torch.device("cpu"), 5.0) == {"bpb": 1.0}
+    assert scored == [{torch.bfloat16 if bf16 else torch.float32}]
