@@ -95,6 +95,7 @@ def _check_with_deepspeed(ds: dict[str, Any], where: str) -> None:
     placeholder batch keys: megatok checks the batch arithmetic itself, for the real world size."""
     import logging
 
+    import torch
     from deepspeed.runtime.config import DeepSpeedConfig, DtypeEnum
     from deepspeed.utils import logger
 
@@ -104,10 +105,11 @@ def _check_with_deepspeed(ds: dict[str, Any], where: str) -> None:
              "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1}
     level = logger.level
     logger.setLevel(logging.ERROR)  # it logs the world size it assumes
+    accum = None
     try:
         read = DeepSpeedConfig(probe)
         if read.grad_accum_dtype is not None:  # read as given; the engine converts it only when it starts
-            DtypeEnum(read.grad_accum_dtype)
+            accum = DtypeEnum(read.grad_accum_dtype).value
     except ValidationError as e:
         err = e.errors()[0]
         loc = ".".join(str(p) for p in err["loc"])
@@ -117,6 +119,16 @@ def _check_with_deepspeed(ds: dict[str, Any], where: str) -> None:
         raise ConfigError(f"{where}: deepspeed: DeepSpeed refuses the section: {first}") from None
     finally:
         logger.setLevel(level)
+    model = torch.bfloat16 if ds.get("bf16", {}).get("enabled") else torch.float32
+    stage = ds.get("zero_optimization", {}).get("stage", 0)
+    if accum is not None and accum != model and stage == 0:
+        raise ConfigError(f"{where}: deepspeed.data_types.grad_accum_dtype: DeepSpeed accumulates in the model's "
+                          f"dtype ({str(model).removeprefix('torch.')}) without ZeRO and refuses another at start; "
+                          f"use ZeRO stage 2 or 3, or leave it out")
+    if accum == torch.float32 and model == torch.bfloat16 and stage == 1:
+        raise ConfigError(f"{where}: deepspeed.data_types.grad_accum_dtype: fp32 under bf16 and ZeRO stage 1 makes "
+                          f"DeepSpeed train with its BF16 optimizer, whose checkpoints megatok's tools (export, "
+                          f"evaluate, generate) cannot read; use ZeRO stage 2 or 3, or leave it out")
 
 
 def zero_stage(cfg: Config) -> int:

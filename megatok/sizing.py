@@ -31,7 +31,7 @@ def _offload(zero: dict, key: str) -> bool:
 def model_state_bytes(P: int, *, stage: int, world: int, bf16: bool, offload_optimizer: bool = False,
                       offload_param: bool = False, reduce_bucket: int = int(5e8), prefetch_bucket: int = int(5e7),
                       max_reuse_distance: int = int(1e9), overlap_comm: bool | None = None,
-                      largest_layer: int = 0) -> dict[str, float]:
+                      largest_layer: int = 0, grad_accum_fp32: bool = False) -> dict[str, float]:
     """Peak bytes per rank for parameters, gradients, AdamW states and DeepSpeed's buffers (ZeRO as
     implemented in DeepSpeed 0.19), as ``{"device": ..., "host": ..., **items}``; an item lives on the
     device (GPU) unless its name starts with ``host_``. ``w`` = 2 bytes (bf16) or 4 (fp32) for the
@@ -60,6 +60,12 @@ def model_state_bytes(P: int, *, stage: int, world: int, bf16: bool, offload_opt
     elements of traffic, which between forward and backward keeps about min(P, max_reuse_distance / 2
     + the largest layer + the prefetch bucket) gathered.
 
+    ``grad_accum_fp32`` (bf16 with ``deepspeed.data_types.grad_accum_dtype`` "fp32", which megatok allows
+    under ZeRO-2/3 only; ignored for the ZeRO-0/1 rows): the gradient partition is fp32 (4 / N). Under
+    ZeRO-2 DeepSpeed then hands that buffer to the update as is, with no fp32 copy (4 / N in all, not
+    w / N + 4 / N); under ZeRO-3 the update still gets its own fp32 copy (4 / N + 4 / N); measured
+    in docs/scaling.md.
+
     CPU offload (``offload_optimizer``) moves the fp32 master, fp32 grads, AdamW states and its
     temporary to host RAM (ZeRO-1/2 add a w / N staging copy there); ``offload_param`` (ZeRO-3) moves
     the parameter partition too. The bucket counts min(bucket, P): on a CPU only the part that is
@@ -71,7 +77,8 @@ def model_state_bytes(P: int, *, stage: int, world: int, bf16: bool, offload_opt
     shard = 1 / N
     items: dict[str, float] = {}
     items["params"] = w * P * (shard if stage == 3 else 1)
-    items["grads"] = w * P * (shard if stage >= 2 else (1 + shard if stage == 1 else 1))
+    fp32_accum = bf16 and grad_accum_fp32 and stage >= 2
+    items["grads"] = (4 if fp32_accum else w) * P * (shard if stage >= 2 else (1 + shard if stage == 1 else 1))
     if stage == 0:
         items["master_params"] = 4 * P if bf16 else 0
         items["master_grads"] = 4 * P if bf16 else 0
@@ -79,7 +86,7 @@ def model_state_bytes(P: int, *, stage: int, world: int, bf16: bool, offload_opt
         items["optimizer_temp"] = 4 * P
     else:
         items["master_params"] = 4 * P * shard
-        items["master_grads"] = 4 * P * shard
+        items["master_grads"] = 0.0 if fp32_accum and stage == 2 else 4 * P * shard
         items["optimizer"] = 8 * P * shard
         items["optimizer_temp"] = 4 * P * shard
     if overlap_comm is None:
@@ -113,7 +120,12 @@ def zero_kwargs(cfg) -> dict[str, Any]:
     return dict(reduce_bucket=int(get("reduce_bucket_size", default=5e8)),
                 prefetch_bucket=int(get("stage3_prefetch_bucket_size", "prefetch_bucket_size", default=5e7)),
                 max_reuse_distance=int(get("stage3_max_reuse_distance", "max_reuse_distance", default=1e9)),
-                overlap_comm=z.get("overlap_comm"), largest_layer=largest_layer_params(cfg))
+                overlap_comm=z.get("overlap_comm"), largest_layer=largest_layer_params(cfg),
+                grad_accum_fp32=cfg.deepspeed.get("data_types", {}).get("grad_accum_dtype") in FP32_NAMES)
+
+
+#: the names DeepSpeed's DtypeEnum reads as fp32 (deepspeed.data_types.grad_accum_dtype)
+FP32_NAMES = ("fp32", "float32", "float", "torch.float32")
 
 
 def activation_bytes(cfg, micro_batch: int | None = None, *, checkpointing: bool | None = None,

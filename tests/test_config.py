@@ -164,6 +164,16 @@ def test_deepspeed_section_is_checked(tmp_path):
             ({"zero_optimization": {"stage": 3}, "gradient_predivide_factor": 2.0},
              "deepspeed.gradient_predivide_factor: DeepSpeed does not support it with ZeRO stage 3"),
             ({"elasticity": {"enabled": True}}, "deepspeed.elasticity: unknown key"),
+            # without ZeRO the engine refuses gradients accumulated in another dtype than the model's
+            ({"zero_optimization": {"stage": 0}, "bf16": {"enabled": True}, "data_types": {"grad_accum_dtype": "fp32"}},
+             "deepspeed.data_types.grad_accum_dtype: DeepSpeed accumulates in the model's dtype (bfloat16) without "
+             "ZeRO and refuses another at start; use ZeRO stage 2 or 3, or leave it out"),
+            # ZeRO-1 would train with DeepSpeed's BF16 optimizer, whose checkpoints zero_to_fp32 cannot read
+            ({"zero_optimization": {"stage": 1}, "bf16": {"enabled": True}, "data_types": {"grad_accum_dtype": "fp32"}},
+             "deepspeed.data_types.grad_accum_dtype: fp32 under bf16 and ZeRO stage 1 makes DeepSpeed train with its "
+             "BF16 optimizer, whose checkpoints megatok's tools (export, evaluate, generate) cannot read"),
+            ({"zero_optimization": {"stage": 0}, "data_types": {"grad_accum_dtype": "bf16"}},
+             "in the model's dtype (float32) without ZeRO"),
     ]):
         section = {"zero_optimization": {"stage": 2}, **section}
         msg = error_of(write(tmp_path, f"ds{i}.json", {"deepspeed": section}))
@@ -171,6 +181,10 @@ def test_deepspeed_section_is_checked(tmp_path):
     ok = {"zero_optimization": {"stage": 2, "reduce_scatter": False}, "prescale_gradients": True,
           "data_types": {"grad_accum_dtype": "fp32"}, "steps_per_print": None}
     assert load_config(write(tmp_path, "ok.json", {"deepspeed": ok})).deepspeed == ok
+    for stage in (0, 2, 3):  # the model's own dtype without ZeRO; fp32 accumulation of bf16 under ZeRO-2/3
+        ok = {"zero_optimization": {"stage": stage}, "bf16": {"enabled": True},
+              "data_types": {"grad_accum_dtype": "bf16" if stage == 0 else "fp32"}}
+        assert load_config(write(tmp_path, "ok.json", {"deepspeed": ok})).deepspeed == ok
     # what megatok does itself: accepted (a run that set it stays readable), with a warning at launch
     idle = {"activation_checkpointing": {"partition_activations": "yes"}, "compile": {"deepcompile": True}}
     cfg = load_config(write(tmp_path, "idle.json", {"deepspeed": idle}))

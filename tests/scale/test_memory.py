@@ -1,9 +1,10 @@
-"""The memory model against a real run: peak RSS of 2 CPU ranks under ZeRO-2 and ZeRO-3.
+"""The memory model against a real run: peak RSS of 2 CPU ranks under ZeRO-2 in fp32, and under ZeRO-2
+and ZeRO-3 in bf16 with fp32 gradient accumulation (the GPU configs' setting).
 
-Method. Each rank of a real ``launch/pretrain.py`` run (deepspeed launcher, 2 ranks, gloo, fp32,
-2 steps at seq_len 64) reports its peak resident set size (``ru_maxrss``) at exit, through a
+Method. Each rank of a real ``launch/pretrain.py`` run (deepspeed launcher, 2 ranks, gloo, 2 steps
+at seq_len 64) reports its peak resident set size (``ru_maxrss``) at exit, through a
 ``sitecustomize`` module put on PYTHONPATH (the trainer is not touched). The same run with a
-74k-parameter model is the baseline: interpreter, torch, DeepSpeed, gloo, data and logging. The
+74k-parameter model (in the same precision) is the baseline: interpreter, torch, DeepSpeed, gloo, data and logging. The
 difference between the two is the memory attributable to the 29M-parameter model, where model
 states dominate (activations at 2 x 64 bytes are about 1% of it), and it is compared with
 ``model_state_bytes + activation_bytes``.
@@ -45,16 +46,19 @@ COMMON = TINY + ["train.max_steps=2", "train.micro_batch_size=2", "train.global_
                  "data.num_workers=0", "train.save_every=1000"]
 
 
-def peak_rss(shards, tmp_path, model: list[str], stage: int) -> tuple[int, list[str]]:
+PRECISION = {"fp32": [], "bf16": ["deepspeed.bf16.enabled=true", 'deepspeed.data_types={"grad_accum_dtype": "fp32"}']}
+
+
+def peak_rss(shards, tmp_path, model: list[str], stage: int, precision: str) -> tuple[int, list[str]]:
     hook = tmp_path / "hook"
     hook.mkdir(exist_ok=True)
     (hook / "sitecustomize.py").write_text(SITECUSTOMIZE)
-    out = tmp_path / f"rss-{stage}-{model[0]}"
+    out = tmp_path / f"rss-{stage}-{precision}-{model[0]}"
     out.mkdir()
     from tests.conftest import ROOT
 
-    sets = COMMON + model + [f"data.shards={shards}", f"train.run_dir={out / 'run'}",
-                             f"deepspeed.zero_optimization.stage={stage}"]
+    sets = COMMON + model + PRECISION[precision] + [f"data.shards={shards}", f"train.run_dir={out / 'run'}",
+                                                     f"deepspeed.zero_optimization.stage={stage}"]
     pretrain(["--config", "configs/tiny.json", "--set", *sets], nproc=2, timeout=240, launcher="deepspeed",
              env={"PYTHONPATH": f"{hook}:{ROOT}", "MEGATOK_PEAK_RSS_DIR": str(out),
                   "MALLOC_MMAP_THRESHOLD_": "65536"})
@@ -64,19 +68,29 @@ def peak_rss(shards, tmp_path, model: list[str], stage: int) -> tuple[int, list[
 
 
 @pytest.fixture(scope="module")
-def baseline(shards, tmp_path_factory):
-    return peak_rss(shards, tmp_path_factory.mktemp("base"), SMALL, 2)[0]
+def baselines(shards, tmp_path_factory):
+    """precision -> the small model's peak RSS, measured at first use."""
+    cache = {}
+
+    def get(precision):
+        if precision not in cache:
+            cache[precision] = peak_rss(shards, tmp_path_factory.mktemp("base"), SMALL, 2, precision)[0]
+        return cache[precision]
+    return get
 
 
-@pytest.mark.parametrize("stage", [2, 3])
-def test_memory_estimate_within_25_percent_of_measured_peak(stage, baseline, shards, tmp_path):
-    peak, sets = peak_rss(shards, tmp_path, BIG, stage)
+@pytest.mark.parametrize("stage, precision", [(2, "fp32"), (2, "bf16"), (3, "bf16")])
+def test_memory_estimate_within_25_percent_of_measured_peak(stage, precision, baselines, shards, tmp_path):
+    peak, sets = peak_rss(shards, tmp_path, BIG, stage, precision)
+    baseline = baselines(precision)
     cfg = load_config("configs/tiny.json", sets, world_size=2)
     P = param_counts(cfg)["total"]
-    states = model_state_bytes(P, stage=stage, world=2, bf16=False, **zero_kwargs(cfg))
+    kw = zero_kwargs(cfg)
+    assert kw["grad_accum_fp32"] == (precision == "bf16")
+    states = model_state_bytes(P, stage=stage, world=2, bf16=precision == "bf16", **kw)
     estimate = states["device"] + activation_bytes(cfg)["total"]
     measured = peak - baseline
-    print(f"\nZeRO-{stage}, 2 ranks, fp32, {P:,} params: estimate {estimate / 2**20:.0f} MiB "
+    print(f"\nZeRO-{stage}, 2 ranks, {precision}, {P:,} params: estimate {estimate / 2**20:.0f} MiB "
           f"({estimate / P:.1f} B/param), measured {measured / 2**20:.0f} MiB ({measured / P:.1f} B/param; "
           f"peak {peak / 2**20:.0f} MiB - baseline {baseline / 2**20:.0f} MiB), ratio {estimate / measured:.2f}")
     assert abs(estimate - measured) <= 0.25 * measured, (estimate, measured)

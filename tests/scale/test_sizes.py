@@ -153,6 +153,16 @@ def test_memory_model_follows_zero():
     # a staging copy of the gradient partition (2 bytes / 8 ranks) go to the host
     off2 = sizing.model_state_bytes(P, stage=2, offload_optimizer=True, **kw)
     assert off2["device"] == pytest.approx(2 * P + 2 * P / 8) and off2["host"] == pytest.approx((20 + 2) * P / 8)
+    # fp32 gradient accumulation: ZeRO-2 keeps an fp32 partition and updates from it (no fp32 copy);
+    # ZeRO-3's partition is fp32 and the update still copies it; ZeRO-0/1 rows stay (megatok refuses it there)
+    acc = {s: sizing.model_state_bytes(P, stage=s, grad_accum_fp32=True, **kw)["device"] / P for s in range(4)}
+    assert acc[2] == pytest.approx(2 + 20 / 8) and acc[3] == pytest.approx(26 / 8)
+    assert acc[0] == per[0] and acc[1] == per[1]
+    fp32 = {**kw, "bf16": False}  # an fp32 model accumulates in fp32 anyway
+    assert (sizing.model_state_bytes(P, stage=3, grad_accum_fp32=True, **fp32)
+            == sizing.model_state_bytes(P, stage=3, **fp32))
+    assert sizing.zero_kwargs(load_config(ROOT / "configs/13b.json", world_size=8))["grad_accum_fp32"]
+    assert not sizing.zero_kwargs(load_config(ROOT / "configs/100m.json", world_size=8))["grad_accum_fp32"]
     ckpt = load_config(ROOT / "configs/13b.json", world_size=8)
     assert (sizing.activation_bytes(ckpt, checkpointing=True)["total"]
             < sizing.activation_bytes(ckpt, checkpointing=False)["total"] / 4)
