@@ -98,6 +98,22 @@ def test_bf16_trains_on_one_rank(shards, tmp_path):
     assert (run / "checkpoints" / "latest").read_text().strip() == "step00000003"
 
 
+def test_bf16_with_fp32_gradient_accumulation_resumes_exactly(shards, tmp_path):
+    """The GPU configs' precision from 1b up: bf16, gradients accumulated in fp32 (2 micro-batches) under
+    ZeRO-2; a resume in a new process replays the steps after the checkpoint bit for bit."""
+    run = tmp_path / "bf16"
+    argv = ["--config", "configs/tiny.json", "--set", *TINY, f"data.shards={shards}", f"train.run_dir={run}",
+            "train.max_steps=4", "train.save_every=2", "train.micro_batch_size=2", "train.global_batch_size=4",
+            "deepspeed.bf16.enabled=true", 'deepspeed.data_types={"grad_accum_dtype": "fp32"}']
+    r = pretrain(argv)
+    assert "ZeRO stage 2, bf16" in r.stdout, r.stdout[-2000:]
+    want = losses(run)
+    assert sorted(want) == [1, 2, 3, 4] and all(0 < v < 10 for v in want.values())
+    pretrain(argv + ["--resume", "step00000002"])
+    got = losses(run)
+    assert [got[s] for s in (3, 4)] == [want[s] for s in (3, 4)]
+
+
 def test_compiled_blocks_train_like_eager_and_their_checkpoints_load_without(shards, tmp_path):
     """train.compile under ZeRO-3 (whose parameter hooks run around the compiled blocks), with activation
     checkpointing and a validation pass: the same losses as eager, and a checkpoint that an eager run resumes.
