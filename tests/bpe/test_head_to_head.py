@@ -296,11 +296,9 @@ def test_the_baseline_checkpoint_is_the_nearest_in_training_bytes(tmp_path):
     assert baseline_checkpoint(str(tmp_path / "none"), 5.0) == (None, None)
 
 
-def test_a_baseline_checkpoint_that_cannot_be_read_does_not_stop_the_run(tmp_path, capsys, monkeypatch):
-    """A baseline still training may rotate the chosen checkpoint out between listing and loading (or
-    leave it damaged): the row keeps the last baseline result, or has none, with a warning."""
-    import torch
-
+def bare_head_to_head(tmp_path, *sets):
+    """(A HeadToHead with only what ``_baseline`` reads, configs/tiny.json + ``sets``, and its baseline
+    run): a run directory whose one published checkpoint, step00000002, records 10 training bytes."""
     from megatok.config import load_config
     from megatok.eval.head_to_head import HeadToHead
     from megatok.train import checkpoint
@@ -310,9 +308,20 @@ def test_a_baseline_checkpoint_that_cannot_be_read_does_not_stop_the_run(tmp_pat
     load_config(ROOT / "configs/tiny.json", [f"train.run_dir={run}"], world_size=1).dump(run / "config.json")
     (run / checkpoint.CHECKPOINTS / "step00000002" / checkpoint.META).write_text('{"bytes_seen": 10.0}')
     checkpoint.set_latest(run, "step00000002")
-    h2h = object.__new__(HeadToHead)  # only what _baseline reads
-    h2h.cfg = load_config(ROOT / "configs/tiny.json", [f"eval.baseline_run={run}"], world_size=1)
+    h2h = object.__new__(HeadToHead)
+    h2h.cfg = load_config(ROOT / "configs/tiny.json", [f"eval.baseline_run={run}", *sets], world_size=1)
     h2h.docs, h2h.baseline, h2h.warned = [], None, False
+    return h2h, run
+
+
+def test_a_baseline_checkpoint_that_cannot_be_read_does_not_stop_the_run(tmp_path, capsys, monkeypatch):
+    """A baseline still training may rotate the chosen checkpoint out between listing and loading (or
+    leave it damaged): the row keeps the last baseline result, or has none, with a warning."""
+    import torch
+
+    from megatok.train import checkpoint
+
+    h2h, run = bare_head_to_head(tmp_path)
     assert h2h._baseline(torch.device("cpu"), 5.0) is None
     assert "step00000002 cannot be read" in capsys.readouterr().out
     h2h.baseline = ("step00000001", {"bpb": 1.5}, 4.0)
@@ -340,22 +349,13 @@ def test_the_baseline_is_scored_in_the_runs_precision(tmp_path, monkeypatch, bf1
 
     from megatok.config import load_config
     from megatok.eval import head_to_head
-    from megatok.eval.head_to_head import HeadToHead
     from megatok.model import build_model
-    from megatok.train import checkpoint
 
-    run = tmp_path / "base"
-    (run / checkpoint.CHECKPOINTS / "step00000002").mkdir(parents=True)
+    h2h, run = bare_head_to_head(tmp_path, f"deepspeed.bf16.enabled={str(bf16).lower()}")
     bcfg = load_config(ROOT / "configs/tiny.json", [f"train.run_dir={run}", *TINY], world_size=1)
-    (run / checkpoint.CHECKPOINTS / "step00000002" / checkpoint.META).write_text('{"bytes_seen": 10.0}')
-    checkpoint.set_latest(run, "step00000002")
     monkeypatch.setattr("megatok.runs.load_model", lambda r, tag, device: (build_model(bcfg), bcfg, tag))
     scored = []
     monkeypatch.setattr(head_to_head, "evaluate_documents",
                         lambda model, docs, **kw: scored.append({p.dtype for p in model.parameters()}) or {"bpb": 1.0})
-    h2h = object.__new__(HeadToHead)  # only what _baseline reads
-    h2h.cfg = load_config(ROOT / "configs/tiny.json", [f"eval.baseline_run={run}",
-                                                       f"deepspeed.bf16.enabled={str(bf16).lower()}"], world_size=1)
-    h2h.docs, h2h.baseline, h2h.warned = [], None, False
     assert h2h._baseline(torch.device("cpu"), 5.0) == {"bpb": 1.0}
     assert scored == [{torch.bfloat16 if bf16 else torch.float32}]
