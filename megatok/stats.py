@@ -65,16 +65,30 @@ def word_start_alignment(x: torch.Tensor, starts: torch.Tensor) -> tuple[torch.T
     return words, hit, aligned
 
 
+def space_before_word(x: torch.Tensor) -> torch.Tensor:
+    """bool [B, T]: x_t is ASCII whitespace and x_{t+1} starts a word (t >= 1): where a chunk that
+    starts with the space before a word would begin (sentencepiece style " word"). Indentation and
+    runs of spaces count once, at the space right before the word."""
+    words = word_starts(x)
+    out = torch.zeros_like(words)
+    ws = (x == 32) | ((x >= 9) & (x <= 13))
+    out[:, 1:-1] = ws[:, 1:-1] & words[:, 2:]
+    return out
+
+
 @torch.no_grad()
 def row_stats(x: torch.Tensor, y: torch.Tensor, starts: torch.Tensor, ce_full: torch.Tensor,
-              ce_early: torch.Tensor) -> dict[str, torch.Tensor]:
+              ce_early: torch.Tensor, probs: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     """float64 [B] per key: nll / nll_early (nats over byte targets: the SEP ids between packed
     documents are trained on but not counted, so bpb is over UTF-8 bytes only), targets, chunks
     (starts at real positions), positions (real inputs: inputs with a target), ws_positions /
     ws_boundaries (whitespace bytes, and those that start a chunk), decisions (chunk starts at t >= 1: the forced one at t = 0
     is no decision), word_starts, word_starts_hit and aligned_boundaries (see
     :func:`word_start_alignment`): precision = aligned_boundaries / decisions, recall =
-    word_starts_hit / word_starts."""
+    word_starts_hit / word_starts; sbw_positions / sbw_boundaries: spaces before a word
+    (:func:`space_before_word`) and those that start a chunk. With ``probs`` (a strategy's boundary
+    probabilities p_t), also p_sbw (p summed over spaces before a word) and p_other (over the other
+    positions t >= 1), and other_positions: the earliest sign of a policy learning where words start."""
     # real: an input with a target. A padded row's last input (its target is PAD) is left out, as in an
     # unpadded row, which ends before it: the figures must not depend on the padding (the batch size).
     real, tmask = (x != PAD) & (y != PAD), y < 256
@@ -83,6 +97,7 @@ def row_stats(x: torch.Tensor, y: torch.Tensor, starts: torch.Tensor, ce_full: t
     words, hit, aligned = word_start_alignment(x, starts)
     free = starts.clone()
     free[:, 0] = False
+    sbw = space_before_word(x) & real
     cols = {
         "nll": (ce_full * tmask).sum(1),
         "nll_early": (ce_early * tmask).sum(1),
@@ -95,7 +110,15 @@ def row_stats(x: torch.Tensor, y: torch.Tensor, starts: torch.Tensor, ce_full: t
         "word_starts": (words & real).sum(1),
         "word_starts_hit": (hit & real).sum(1),
         "aligned_boundaries": (aligned & real).sum(1),
+        "sbw_positions": sbw.sum(1),
+        "sbw_boundaries": (sbw & starts).sum(1),
     }
+    if probs is not None:
+        other = real.clone()
+        other[:, 0] = False
+        other &= ~sbw
+        cols.update(p_sbw=(probs.float() * sbw).sum(1), p_other=(probs.float() * other).sum(1),
+                    other_positions=other.sum(1))
     return {k: v.double() for k, v in cols.items()}
 
 
@@ -115,6 +138,16 @@ def ratios(s: dict[str, float]) -> dict[str, float]:
     if "word_starts" in s:
         out["word_start_precision"] = div(s["aligned_boundaries"], s["decisions"])
         out["word_start_recall"] = div(s["word_starts_hit"], s["word_starts"])
+    if "sbw_positions" in s:
+        out["sbw_boundary_fraction"] = div(s["sbw_boundaries"], s["sbw_positions"])
+    if "p_sbw" in s:
+        out["p_sbw"] = div(s["p_sbw"], s["sbw_positions"])
+        out["p_other"] = div(s["p_other"], s["other_positions"])
+    if "score_sbw" in s:  # the policy's per-decision score-function terms (megatok.boundaries.policy)
+        for cls, n in (("sbw", "sbw_decisions"), ("other", "other_decisions")):
+            mean = div(s[f"score_{cls}"], s[n])
+            var = div(s[f"score2_{cls}"], s[n]) - mean ** 2
+            out[f"snr_{cls}"] = mean / math.sqrt(var) if var > 0 else float("nan")
     if "nll_early" in s:
         out["bpb_early"] = div(s["nll_early"], s["targets"]) / math.log(2)
     return out
