@@ -246,6 +246,10 @@ def flops_per_byte(cfg, rate: float | None = None, seq_len: int | None = None) -
         "heads": 2 * 2 * s.d * s.vocab,
     }
     terms = {k: float(v) for k, v in terms.items()}
+    samples = int(cfg.boundary.options.get("samples", 1))
+    if samples > 1:  # the policy's samples per sequence: everything after the encoder runs that many times
+        enc = s.n_enc / n_byte if n_byte else 0.0
+        terms = {k: v * (enc + samples * (1 - enc) if k.startswith("byte_") else samples) for k, v in terms.items()}
     terms["forward"] = sum(terms.values())
     terms["training"] = 3 * terms["forward"]
     return terms

@@ -15,19 +15,47 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (x * m).sum() / m.sum().clamp(min=1)
 
 
-def batch_baseline(r: torch.Tensor, mask: torch.Tensor, across_ranks: bool = False) -> torch.Tensor:
+def batch_baseline(r: torch.Tensor, mask: torch.Tensor, across_ranks: bool = False,
+                   leave_one_out: bool = False) -> torch.Tensor:
     """A_t = r_t - mean over the batch of r_t, the mean taken over sequences that are real at t.
 
     Padded positions get 0 and do not enter the mean. ``across_ranks``: the batch is every rank's
     micro-batch (one all-reduce of the per-position sums and counts over the default process group,
-    when one is up; every rank must call it, with the same T).
+    when one is up; every rank must call it, with the same T). ``leave_one_out``: the mean over the
+    other sequences only, so a sequence's baseline never contains its own reward (0 where it is the
+    only real one).
     """
     m = mask.to(r.dtype)
     sums = torch.stack([(r * m).sum(0), m.sum(0)])
     if across_ranks and torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.all_reduce(sums)
+    if leave_one_out:
+        others = sums[1] - m
+        mean = torch.where(others > 0, (sums[0] - r * m) / others.clamp(min=1), r)
+        return (r - mean) * m
     mean = sums[0] / sums[1].clamp(min=1)
     return (r - mean) * m
+
+
+def group_baseline(r: torch.Tensor, mask: torch.Tensor, k: int) -> torch.Tensor:
+    """A_t = r_t - the mean of r_t over the other k - 1 rows of its group (rows i*k .. i*k + k - 1 are
+    samples of the same sequence): the baseline shares the row's text, so what the text alone makes
+    easy or hard cancels, and it is independent of the row's own decisions (unbiased). 0 at padding."""
+    B, T = r.shape
+    if B % k:
+        raise ValueError(f"a batch of {B} rows is not made of groups of {k} samples")
+    m = mask.to(r.dtype)
+    g_sum, g_n = (r * m).view(-1, k, T).sum(1, keepdim=True), m.view(-1, k, T).sum(1, keepdim=True)
+    others = (g_n - m.view(-1, k, T)).clamp(min=1)
+    mean = ((g_sum - (r * m).view(-1, k, T)) / others).view(B, T)
+    return (r - mean) * m
+
+
+def normalize(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """x divided by its standard deviation over ``mask`` (not centred: the baseline did that)."""
+    m = mask.to(x.dtype)
+    var = masked_mean(x * x, mask) - masked_mean(x, mask) ** 2
+    return x * m / var.clamp(min=1e-8).sqrt()
 
 
 _DISCOUNT_CACHE: dict = {}

@@ -109,6 +109,13 @@ class BoundaryStrategy(nn.Module):
     #: built otherwise). Evaluation windows are at most this long, padded to the widest in their batch;
     #: a strategy whose draw depends on the length (uniform) draws over this one, not the batch's.
     window: int | None = None
+    #: The optimizer step being trained (0 before the first), set by the trainer before each forward,
+    #: for strategies with schedules. Restored with the trainer's step on a resume, so never saved.
+    step: int = 0
+    #: Boundary samples per training sequence: the model runs each training sequence this many times
+    #: (rows i*samples .. i*samples + samples - 1 of the batch the strategy sees) and reports each
+    #: sequence's statistics once, averaged over its samples.
+    samples: int = 1
 
     def __init__(self, *, d_model: int, target_rate: float, options: BaseModel):
         super().__init__()

@@ -33,6 +33,7 @@ from torch import nn
 from megatok import rl
 from megatok.boundaries.base import (Boundaries, BoundaryStrategy, finalize_starts, initialise, since_forced,
                                     uniform_noise)
+from megatok.stats import space_before_word
 
 
 class Options(BaseModel):
@@ -48,6 +49,24 @@ class Options(BaseModel):
     early_exit_reward: bool = Field(True, description="reward CE_early - CE_full; off: reward -CE_full")
     window: int = Field(1, ge=1, le=64, description="condition each decision on the previous window-1 decisions (1: independent per byte)")
     rate_scope: Literal["batch", "sequence"] = Field("batch", description="hold the rate at target over the micro-batch (method.md), or in every sequence")
+    # Variance reduction and schedules beyond the published estimator; every one is off by default.
+    samples: int = Field(1, ge=1, le=16, description="boundary samples per training sequence: the model runs each "
+                         "sequence this many times (the encoder once), and each sample's baseline is the mean reward "
+                         "of the sequence's other samples at the same position (replaces the batch baseline; costs "
+                         "the main network and decoder this many times per byte)")
+    leave_one_out: bool = Field(False, description="batch baseline without the sequence's own reward (unbiased; "
+                                "B/(B-1) times the published advantage)")
+    value_baseline: bool = Field(False, description="subtract a learned per-position value V(h_t) (a linear head on the "
+                                 "detached encoder state, trained to predict the return) from the return")
+    lambda_value: float = Field(0.01, ge=0, description="weight of the value head's squared-error loss")
+    normalize_advantage: bool = Field(False, description="divide the returns by their standard deviation over the "
+                                      "micro-batch's decisions")
+    start_margin: float | None = Field(None, ge=0, description="policy term off until the early-exit head trails the "
+                                       "full model by this many bits per byte (mean over a micro-batch and all ranks); "
+                                       "latched on from then")
+    gamma_start: float | None = Field(None, ge=0, le=1, description="discount at step 0, moving linearly to gamma "
+                                      "over gamma_steps optimizer steps")
+    gamma_steps: int = Field(0, ge=0, description="steps of the gamma schedule (with gamma_start)")
 
 
 class Strategy(BoundaryStrategy):
@@ -68,6 +87,21 @@ class Strategy(BoundaryStrategy):
         self.window_head = nn.Linear(d_model, options.window - 1) if options.window > 1 else None
         if self.window_head is not None:
             initialise(self.window_head, lambda m: (nn.init.zeros_(m.weight), nn.init.zeros_(m.bias)))
+        # Only with the option, so other runs' checkpoints keep their state dicts.
+        self.value_head = nn.Linear(d_model, 1) if options.value_baseline else None
+        if self.value_head is not None:
+            initialise(self.value_head, lambda m: (nn.init.zeros_(m.weight), nn.init.zeros_(m.bias)))
+        if options.start_margin is not None:
+            self.register_buffer("started", torch.zeros((), dtype=torch.bool))
+        self.samples = options.samples
+
+    def gamma_now(self) -> float:
+        """The discount at the optimizer step the trainer set (``step``)."""
+        o = self.options
+        if o.gamma_start is None or not self.training:
+            return o.gamma
+        frac = min(1.0, self.step / o.gamma_steps) if o.gamma_steps else 1.0
+        return o.gamma_start + (o.gamma - o.gamma_start) * frac
 
     def logits(self, h: torch.Tensor, previous: torch.Tensor | None = None) -> torch.Tensor:
         """Capped logits. ``previous`` [B, T, w-1]: b_{t-1}, ..., b_{t-w+1} (window > 1 only)."""
@@ -119,18 +153,66 @@ class Strategy(BoundaryStrategy):
             logits = self.logits(h, self.previous_decisions(starts, self.options.window, forced))
             probs = torch.sigmoid(logits)
         log_probs = torch.where(starts, F.logsigmoid(logits), F.logsigmoid(-logits))
-        return Boundaries(starts=starts, log_probs=log_probs, probs=probs, extra={"logits": logits})
+        sbw = torch.zeros_like(mask) if x is None else space_before_word(x) & mask  # x None: bare tests
+        extra = {"logits": logits, "sbw": sbw}
+        if self.value_head is not None:
+            extra["value"] = self.value_head(h.detach()).squeeze(-1).float()
+        return Boundaries(starts=starts, log_probs=log_probs, probs=probs, extra=extra)
 
     def loss(self, b, ce_full, ce_early, mask):
         o = self.options
         reward = (ce_early - ce_full) if o.early_exit_reward else -ce_full
         reward = reward.detach().float() * mask
         across = o.baseline_scope == "data_parallel" and self.training  # evaluation: no collective
-        adv = rl.batch_baseline(reward, mask, across_ranks=across) if o.batch_baseline else reward
-        returns = rl.discounted_returns(adv, o.gamma, resets=b.resets)
+        if self.training and self.samples > 1:  # rows i*K .. i*K+K-1 are samples of one sequence
+            adv = rl.group_baseline(reward, mask, self.samples)
+        elif o.batch_baseline:
+            adv = rl.batch_baseline(reward, mask, across_ranks=across, leave_one_out=o.leave_one_out)
+        else:
+            adv = reward
+        returns = rl.discounted_returns(adv, self.gamma_now(), resets=b.resets)
         decisions = mask & ~b.forced  # b_1 (and every forced start) is no decision: no gradient
-        return {
-            "policy_loss": rl.policy_loss(b.log_probs, returns, decisions, o.lambda_policy),
-            "rate_loss": rl.rate_loss(b.extra["logits"], b.probs, mask, self.target_rate, o.lambda_rate,
-                                      per_sequence=o.rate_scope == "sequence"),
-        }
+        terms = {}
+        if self.value_head is not None:
+            value = b.extra["value"]
+            terms["value_loss"] = o.lambda_value * rl.masked_mean((value - returns) ** 2, decisions)
+            returns = returns - value.detach()
+        if o.normalize_advantage:
+            returns = rl.normalize(returns, decisions)
+        weight = o.lambda_policy
+        if o.start_margin is not None:
+            weight = weight * float(self._latch_start(reward, mask))
+        terms["policy_loss"] = rl.policy_loss(b.log_probs, returns, decisions, weight)
+        terms["rate_loss"] = rl.rate_loss(b.extra["logits"], b.probs, mask, self.target_rate, o.lambda_rate,
+                                          per_sequence=o.rate_scope == "sequence")
+        b.extra["rows"] = score_rows(returns, b.starts, b.probs, decisions, b.extra["sbw"])
+        return terms
+
+    def _latch_start(self, reward: torch.Tensor, mask: torch.Tensor) -> bool:
+        """Whether the policy term is on for this micro-batch: the latch as it stood before it (so the
+        switch never depends on this batch's own samples), then updated with this batch's mean reward
+        (averaged over ranks, so every rank's latch, which checkpoints save, is the same)."""
+        if not self.training:
+            return bool(self.started)
+        on = bool(self.started)
+        if not on:
+            sums = torch.stack([reward.sum(), mask.float().sum()]).double()
+            if torch.distributed.is_available() and torch.distributed.is_initialized():
+                torch.distributed.all_reduce(sums)
+            self.started.fill_(bool(sums[0] / sums[1].clamp(min=1) / math.log(2) > self.options.start_margin))
+        return on
+
+
+@torch.no_grad()
+def score_rows(returns, starts, probs, decisions, sbw) -> dict[str, torch.Tensor]:
+    """Per-row sums of the score-function terms u_t = G_t (b_t - p_t) (the gradient of G_t log pi(b_t)
+    with respect to the logit: positive pushes p_t up), over decisions at spaces before a word and
+    elsewhere: the training row's snr_sbw / snr_other (mean / standard deviation of u per decision;
+    1 / snr^2 decisions make one standard error)."""
+    u = returns.float() * (starts.float() - probs.float())
+    rows = {}
+    for cls, where in (("sbw", decisions & sbw), ("other", decisions & ~sbw)):
+        w = where.float()
+        rows.update({f"score_{cls}": (u * w).sum(1).double(), f"score2_{cls}": (u * u * w).sum(1).double(),
+                     f"{cls}_decisions": w.sum(1).double()})
+    return rows

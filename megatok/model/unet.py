@@ -101,6 +101,11 @@ class ByteUNet(nn.Module):
         docs = None if forced is None else forced.long().cumsum(1)  # document of each byte
 
         h = self.encoder(self.embed(x), positions, docs, kv.get("encoder"))
+        k = self.boundary.samples if self.training and targets is not None else 1
+        if k > 1:  # k boundary samples of every sequence, side by side; the encoder ran once
+            x, targets, real, h = (v.repeat_interleave(k, 0) for v in (x, targets, real, h))
+            forced = None if forced is None else forced.repeat_interleave(k, 0)
+            docs = None if docs is None else docs.repeat_interleave(k, 0)
         b = self.boundary(h, x, real, forced)
         forced = b.forced  # the strategy's (t = 0 when it was given None)
         if starts is not None:
@@ -171,5 +176,10 @@ class ByteUNet(nn.Module):
         terms.update(self.boundary.loss(out.boundaries, ce_full, ce_early, tmask))
         out.terms, out.ce_full, out.ce_early = terms, ce_full, ce_early
         out.loss = sum(terms.values())
-        out.rows = row_stats(x, targets, out.boundaries.starts, ce_full, ce_early)
-        out.stats = {k: v.sum() for k, v in out.rows.items()}
+        b = out.boundaries
+        rows = {**row_stats(x, targets, b.starts, ce_full, ce_early, probs=b.probs), **b.extra.get("rows", {})}
+        k = self.boundary.samples if self.training else 1  # forward repeated the rows k times
+        if k > 1:  # each sequence once: its samples' statistics averaged
+            rows = {key: v.view(-1, k).mean(1) for key, v in rows.items()}
+        out.rows = rows
+        out.stats = {key: v.sum() for key, v in out.rows.items()}

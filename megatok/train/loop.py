@@ -358,6 +358,8 @@ def train(cfg: Config, *, resume: str = "auto") -> dict:
             position.update(batch)
             tokens = batch["tokens"].to(device)
             torch.manual_seed(step_seed(cfg.train.seed, step, micro * world + rank))
+            if cfg.model.kind == "unet":
+                engine.module.boundary.step = step  # for strategies with schedules
             out = engine(tokens[:, :-1], tokens[:, 1:])
             if faults.nan_loss(step + 1):
                 out.loss = out.loss * float("nan")
