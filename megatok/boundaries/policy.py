@@ -5,7 +5,7 @@ training b_t ~ Bernoulli(sigmoid(l_t)), with b_1 = 1 forced. After the forward p
 t is how much the full model beats the early-exit head on the prediction made at t
 (CE_early - CE_full, detached); a batch-relative baseline and discounted returns
 G_t = sum_k gamma^(k-t) A_k turn it into the credit for the decision at t. See
-shared/design/method.md.
+docs/method.md.
 
 ``window`` w conditions each decision on the previous w - 1 decisions (w = 1: independent
 Bernoulli per byte, the default): l_t = c tanh((f_0(h_t) + sum_{k=1}^{w-1} f_k(h_t) b_{t-k}) / c), with

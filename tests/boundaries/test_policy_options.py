@@ -138,7 +138,7 @@ def test_the_estimator_raises_p_where_a_boundary_is_rewarded_and_lowers_it_elsew
 def test_the_score_function_gradient_is_unbiased_and_the_batch_baseline_scales_it(batch_baseline):
     """Independent decisions with reward c_t b_t: d E[sum r] / d l_t = c_t p_t (1 - p_t). The mean
     of the estimator's gradient over many samples matches it without a baseline; the batch mean
-    baseline, which includes each row's own reward, scales it by (B - 1) / B (method.md's baseline)."""
+    baseline, which includes each row's own reward, scales it by (B - 1) / B (docs/method.md's baseline)."""
     B, T, draws = 8, 10, 400
     strat = build_strategy("policy", d_model=T, target_rate=0.3,
                            options={"gamma": 0.0, "lambda_policy": 1.0, "lambda_rate": 0.0,

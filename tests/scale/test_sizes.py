@@ -54,8 +54,8 @@ def test_formula_matches_for_other_strategies_and_widths(tmp_path):
         assert flops.param_counts(cfg) == flops.meta_param_counts(flops.build_meta_model(cfg)), sets
 
 
-# configs/100m.json is the published "100M-scale" shape (d 768, 4/12/4 layers), which method.md gives as about
-# 147M parameters: its name is the paper's label, so it is held to that figure.
+# configs/100m.json is the published "100M-scale" shape (d 768, 4/12/4 layers), which the paper gives as about
+# 147M parameters (docs/method.md, "The published run"): its name is the paper's label, so it is held to that figure.
 PUBLISHED = {"100m.json": 147e6}
 
 
