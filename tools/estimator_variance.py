@@ -35,32 +35,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
+from megatok.eval.policy_probe import fixed_batch  # noqa: E402
+
 
 
 GROUPS = ("boundary", "encoder", "embed")
-
-
-def fixed_batch(cfg, data: str | None, batch_size: int, seq_len: int) -> torch.Tensor:
-    """The first ``batch_size`` packed sequences of the validation split (or of --data files)."""
-    from megatok.data.documents import iter_documents
-    from megatok.data.stream import iter_shard_documents, pack_documents, resolve_shards
-
-    spec = data or cfg.data.val_shards or cfg.data.shards
-    if isinstance(spec, dict) or (isinstance(spec, str) and (Path(spec, "manifest.json").is_file()
-                                                             or not Path(spec).exists())):  # shards
-        docs = iter_shard_documents(resolve_shards(spec, "val"))
-    else:
-        docs = iter_documents([spec] if isinstance(spec, str) else spec)
-    texts, have, need = [], 0, batch_size * (seq_len + 1)
-    for d in docs:
-        texts.append(d.text)
-        have += len(d.text) + 1
-        if have >= need:
-            break
-    tokens = pack_documents(texts, seq_len)[:batch_size]
-    if len(tokens) < batch_size:
-        raise SystemExit(f"error: {spec}: only {len(tokens)} sequences of {seq_len} bytes, need {batch_size}")
-    return tokens
 
 
 class Moments:

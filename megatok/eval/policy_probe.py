@@ -1,0 +1,148 @@
+"""What one boundary is worth: the counterfactual probe behind ``megatok-boundary-value``.
+
+For a trained byte model and a fixed batch of held-out sequences: draw boundaries from the model's own
+strategy (seeded), then, many times over, add ONE chunk start at a position t where the sample has
+none and measure the discounted loss it saves,
+
+    V(t) = sum_{k >= t} gamma^(k - t) (CE_base(k) - CE_added(k))      (nats; > 0: the boundary helps)
+
+where CE(k) is the full model's loss on its prediction at k (of byte k + 1). A decision at t affects
+only predictions at k >= t, so V(t) is exactly the part of the policy's return that its decision at t
+changes, here measured without noise from the other decisions (they are held fixed). Positions are
+grouped by byte class (a space before a word, a word's first byte, inside a word, anything else); the
+report gives each class's mean V with its standard error, next to the standard deviation of the
+estimator's own return G_t in the same sample: the noise a decision's credit carries in training.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+
+from megatok.boundaries.base import finalize_starts, forced_starts
+from megatok.stats import space_before_word, word_byte_table, word_starts
+from megatok.vocab import PAD, SEP
+
+CLASSES = ("space_before_word", "word_start", "inside_word", "other")
+
+
+def fixed_batch(cfg, data: str | None, batch_size: int, seq_len: int) -> torch.Tensor:
+    """The first ``batch_size`` packed sequences [B, seq_len + 1] of the validation split (or of
+    ``data``: a shard directory's val split or text/JSONL files)."""
+    from megatok.data.documents import iter_documents
+    from megatok.data.stream import iter_shard_documents, pack_documents, resolve_shards
+
+    spec = data or cfg.data.val_shards or cfg.data.shards
+    if isinstance(spec, dict) or (isinstance(spec, str) and (Path(spec, "manifest.json").is_file()
+                                                             or not Path(spec).exists())):  # shards
+        docs = iter_shard_documents(resolve_shards(spec, "val"))
+    else:
+        docs = iter_documents([spec] if isinstance(spec, str) else spec)
+    texts, have, need = [], 0, batch_size * (seq_len + 1)
+    for d in docs:
+        texts.append(d.text)
+        have += len(d.text) + 1
+        if have >= need:
+            break
+    tokens = pack_documents(texts, seq_len)[:batch_size]
+    if len(tokens) < batch_size:
+        raise SystemExit(f"error: {spec}: only {len(tokens)} sequences of {seq_len} bytes, need {batch_size}")
+    return tokens
+
+
+def byte_classes(x: torch.Tensor) -> dict[str, torch.Tensor]:
+    """bool [B, T] per class in CLASSES; they partition the positions t >= 1 that are real."""
+    real = x != PAD
+    real[:, 0] = False
+    sbw, ws = space_before_word(x), word_starts(x)
+    word = word_byte_table().to(x.device)[x]
+    out = {"space_before_word": sbw, "word_start": ws, "inside_word": word & ~ws}
+    out["other"] = ~(sbw | ws | out["inside_word"])
+    return {k: v & real for k, v in out.items()}
+
+
+def discounted_future(d: torch.Tensor, gamma: float, t: torch.Tensor) -> torch.Tensor:
+    """sum_{k >= t_i} gamma^(k - t_i) d[i, k] for each row i."""
+    T = d.shape[1]
+    lag = torch.arange(T, device=d.device)[None, :] - t[:, None]
+    w = torch.where(lag >= 0, gamma ** lag.clamp(min=0).double(), 0.0)
+    return (d.double() * w).sum(1)
+
+
+@torch.no_grad()
+def boundary_values(model, tokens: torch.Tensor, *, gamma: float, rounds: int, seed: int) -> dict:
+    """Per class: n, mean V (nats), its standard error, mean p (the strategy's probability there, where
+    it has one); and the estimator's return noise (std of the batch-baselined discounted return G_t
+    over decisions, policy strategies only). See the module docstring."""
+    model.eval()
+    x, y = tokens[:, :-1], tokens[:, 1:]
+    B, T = x.shape
+    real = x != PAD
+    forced = forced_starts(x, real, SEP) if model.cfg.document_mask else forced_starts(x, real, None)
+    gen = torch.Generator().manual_seed(seed)
+    first = model(x)
+    probs = first.boundaries.probs
+    if probs is None:  # a strategy without probabilities: its own (deterministic) boundaries
+        base_starts = first.boundaries.starts
+    else:
+        base_starts = finalize_starts(torch.rand(probs.shape, generator=gen) < probs.float(), real, forced)
+
+    def ce(starts):
+        logits = model(x, starts=starts).logits.float()
+        loss = torch.nn.functional.cross_entropy(logits.reshape(B * T, -1), y.reshape(-1), ignore_index=PAD,
+                                                 reduction="none").view(B, T)
+        return loss * (y != PAD)
+
+    base = ce(base_starts)
+    classes = byte_classes(x)
+    free = ~base_starts & ~forced
+    values: dict[str, list[float]] = {c: [] for c in CLASSES}
+    for _ in range(rounds):
+        for c in CLASSES:
+            cand = classes[c] & free
+            rows = cand.any(1).nonzero().flatten()
+            if not len(rows):
+                continue
+            # one random candidate position per row that has one
+            score = torch.rand(B, T, generator=gen) * cand
+            t = score.argmax(1)
+            added = base_starts.clone()
+            added[rows, t[rows]] = True
+            v = discounted_future(base - ce(added), gamma, t)
+            values[c] += v[rows].tolist()
+    out = {"gamma": gamma, "rounds": rounds, "batch": [B, T], "classes": {}}
+    for c in CLASSES:
+        v = torch.tensor(values[c], dtype=torch.float64)
+        n = len(v)
+        out["classes"][c] = {
+            "n": n, "value": float(v.mean()) if n else float("nan"),
+            "stderr": float(v.std() / math.sqrt(n)) if n > 1 else float("nan"),
+            "p": float(probs[classes[c]].float().mean()) if probs is not None and classes[c].any() else None,
+        }
+    if first.boundaries.probs is not None and hasattr(model.boundary, "gamma_now"):
+        model.train()
+        samples, model.boundary.samples = model.boundary.samples, 1  # the estimator's noise for one sample
+        torch.manual_seed(seed)
+        out_train = model(x, y)
+        model.boundary.samples = samples
+        from megatok import rl
+
+        reward = (out_train.ce_early - out_train.ce_full).float() * (y != PAD)
+        G = rl.discounted_returns(rl.batch_baseline(reward, y != PAD), gamma)
+        dec = (y != PAD) & ~forced
+        out["return_std"] = float(G[dec].std())
+        model.eval()
+    return out
+
+
+def format_table(result: dict) -> str:
+    lines = [f"{'class':<18} {'n':>6} {'value (nats)':>13} {'stderr':>9} {'p':>7}"]
+    for c, r in result["classes"].items():
+        p = "" if r["p"] is None else f"{r['p']:.3f}"
+        lines.append(f"{c:<18} {r['n']:>6} {r['value']:>13.4f} {r['stderr']:>9.4f} {p:>7}")
+    if "return_std" in result:
+        lines.append(f"estimator return noise (std of G_t over decisions, gamma {result['gamma']}): "
+                     f"{result['return_std']:.3f} nats")
+    return "\n".join(lines)

@@ -1,0 +1,74 @@
+"""The counterfactual probe (megatok.eval.policy_probe, megatok-boundary-value): byte classes, the discounted
+loss one added boundary saves, and the command on a trained run."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from megatok.config import load_config
+from megatok.eval.policy_probe import CLASSES, boundary_values, byte_classes, discounted_future
+from megatok.model import build_model
+from tests.conftest import ROOT, TOOL_ENV
+
+
+def test_byte_classes_partition_the_decided_positions():
+    text = b"Hello  world, it's (x)\n\tdone"
+    x = torch.tensor([list(text)])
+    c = byte_classes(x)
+    total = sum(v.long() for v in c.values())
+    assert total[0, 0] == 0 and (total[0, 1:] == 1).all()
+    assert c["space_before_word"][0].nonzero().flatten().tolist() == [6, 13, 23]  # not 18: "(" starts no word
+    assert c["word_start"][0, 7] and c["inside_word"][0, 8] and c["other"][0, 12]  # "w", "o", ","
+
+
+def test_discounted_future_against_a_loop():
+    d = torch.randn(3, 9)
+    t = torch.tensor([0, 4, 8])
+    got = discounted_future(d, 0.9, t)
+    for i in range(3):
+        want = sum(0.9 ** (k - int(t[i])) * float(d[i, k]) for k in range(int(t[i]), 9))
+        assert float(got[i]) == pytest.approx(want, rel=1e-6)
+
+
+def tokens(B=4, T=48, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    words = [b"the", b"state", b"of", b"union", b"is", b"strong", b"and", b"we"]
+    rows = []
+    for _ in range(B):
+        s = b" ".join(words[int(i)] for i in torch.randint(0, len(words), (T,), generator=g))[:T + 1]
+        rows.append(list(s))
+    return torch.tensor(rows)
+
+
+def test_values_are_zero_when_the_main_network_contributes_nothing_and_match_a_recomputation():
+    cfg = load_config("configs/tiny.json", overrides=["data.seq_len=48"])
+    torch.manual_seed(0)
+    model = build_model(cfg)
+    x = tokens()
+    res = boundary_values(model, x, gamma=0.9, rounds=2, seed=0)
+    assert set(res["classes"]) == set(CLASSES)
+    assert all(r["n"] > 0 for r in res["classes"].values())
+    assert any(abs(r["value"]) > 1e-6 for r in res["classes"].values())
+    assert res["return_std"] > 0
+    with torch.no_grad():
+        model.main_norm.weight.zero_()  # the main network's output is 0 whatever the chunks
+    res = boundary_values(model, x, gamma=0.9, rounds=2, seed=0)
+    assert all(r["value"] == pytest.approx(0, abs=1e-9) for r in res["classes"].values())
+
+
+@pytest.mark.dist
+def test_the_command_on_a_trained_run(tiny_run, tmp_path):
+    out = tmp_path / "v.json"
+    r = subprocess.run([sys.executable, "-m", "megatok.cli.boundary_value", "--run", tiny_run, "--rounds", "1",
+                        "--batch-size", "2", "--seq-len", "64", "--out", out], capture_output=True, text=True,
+                       env=TOOL_ENV, cwd=ROOT, timeout=240)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "space_before_word" in r.stdout and "estimator return noise" in r.stdout
+    res = json.loads(out.read_text())
+    assert res["checkpoint"] and res["classes"]["space_before_word"]["n"] >= 1
+    bad = subprocess.run([sys.executable, "-m", "megatok.cli.boundary_value", "--run", tmp_path / "none"],
+                         capture_output=True, text=True, env=TOOL_ENV, cwd=ROOT, timeout=120)
+    assert bad.returncode == 2 and bad.stderr.startswith("error:")
