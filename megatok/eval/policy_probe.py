@@ -121,6 +121,7 @@ def boundary_values(model, tokens: torch.Tensor, *, gamma: float, rounds: int, s
             "stderr": float(v.std() / math.sqrt(n)) if n > 1 else float("nan"),
             "p": float(probs[classes[c]].float().mean()) if probs is not None and classes[c].any() else None,
         }
+    out["chunkings"] = whole_chunkings(ce, x, real, forced, base_starts, probs, gen)
     if first.boundaries.probs is not None and hasattr(model.boundary, "gamma_now"):
         model.train()
         samples, model.boundary.samples = model.boundary.samples, 1  # the estimator's noise for one sample
@@ -137,11 +138,30 @@ def boundary_values(model, tokens: torch.Tensor, *, gamma: float, rounds: int, s
     return out
 
 
+def whole_chunkings(ce, x, real, forced, sampled, probs, gen) -> dict:
+    """bpb of the same bytes under whole alternative chunkings: the run's own sample, chunks at every
+    space before a word (plus the forced starts), and uniform random starts at that same rate; for a
+    strategy with probabilities also its threshold rule (p > 0.5). Does placement matter to this model?"""
+    sbw = finalize_starts(space_before_word(x) | forced, real, forced)
+    rate = float(sbw[real].float().mean())
+    uniform = finalize_starts(torch.rand(x.shape, generator=gen) < rate, real, forced)
+    alts = {"sampled": sampled, "space_before_word": sbw, "uniform_same_rate": uniform}
+    if probs is not None:
+        alts["threshold"] = finalize_starts(probs > 0.5, real, forced)
+    n = (x != PAD).sum()  # every real input has a target here (the batch is packed)
+    out = {}
+    for name, starts in alts.items():
+        out[name] = {"bpb": float(ce(starts).sum() / n / math.log(2)), "rate": float(starts[real].float().mean())}
+    return out
+
+
 def format_table(result: dict) -> str:
     lines = [f"{'class':<18} {'n':>6} {'value (nats)':>13} {'stderr':>9} {'p':>7}"]
     for c, r in result["classes"].items():
         p = "" if r["p"] is None else f"{r['p']:.3f}"
         lines.append(f"{c:<18} {r['n']:>6} {r['value']:>13.4f} {r['stderr']:>9.4f} {p:>7}")
+    lines.append("whole chunkings of the batch: " + ", ".join(
+        f"{k} {v['bpb']:.4f} bpb (rate {v['rate']:.3f})" for k, v in result["chunkings"].items()))
     if "return_std" in result:
         lines.append(f"estimator return noise (std of G_t over decisions, gamma {result['gamma']}): "
                      f"{result['return_std']:.3f} nats")

@@ -53,10 +53,14 @@ def test_values_are_zero_when_the_main_network_contributes_nothing_and_match_a_r
     assert all(r["n"] > 0 for r in res["classes"].values())
     assert any(abs(r["value"]) > 1e-6 for r in res["classes"].values())
     assert res["return_std"] > 0
+    assert set(res["chunkings"]) == {"sampled", "space_before_word", "uniform_same_rate", "threshold"}
+    rates = {k: v["rate"] for k, v in res["chunkings"].items()}
+    assert rates["space_before_word"] == pytest.approx(rates["uniform_same_rate"], abs=0.08)
     with torch.no_grad():
         model.main_norm.weight.zero_()  # the main network's output is 0 whatever the chunks
     res = boundary_values(model, x, gamma=0.9, rounds=2, seed=0)
     assert all(r["value"] == pytest.approx(0, abs=1e-9) for r in res["classes"].values())
+    assert len({round(v["bpb"], 9) for v in res["chunkings"].values()}) == 1  # every chunking alike
 
 
 @pytest.mark.dist
