@@ -102,8 +102,8 @@ def main(argv=None) -> int:
     # checkpoint's files (the launchers end its siblings when it exits 2; Slurm's srun path passes
     # --kill-on-bad-exit), not every rank: that would be ranks x files reads on a shared filesystem.
     if args.resume != "none" and os.environ.get("LOCAL_RANK", "0") == "0":
-        from megatok.train.checkpoint import CheckpointError, resume_tag
-        from megatok.train.same_model import check_same_model
+        from megatok.run.checkpoints import CheckpointError, resume_tag
+        from megatok.run.same_model import check_same_model
 
         try:
             if tag := resume_tag(cfg.train.run_dir, args.resume, warn=False):

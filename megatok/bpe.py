@@ -354,24 +354,3 @@ def train_bpe(docs: Iterable, out: str | os.PathLike, vocab_size: int, *, max_by
     return {"model": str(model_path), "vocab_size": sp.get_piece_size(), "requested_vocab_size": vocab_size,
             **fed, "options": {k: v for k, v in opts.items() if k not in ("minloglevel", "num_threads")}}
 
-
-# --------------------------------------------------------------------------------------------- inputs
-
-def is_shard_dir(path: str | os.PathLike) -> bool:
-    return Path(path, "manifest.json").is_file()
-
-
-def input_documents(paths: Iterable[str], split: str = "train") -> Iterator:
-    """Documents of the inputs build_shards reads (files, directories of them) and of shard
-    directories (their ``split``: "train" or "val"). With split="val", plain files are skipped: a
-    file has no validation split."""
-    from megatok.data.documents import iter_documents
-
-    seen = set()  # a file reached twice (inside a directory also given, through a link) is read once
-    for p in paths:
-        if is_shard_dir(p):
-            from megatok.data.stream import iter_shard_documents, resolve_shards
-
-            yield from iter_shard_documents(resolve_shards(str(p), split))
-        elif split == "train":
-            yield from iter_documents([str(p)], seen=seen)

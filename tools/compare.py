@@ -57,7 +57,7 @@ def _flops_per_byte(run_dir: Path, rate: float | None) -> float | None:
     """Training FLOPs per byte from megatok.flops at the realised rate, if this run's config allows it."""
     try:
         from megatok import flops
-        from megatok.runs import run_config
+        from megatok.run.reader import run_config
 
         fn = getattr(flops, "flops_per_byte", None)
         if fn is None:
@@ -222,7 +222,7 @@ def evaluate_run(run: dict, docs: list, args) -> dict:
     For the BPE token model bpb is the summed token NLL over the same UTF-8 bytes (megatok.model.token_lm)."""
     from megatok.data.encoding import encoding_for
     from megatok.eval.bpb import boundary_rule, evaluate_documents
-    from megatok.runs import load_model
+    from megatok.run.reader import load_model
 
     model, cfg, tag = load_model(run["run"], None, args.device)
     res = evaluate_documents(model, iter(docs), seq_len=cfg.data.seq_len, batch_size=args.batch_size,
@@ -402,7 +402,7 @@ def _distinct_names(runs: list[dict]) -> None:
 def _check_tokenizer(run: dict) -> None:
     from megatok.config import ConfigError
     from megatok.data.encoding import encoding_for
-    from megatok.runs import run_config
+    from megatok.run.reader import run_config
 
     try:
         encoding_for(run_config(run["run"]))

@@ -174,7 +174,7 @@ def main(argv=None) -> int:
         ap.error("--gammas: values in [0, 1]")
 
     try:
-        from megatok.runs import load_model
+        from megatok.run.reader import load_model
 
         model, cfg, tag = load_model(args.run, args.checkpoint)
     except FileNotFoundError as e:

@@ -25,7 +25,7 @@ from tqdm.auto import tqdm  # noqa: E402
 
 from megatok.data.documents import DataError, list_input_files  # noqa: E402
 from megatok.eval.bpb import boundary_rule, evaluate_documents  # noqa: E402
-from megatok.eval.head_to_head import read_documents  # noqa: E402
+from megatok.data.inputs import read_documents  # noqa: E402
 from megatok.metrics import finite_or_none  # noqa: E402
 
 
@@ -54,12 +54,12 @@ def _evaluate(args, result_out) -> int:
 
     from megatok.config import ConfigError
     from megatok.data.encoding import encoding_for
-    from megatok.runs import load_model
+    from megatok.run.reader import load_model
 
     try:
         list_input_files([p for p in args.data if not Path(p, "manifest.json").is_file()])  # fail before loading
         model, cfg, tag = load_model(args.run, args.checkpoint, args.device)
-        docs = read_documents(args.data)
+        docs = read_documents(args.data, "val")
         if args.max_bytes:
             docs = _limit(docs, int(args.max_bytes))
         bar = tqdm(unit="B", unit_scale=True, desc="evaluate", file=sys.stderr, disable=None)

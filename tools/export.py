@@ -3,7 +3,7 @@
     python tools/export.py --run runs/tiny --out exports/tiny [--dtype fp32|bf16] [--checkpoint step00000300]
 
 Works from checkpoints of any ZeRO stage and world size. Load it with
-``megatok.export.load_exported("exports/tiny")``.
+``megatok.run.export.load_exported("exports/tiny")``.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ def main(argv=None) -> int:
     ap.add_argument("--checkpoint", default=None, help="checkpoint tag (default: latest)")
     args = ap.parse_args(argv)
     from megatok.config import ConfigError
-    from megatok.export import export
+    from megatok.run.export import export
 
     try:
         out = export(args.run, args.out, dtype=args.dtype, tag=args.checkpoint)

@@ -57,7 +57,7 @@ def main(argv=None) -> int:
     from megatok.data.encoding import encoding_for
     from megatok.display import marked
     from megatok.generate import generate
-    from megatok.runs import load_model
+    from megatok.run.reader import load_model
 
     sizing.quiet_deepspeed_import()  # stdout carries only the samples (--json stays parseable)
     try:

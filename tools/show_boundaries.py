@@ -52,9 +52,9 @@ def _seeded(seed: int):
 
 
 def boundaries_for_run(run: str, data: bytes, mode: str, seed: int, seq_len: int | None) -> Row:
-    from megatok.runs import load_model
+    from megatok.run.reader import load_model
 
-    from megatok.runs import run_config
+    from megatok.run.reader import run_config
 
     if run_config(run).model.kind == "bpe":
         raise ValueError(f"{run}: a BPE token model, whose units are its tokenizer's tokens, has no chunk "

@@ -33,6 +33,7 @@ from tqdm.auto import tqdm  # noqa: E402
 
 from megatok import bpe  # noqa: E402
 from megatok.data.documents import DataError, iter_documents, list_input_files  # noqa: E402
+from megatok.data.inputs import is_shards, read_documents  # noqa: E402
 
 MB = 1_000_000
 
@@ -92,7 +93,7 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     try:
         # fail on a missing or unreadable input before training anything
-        trained_on = list_input_files([p for p in args.data if not bpe.is_shard_dir(p)])
+        trained_on = list_input_files([p for p in args.data if not is_shards(p)])
         heldout_files = list_input_files(list(args.heldout)) if args.heldout else []
         also = sorted({os.path.realpath(f) for f in trained_on} & {os.path.realpath(f) for f in heldout_files})
         if also:  # its bytes per token would be measured on training text
@@ -108,23 +109,23 @@ def main(argv=None) -> int:
         if (out / "tokenizer.model").exists() and not args.overwrite:
             raise DataError(f"{out / 'tokenizer.model'}: exists, and runs trained with it need it as it is (they "
                             f"record its digest and refuse another); --overwrite replaces it")
-        trained = bpe.train_bpe(bpe.input_documents(args.data), out, args.vocab_size, max_bytes=max_bytes,
+        trained = bpe.train_bpe(read_documents(args.data, "train"), out, args.vocab_size, max_bytes=max_bytes,
                                 progress=True, character_coverage=args.character_coverage)
         t_train = time.perf_counter() - t0
         sp = bpe.load_tokenizer(trained["model"])
         report = {"model": "tokenizer.model", "vocab_size": trained["vocab_size"],
                   "requested_vocab_size": args.vocab_size, "inputs": args.data, "max_mb": args.max_mb,
                   "options": trained["options"], "train_seconds": round(t_train, 1)}
-        report["train"] = measure(sp, _limit(bpe.input_documents(args.data), max_bytes), "measure train",
+        report["train"] = measure(sp, _limit(read_documents(args.data, "train"), max_bytes), "measure train",
                                   trained["bytes"])
         heldout = {}
-        val_dirs = [p for p in args.data if bpe.is_shard_dir(p)]
+        val_dirs = [p for p in args.data if is_shards(p) and os.path.isdir(p)]  # only a shard directory has a val split
         if val_dirs:
-            heldout["val"] = measure(sp, bpe.input_documents(val_dirs, "val"), "measure val")
+            heldout["val"] = measure(sp, read_documents(val_dirs, "val"), "measure val")
         for f in args.heldout:
             heldout[f] = measure(sp, iter_documents([f]), f"measure {Path(f).name}")
         report["heldout"] = heldout
-        report["encode_speed"] = pipeline_speed(trained["model"], bpe.input_documents(args.data))
+        report["encode_speed"] = pipeline_speed(trained["model"], read_documents(args.data, "train"))
     except (DataError, ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

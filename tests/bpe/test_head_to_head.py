@@ -55,7 +55,7 @@ def test_token_model_metrics(runs):
     # cumulative bytes and FLOPs grow every step; FLOPs per byte = the model's per-token FLOPs x tokens per byte
     assert all(b["bytes_seen"] > a["bytes_seen"] and b["flops"] > a["flops"] for a, b in zip(train, train[1:]))
     from megatok import flops
-    from megatok.runs import run_config
+    from megatok.run.reader import run_config
 
     cfg = run_config(runs["bpe"])
     per_token = flops.flops_per_byte(cfg, rate=1.0)["training"]
@@ -84,8 +84,8 @@ def test_a_run_with_relative_paths_is_read_from_anywhere_and_exports_whole(runs,
     relative paths. The tools read it from another directory (here the repository root), and its export
     carries the tokenizer, so it loads after L is gone."""
     from megatok.data.encoding import encoding_for
-    from megatok.export import load_exported
-    from megatok.runs import launch_dir
+    from megatok.run.export import load_exported
+    from megatok.run.reader import launch_dir
 
     launch = tmp_path / "L"
     shutil.copytree(runs["tok"], launch / "tok")
@@ -118,9 +118,9 @@ def test_a_run_with_relative_paths_is_read_from_anywhere_and_exports_whole(runs,
     assert (out / "tokenizer.model").read_bytes() == (runs["tok"] / "tokenizer.model").read_bytes()
 
     # the tokenizer replaced at its path (train_bpe.py run again): every reader refuses, naming it
-    from megatok.runs import run_config
+    from megatok.run.reader import run_config
+    from megatok.run.same_model import check_same_model
     from megatok.train import checkpoint
-    from megatok.train.same_model import check_same_model
 
     original = (launch / "tok" / "tokenizer.model").read_bytes()
     r = run_tool("train_bpe.py", "--data", runs["heldout"], "--vocab-size", 400, "--out", tmp_path / "other")
@@ -331,7 +331,7 @@ def test_a_baseline_checkpoint_that_cannot_be_read_does_not_stop_the_run(tmp_pat
     def partitions_gone(*args, **kwargs):  # what DeepSpeed raises when files vanish as it lists them
         raise ValueError("Expected 2 of '*_optim_states.pt' files under ..., but found 1 files.")
 
-    monkeypatch.setattr("megatok.runs.load_model", partitions_gone)
+    monkeypatch.setattr("megatok.eval.head_to_head.load_model", partitions_gone)
     assert h2h._baseline(torch.device("cpu"), 5.0) == {"bpb": 1.5}
     assert "found 1 files.); this row keeps step00000001" in capsys.readouterr().out
     # checkpoints that do not record their bytes: the latest, with one warning
@@ -353,7 +353,7 @@ def test_the_baseline_is_scored_in_the_runs_precision(tmp_path, monkeypatch, bf1
 
     h2h, run = bare_head_to_head(tmp_path, f"deepspeed.bf16.enabled={str(bf16).lower()}")
     bcfg = load_config(ROOT / "configs/tiny.json", [f"train.run_dir={run}", *TINY], world_size=1)
-    monkeypatch.setattr("megatok.runs.load_model", lambda r, tag, device: (build_model(bcfg), bcfg, tag))
+    monkeypatch.setattr("megatok.eval.head_to_head.load_model", lambda r, tag, device: (build_model(bcfg), bcfg, tag))
     scored = []
     monkeypatch.setattr(head_to_head, "evaluate_documents",
                         lambda model, docs, **kw: scored.append({p.dtype for p in model.parameters()}) or {"bpb": 1.0})

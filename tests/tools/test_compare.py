@@ -64,7 +64,7 @@ def test_fake_runs_table_and_plots(tmp_path):
     pol, tok = result["runs"]
     # policy: FLOPs from megatok.flops at the realised rate (mean of the training rows) x bytes
     from megatok import flops
-    from megatok.runs import run_config
+    from megatok.run.reader import run_config
     fpb = flops.flops_per_byte(run_config(policy), rate=0.24)["training"]
     assert pol["flops_source"] == "megatok.flops" and pol["flops"] == pytest.approx(fpb * 20 * 256)
     assert [p["bytes"] for p in pol["curve"]] == [2560, 5120]

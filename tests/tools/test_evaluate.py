@@ -1,7 +1,7 @@
 """End to end: a tiny real training run, then the tools users run on it.
 
 tools/evaluate.py is run as a subprocess (the CLI), and its figure is checked against a by-hand
-computation with the checkpoint loaded through megatok.runs.load_model. The run itself
+computation with the checkpoint loaded through megatok.run.reader.load_model. The run itself
 is checked for what the tools rely on: config.json, metrics.jsonl, checkpoints/latest, wandb offline files.
 """
 
@@ -216,7 +216,7 @@ def test_groups_add_up_to_the_corpus(result, docs, kind):
 def test_bpb_matches_a_by_hand_computation(run, tmp_path):
     """NLL of each byte given [SEP] + the bytes before it, one prefix at a time, with threshold
     boundaries; against evaluate.py --boundary threshold on the same single document."""
-    from megatok.runs import load_model
+    from megatok.run.reader import load_model
 
     path = tmp_path / "one.jsonl"
     path.write_text(json.dumps({"text": SHORT_DOC}) + "\n")
@@ -327,7 +327,7 @@ def test_errors_are_one_line(run, data_file, tmp_path):
 
 
 def test_a_checkpoint_the_tools_cannot_find_is_explained(run, tmp_path):
-    from megatok.runs import load_model
+    from megatok.run.reader import load_model
 
     aside = tmp_path / "run"
     shutil.copytree(run, aside)

@@ -3,7 +3,7 @@
 ``run_config`` is the config a run wrote, ``load_model`` its model with a checkpoint's weights merged
 from any ZeRO stage and world size (``consolidated_state_dict``). A run records its tokenizer paths as
 it was given them, often relative to the directory it was started from; they are looked up from
-there (``launch_dir``), so a run can be read from any directory. Exports (megatok.export) read their
+there (``launch_dir``), so a run can be read from any directory. Exports (megatok.run.export) read their
 config the same way (``written_config``).
 """
 
@@ -19,9 +19,10 @@ import torch
 
 from megatok.config import Config, ConfigError, load_config
 from megatok.dsconfig import zero_stage
-from megatok.train.checkpoint import (META, CheckpointError, checkpoint_dir, damage, latest_tag, published_tags,
-                                      restorable)
-from megatok.train.same_model import check_model_files
+from megatok.model import build_model
+from megatok.run.checkpoints import (META, CheckpointError, checkpoint_dir, damage, latest_tag, published_tags,
+                                     restorable)
+from megatok.run.same_model import check_model_files
 
 # Files a model needs to be built (a tokenizer).
 MODEL_FILES = (("model", "tokenizer"), ("boundary", "model_path"))
@@ -107,8 +108,6 @@ def load_model(run_dir: str | Path, tag: str | None = None, device: str | torch.
 
     Returns (model, config, tag). Works for every ZeRO stage (the ZeRO-2/3 partitions are merged).
     """
-    from megatok.model import build_model
-
     cfg = run_config(run_dir)
     tag = checkpoint_to_read(run_dir, tag)
     state = consolidated_state_dict(run_dir, tag, cfg)  # first: it checks the tokenizer the model would read

@@ -10,13 +10,12 @@ import json
 from pathlib import Path
 
 from megatok.config import Config
-from megatok.train.checkpoint import META, CheckpointError, checkpoint_dir, restorable
+from megatok.flops import build_meta_model
+from megatok.run.checkpoints import META, CheckpointError, checkpoint_dir, restorable
 
 
 def model_shapes(cfg: Config) -> dict[str, list[int]]:
     """Every parameter's full shape, from the model built on the meta device (no memory, any size)."""
-    from megatok.flops import build_meta_model
-
     return {name: list(p.shape) for name, p in build_meta_model(cfg).named_parameters()}
 
 
