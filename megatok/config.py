@@ -12,7 +12,6 @@ checks it and adds what megatok derives from ``train``.
 
 from __future__ import annotations
 
-import difflib
 import json
 import math
 import os
@@ -24,9 +23,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-
-class ConfigError(ValueError):
-    """A configuration mistake. The message is one line that names the file and the key."""
+from megatok.boundaries import strategy_options
+from megatok.dsconfig import NOT_THROUGH_DEEPSPEED, check_deepspeed
+from megatok.errors import ConfigError, suggest
 
 
 def _allows(annotation, kind: type) -> bool:
@@ -286,11 +285,6 @@ def lr_lambda(cfg: Config):
 # --------------------------------------------------------------------------- loading
 
 
-def suggest(key: str, valid, prefix: str = "") -> str:
-    close = difflib.get_close_matches(str(key), [str(v) for v in valid], n=1, cutoff=0.6)
-    return f" (did you mean '{prefix}{close[0]}'?)" if close else f" (valid keys: {', '.join(sorted(map(str, valid)))})"
-
-
 def _merge(base: dict, top: dict) -> dict:
     out = dict(base)
     for k, v in top.items():
@@ -412,8 +406,6 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] = ()
         raise _explain(_first_error(e.errors()), where) from None
 
     # The boundary strategy's own options, checked against that strategy's schema.
-    from megatok.boundaries import strategy_options
-
     try:
         opt_model = strategy_options(cfg.boundary.strategy)
     except KeyError as e:
@@ -439,8 +431,6 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] = ()
     cfg.boundary = BoundaryConfig(strategy=cfg.boundary.strategy, target_rate=cfg.boundary.target_rate,
                                   **opts.model_dump())
 
-    from megatok.dsconfig import check_deepspeed  # (it imports this module)
-
     check_deepspeed(cfg.deepspeed, where)
     _check_derived(cfg, where, world_size if world_size is not None else int(os.environ.get("WORLD_SIZE", "1")))
     return cfg
@@ -452,8 +442,6 @@ def warnings_for(cfg: Config) -> list[str]:
     if t.warmup_steps >= t.max_steps:
         out.append(f"train.warmup_steps={t.warmup_steps} is not below train.max_steps={t.max_steps}: the run ends "
                    f"before its warmup does (or as it does), so train.lr_schedule never takes over")
-    from megatok.dsconfig import NOT_THROUGH_DEEPSPEED  # (it imports this module)
-
     out += [f"deepspeed.{k} does nothing here: {why}" for k, why in NOT_THROUGH_DEEPSPEED.items() if k in cfg.deepspeed]
     return out
 

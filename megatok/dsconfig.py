@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from megatok.config import ConfigError, suggest
+from megatok.errors import ConfigError, suggest
 
 if TYPE_CHECKING:
     from megatok.config import Config

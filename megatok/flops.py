@@ -70,6 +70,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from megatok.config import ConfigError
 from megatok.vocab import VOCAB_SIZE
 
 
@@ -288,8 +289,6 @@ def match_bpe(cfg, *, tokenizer: str, vocab_size: int, bytes_per_token: float,
     rounded up to a multiple of 64. Returns ``{"overrides": {"model": ..., "data": {"seq_len": ...}},
     "flops_per_byte", "target_flops_per_byte", "ratio", "params", "target_params", "width", "layers"}``
     (FLOPs per byte are training FLOPs)."""
-    from megatok.config import ConfigError
-
     if cfg.model.kind != "unet":
         raise ConfigError(f"match_bpe needs a unet config to match, got model.kind '{cfg.model.kind}'")
     if vocab_size <= 0 or bytes_per_token <= 0:
