@@ -78,9 +78,9 @@ class ModelConfig(_Section):
     early_exit_weight: float = Field(0.1, ge=0, lt=1, description="LM loss = (1-w) CE_full + w CE_early")
     activation_checkpointing: bool = Field(False, description="recompute each block in backward (torch.utils.checkpoint)")
     document_mask: bool = Field(False, description="packed documents never see each other: attention stops at every SEP (bpe: the tokenizer's eos id), a chunk starts at every SEP, policy returns stop there")
-    tokenizer: str | None = Field(None, description="bpe: tokenizer.model (or its directory) from tools/train_bpe.py")
+    tokenizer: str | None = Field(None, description="bpe: tokenizer.model (or its directory) from megatok-train-bpe")
     vocab_size: int | None = Field(None, gt=0, description="bpe: embedding rows, at least the tokenizer's pieces (round up to a multiple of 64)")
-    bytes_per_token: float | None = Field(None, gt=0, description="bpe: expected bytes per token of the training data (tools/train_bpe.py reports it), for FLOPs per byte before training")
+    bytes_per_token: float | None = Field(None, gt=0, description="bpe: expected bytes per token of the training data (megatok-train-bpe reports it), for FLOPs per byte before training")
 
     @model_validator(mode="after")
     def _check(self) -> "ModelConfig":
@@ -88,7 +88,7 @@ class ModelConfig(_Section):
         if self.kind == "bpe":
             missing = [k for k in bpe_keys if getattr(self, k) is None]
             if missing:
-                raise ValueError(f"model.kind 'bpe' needs model.{', model.'.join(missing)} (tools/match_bpe.py writes "
+                raise ValueError(f"model.kind 'bpe' needs model.{', model.'.join(missing)} (megatok-match-bpe writes "
                                  "a complete config)")
             for k in ("n_encoder_layers", "n_decoder_layers"):
                 if getattr(self, k):
@@ -285,10 +285,11 @@ def lr_lambda(cfg: Config):
 # --------------------------------------------------------------------------- loading
 
 
-def _merge(base: dict, top: dict) -> dict:
+def merge(base: dict, top: dict) -> dict:
+    """``top`` over ``base``, objects merged key by key (as ``extends`` merges a file over its parent)."""
     out = dict(base)
     for k, v in top.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+        out[k] = merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
     return out
 
 
@@ -312,7 +313,7 @@ def _read_json(path: Path, chain: tuple[Path, ...] = ()) -> dict:
         return raw
     if not isinstance(parent, str):
         raise ConfigError(f"{path}: 'extends' must be a file name")
-    return _merge(_read_json((path.parent / parent).resolve(), chain + (path,)), raw)
+    return merge(_read_json((path.parent / parent).resolve(), chain + (path,)), raw)
 
 
 def _field_annotation(keys: list[str]):
@@ -323,6 +324,15 @@ def _field_annotation(keys: list[str]):
             return None
         model = model.model_fields[k].annotation
     return model
+
+
+def overrides_dict(overrides: list[str]) -> dict:
+    """``--set KEY=VALUE`` items as the nested config dict they stand for, each value typed by the schema
+    (as load_config applies them)."""
+    raw: dict = {}
+    for item in overrides:
+        _apply_override(raw, *_parse_override(item))
+    return raw
 
 
 def _parse_override(item: str) -> tuple[list[str], Any]:
@@ -391,11 +401,29 @@ def _explain(err: dict, where: str, prefix: tuple = ()) -> ConfigError:
     return ConfigError(f"{where}: {path}: {err['msg'].removeprefix('Value error, ')} (got {shown})")
 
 
+# megatok's own configs: configs/ next to the package in a checkout, inside it when installed (pyproject.toml
+# installs configs/ as the package data megatok/configs).
+_PACKAGE = Path(__file__).resolve().parent
+CONFIGS = _PACKAGE / "configs" if (_PACKAGE / "configs").is_dir() else _PACKAGE.parent / "configs"
+
+
+def find_config(path: str | os.PathLike) -> Path:
+    """``path``; or, where no such file is here and it is spelled ``configs/NAME.json`` as megatok's
+    documentation spells its configs, megatok's own copy (CONFIGS): ``--config configs/1b.json`` works
+    from any directory once megatok is installed."""
+    p = Path(path)
+    if not p.exists() and not p.is_absolute() and p.parts[:1] == ("configs",) and len(p.parts) > 1:
+        own = CONFIGS.joinpath(*p.parts[1:])
+        if own.is_file():
+            return own
+    return p
+
+
 def load_config(path: str | os.PathLike | None = None, overrides: list[str] = (), *,
                 world_size: int | None = None) -> Config:
     """Read, merge, override, validate. ``world_size`` defaults to $WORLD_SIZE (set by launchers) or 1."""
     where = str(path) if path is not None else "config"
-    raw = _read_json(Path(path).resolve()) if path is not None else {}
+    raw = _read_json(find_config(path).resolve()) if path is not None else {}
     for item in overrides:
         _apply_override(raw, *_parse_override(item))
     if overrides:
