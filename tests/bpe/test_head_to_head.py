@@ -64,17 +64,17 @@ def test_token_model_metrics(runs):
 
 
 def test_evaluate_and_summarize_a_token_model(runs):
-    ev = run_tool("evaluate.py", "--run", runs["bpe"], "--data", runs["heldout"])
+    ev = run_tool("evaluate", "--run", runs["bpe"], "--data", runs["heldout"])
     assert ev.returncode == 0, ev.stderr[-2000:]
     (runs["bpe"] / "eval.json").write_text(ev.stdout)
     assert json.loads(ev.stdout)["boundary_rule"] is None  # tokens, not sampled boundaries
-    r = run_tool("summarize.py", "--run", runs["bpe"])
+    r = run_tool("summarize", "--run", runs["bpe"])
     assert r.returncode == 0, r.stderr[-2000:]
     summary = json.loads((runs["bpe"] / "summary.json").read_text())
     assert summary["strategy"] == "bpe token model" and summary["target_rate"] is None
     assert summary["evaluate"]["bpb"] == json.loads(ev.stdout)["bpb"] and "bytes per token" in r.stdout
     assert "boundary rate" not in r.stdout
-    r = run_tool("show_boundaries.py", "--run", runs["bpe"], "--text", "hi")  # no chunks to show: one line
+    r = run_tool("show_boundaries", "--run", runs["bpe"], "--text", "hi")  # no chunks to show: one line
     assert r.returncode == 2 and "a BPE token model, whose units are its tokenizer's tokens" in r.stderr
     assert "Traceback" not in r.stderr
 
@@ -100,20 +100,20 @@ def test_a_run_with_relative_paths_is_read_from_anywhere_and_exports_whole(runs,
     assert launch_dir(tmp_path / "linked" / "bpe", "linked/bpe") == tmp_path
 
     moved = launch / "runs" / "bpe"
-    ev = run_tool("evaluate.py", "--run", moved, "--data", runs["heldout"], "--max-bytes", 2000)
+    ev = run_tool("evaluate", "--run", moved, "--data", runs["heldout"], "--max-bytes", 2000)
     assert ev.returncode == 0, ev.stderr[-2000:]
-    same = run_tool("evaluate.py", "--run", runs["bpe"], "--data", runs["heldout"], "--max-bytes", 2000)
+    same = run_tool("evaluate", "--run", runs["bpe"], "--data", runs["heldout"], "--max-bytes", 2000)
     assert json.loads(ev.stdout)["bpb"] == json.loads(same.stdout)["bpb"]
 
     # a file of the same relative name where the tool runs is not the run's tokenizer: the start directory's wins
     here = tmp_path / "here"
     (here / "tok").mkdir(parents=True)
     (here / "tok" / "tokenizer.model").write_bytes(b"another tokenizer")
-    again = run_tool("evaluate.py", "--run", moved, "--data", runs["heldout"], "--max-bytes", 2000, cwd=here)
+    again = run_tool("evaluate", "--run", moved, "--data", runs["heldout"], "--max-bytes", 2000, cwd=here)
     assert again.returncode == 0 and json.loads(again.stdout)["bpb"] == json.loads(same.stdout)["bpb"], again.stderr
 
     out = tmp_path / "export"
-    r = run_tool("export.py", "--run", moved, "--out", out)
+    r = run_tool("export", "--run", moved, "--out", out)
     assert r.returncode == 0, r.stderr[-2000:]
     assert (out / "tokenizer.model").read_bytes() == (runs["tok"] / "tokenizer.model").read_bytes()
 
@@ -123,12 +123,12 @@ def test_a_run_with_relative_paths_is_read_from_anywhere_and_exports_whole(runs,
     from megatok.train import checkpoint
 
     original = (launch / "tok" / "tokenizer.model").read_bytes()
-    r = run_tool("train_bpe.py", "--data", runs["heldout"], "--vocab-size", 400, "--out", tmp_path / "other")
+    r = run_tool("train_bpe", "--data", runs["heldout"], "--vocab-size", 400, "--out", tmp_path / "other")
     assert r.returncode == 0, r.stderr[-2000:]
     (launch / "tok" / "tokenizer.model").write_bytes((tmp_path / "other" / "tokenizer.model").read_bytes())
     tag = checkpoint.latest_tag(moved)
     want = f"{moved / 'checkpoints' / tag} was trained with another model.tokenizer than {launch / 'tok'}"
-    for tool, args in (("evaluate.py", ["--data", runs["heldout"]]), ("export.py", ["--out", tmp_path / "x"])):
+    for tool, args in (("evaluate", ["--data", runs["heldout"]]), ("export", ["--out", tmp_path / "x"])):
         r = run_tool(tool, "--run", moved, *args)
         (line,) = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
         assert r.returncode != 0 and want in line and "replaced since?" in line, r.stderr[-2000:]
@@ -179,8 +179,8 @@ def test_head_to_head_rows_match_the_evaluators(runs):
         assert last["by_lang"][lang]["h2h_bpe_bytes_per_token"] == pytest.approx(n)
     assert last["by_domain"]["legal"]["h2h_bpe_bytes_per_token"] > 1  # per domain too
     # the baseline's and megatok's figures are tools/evaluate.py's (one process) on the same file and checkpoints
-    base = json.loads(run_tool("evaluate.py", "--run", runs["bpe"], "--data", runs["heldout"]).stdout)
-    mine = json.loads(run_tool("evaluate.py", "--run", runs["unet"], "--data", runs["heldout"], "--seed", "1234",
+    base = json.loads(run_tool("evaluate", "--run", runs["bpe"], "--data", runs["heldout"]).stdout)
+    mine = json.loads(run_tool("evaluate", "--run", runs["unet"], "--data", runs["heldout"], "--seed", "1234",
                            "--batch-size", "2").stdout)
     assert base["kind"] == "bpe" and base["strategy"] is None
     for lang in PARALLEL:
@@ -195,7 +195,7 @@ def test_head_to_head_rows_match_the_evaluators(runs):
 
 def test_compare_reads_and_evaluates_both_kinds(runs):
     out = runs["tmp"] / "cmp"
-    r = run_tool("compare.py", runs["unet"], runs["bpe"], "--out", out, "--heldout", runs["heldout"],
+    r = run_tool("compare", runs["unet"], runs["bpe"], "--out", out, "--heldout", runs["heldout"],
              "--tokenizer", runs["tok"] / "tokenizer.model")
     assert r.returncode == 0, r.stderr[-3000:]
     result = json.loads((out / "compare.json").read_text())

@@ -20,10 +20,7 @@ BPE_CONFIGS = sorted(p.name for p in (ROOT / "configs" / "bpe").glob("*.json"))
 
 
 def _load_tool(name):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "tools" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return importlib.import_module(f"megatok.cli.{name}")
 
 
 match_tool = _load_tool("match_bpe")

@@ -17,9 +17,8 @@ SIZES = ["100m", "350m", "1b", "3b", "7b", "13b"]
 
 
 def _summary_rows(paths: list[str]) -> list[list[str]]:
-    spec = importlib.util.spec_from_file_location("megatok_model_size", ROOT / "tools" / "model_size.py")
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
+    from megatok.cli import model_size as tool
+
     reports = []
     for path in paths:
         report = sizing.size_report(load_config(ROOT / path, world_size=8), gpus=8, nodes=1)

@@ -24,7 +24,7 @@ from megatok.run import checkpoints as run_checkpoints
 from megatok.run.export import load_exported
 from megatok.run.reader import load_model
 from megatok.train import checkpoint
-from tests.conftest import ROOT, TINY, pretrain
+from tests.conftest import ROOT, TINY, TOOL_ENV, pretrain
 
 pytestmark = pytest.mark.dist
 
@@ -75,8 +75,8 @@ def background_run(argv, nproc, env):
 
 
 def export(run, out, dtype="fp32"):
-    subprocess.run([sys.executable, str(ROOT / "tools/export.py"), "--run", str(run), "--out", str(out),
-                    "--dtype", dtype], check=True, capture_output=True, cwd=ROOT)
+    subprocess.run([sys.executable, "-m", "megatok.cli.export", "--run", str(run), "--out", str(out),
+                    "--dtype", dtype], check=True, capture_output=True, cwd=ROOT, env=TOOL_ENV)
     return out
 
 
