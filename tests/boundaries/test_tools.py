@@ -1,4 +1,4 @@
-"""tools/show_boundaries.py and tools/estimator_variance.py on a tiny real policy run (CLI, subprocess);
+"""megatok-show-boundaries and megatok-estimator-variance on a tiny real policy run (CLI, subprocess);
 the run (``policy_run``, tests/boundaries/conftest.py) is trained by 2 DeepSpeed ranks under ZeRO-2."""
 
 from __future__ import annotations
@@ -6,12 +6,10 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
-import sys
 
 import pytest
 import torch
 
-from tests.conftest import ROOT
 from tests.conftest import run_tool as tool
 
 TEXT = "Héllo wörld, 日本!\n    return self.x  # café"

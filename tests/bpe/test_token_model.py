@@ -31,7 +31,7 @@ def bpe_overrides(tokenizer_dir, vocab: int = 768) -> list[str]:
 
 @pytest.fixture(scope="module")
 def tok_dir(tokenizer, tmp_path_factory):
-    """The session tokenizer written to a directory, as tools/train_bpe.py leaves it."""
+    """The session tokenizer written to a directory, as megatok-train-bpe leaves it."""
     sp, _ = tokenizer
     out = tmp_path_factory.mktemp("tok")
     (out / "tokenizer.model").write_bytes(sp.serialized_model_proto())

@@ -1,11 +1,10 @@
 """The size tables in README.md ("Scaling up") and docs/scaling.md are what the code computes today:
-each row is rebuilt from tools/model_size.py's summary (the configs, megatok/flops.py, megatok/sizing.py)
+each row is rebuilt from megatok-model-size's summary (the configs, megatok/flops.py, megatok/sizing.py)
 and must appear in the file as it is. A change to the formulas or the configs that leaves the published
 figures behind fails here (the FLOPs of the up projection once did)."""
 
 from __future__ import annotations
 
-import importlib.util
 
 import pytest
 

@@ -2,7 +2,6 @@
 DeepSpeed and plain-torch training steps, FLOPs, memory, the trainer with a resume and generation), on
 a tiny config, without a GPU."""
 
-import importlib.util
 import json
 import math
 import os

@@ -1,17 +1,15 @@
-"""tools/sweep.py: configs at equal training bytes that all validate, sbatch lines, a real local run
+"""megatok-sweep: configs at equal training bytes that all validate, sbatch lines, a real local run
 of a tiny sweep, and the collected table and plot."""
 
-import importlib.util
 import json
 import os
 import math
 
 import pytest
 
+from megatok.cli import sweep
 from megatok.config import load_config
-from tests.conftest import ROOT, TINY
-
-from megatok.cli import sweep  # noqa: E402
+from tests.conftest import TINY
 
 
 def test_generated_configs_validate_at_equal_bytes(tmp_path, capsys):

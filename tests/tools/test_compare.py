@@ -1,16 +1,15 @@
-"""tools/compare.py: the table and plots from fake run directories, and a real tiny run evaluated per
+"""megatok-compare: the table and plots from fake run directories, and a real tiny run evaluated per
 language on a small parallel held-out file, next to a BPE tokenizer's bytes per token."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
 from megatok import bpe
-from tests.conftest import PARALLEL, ROOT, run_tool, stdlib_texts
+from tests.conftest import PARALLEL, run_tool, stdlib_texts
 
 from megatok.cli import compare
 
@@ -164,17 +163,14 @@ def test_real_run_per_language(tiny_run, tmp_path):
                                    ensure_ascii=False) + "\n")
     tok = tmp_path / "tokenizer"
     bpe.train_bpe([t.encode() for t in stdlib_texts(n_files=5)] + [" ".join(PARALLEL["en"]).encode()], tok, 400)
-    _, token = fake_runs(tmp_path / "fake")
-    (token / "checkpoints").mkdir()
-    (token / "checkpoints" / "latest").write_text("step00000015")  # a checkpoint of a kind compare can't load
-    (token / "config.json").write_text(json.dumps({"model": {"kind": "mystery"}, "data": {"seq_len": 64}}))
+    _, token = fake_runs(tmp_path / "fake")  # a run without a checkpoint: in the table, not evaluated
     out = tmp_path / "cmp"
     r = run_tool("compare", tiny_run, token, "--out", out, "--heldout", heldout, "--tokenizer", tok / "tokenizer.model")
     assert r.returncode == 0, r.stderr[-3000:]
     md = (out / "compare.md").read_text()
     assert "| tiny | unet/policy | 3 |" in md
     assert "3 languages, 2 documents per language (the same number in every language)" in md
-    assert "bpe: no per-language evaluator for model kind 'mystery' yet, skipped" in md
+    assert "bpe: no checkpoint, not evaluated per language" in md
     lang_rows = [line for line in md.splitlines() if line.startswith(("| en ", "| ru ", "| zh ", "| **max/min**"))]
     assert len(lang_rows) == 8  # two tables: 3 languages + the disparity row each
     text = (out / "compare.json").read_text()
@@ -186,7 +182,7 @@ def test_real_run_per_language(tiny_run, tmp_path):
     megatok_sys, bpe_sys = h["systems"]
     assert megatok_sys["name"] == "tiny" and megatok_sys["unit"] == "chunk"
     assert bpe_sys["name"] == "BPE" and bpe_sys["unit"] == "token"
-    # the per-language figures are tools/evaluate.py's on the same file (same seed and rule)
+    # the per-language figures are megatok-evaluate's on the same file (same seed and rule)
     ev = run_tool("evaluate", "--run", tiny_run, "--data", heldout)
     assert ev.returncode == 0, ev.stderr[-2000:]
     ev = json.loads(ev.stdout)

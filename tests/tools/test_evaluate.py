@@ -1,6 +1,6 @@
 """End to end: a tiny real training run, then the tools users run on it.
 
-tools/evaluate.py is run as a subprocess (the CLI), and its figure is checked against a by-hand
+megatok-evaluate is run as a subprocess (the CLI), and its figure is checked against a by-hand
 computation with the checkpoint loaded through megatok.run.reader.load_model. The run itself
 is checked for what the tools rely on: config.json, metrics.jsonl, checkpoints/latest, wandb offline files.
 """
@@ -377,7 +377,7 @@ def test_summarize_bad_inputs_are_one_line(run, shards, tmp_path):
     (copy / "eval.json").write_text("")  # what `evaluate.py ... > RUN/eval.json` leaves when it fails
     r = tool("summarize", "--run", copy, "--data", shards)
     assert_clean_error(r, copy / "eval.json")
-    assert "not tools/evaluate.py output" in r.stderr
+    assert "not megatok-evaluate output" in r.stderr
     (copy / "eval.json").write_text("[1, 2]")
     assert_clean_error(tool("summarize", "--run", copy, "--data", shards), copy / "eval.json")
     (copy / "eval.json").unlink()

@@ -1,4 +1,4 @@
-"""tools/generate.py on a trained checkpoint: seeded samples repeat, chunks are marked, bad input is
+"""megatok-generate on a trained checkpoint: seeded samples repeat, chunks are marked, bad input is
 one line."""
 
 import base64

@@ -1,13 +1,10 @@
-"""tools/make_bible_corpus.py on a small stand-in for the package's bible.db (same schema)."""
+"""megatok-make-bible-corpus on a small stand-in for the package's bible.db (same schema)."""
 
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import json
 import sqlite3
-
-from tests.conftest import ROOT
 
 from megatok.cli import make_bible_corpus as mbc
 
