@@ -130,7 +130,6 @@ class HeadToHead:
         if rank == 0 and path:
             self.tokenizer = {"path": path, **bytes_per_token(load_tokenizer(path), self.docs)}
         self.baseline: tuple[str, dict, float | None] | None = None  # (checkpoint tag, result, its bytes)
-        self.warned = False  # about a baseline whose checkpoints have no bytes_seen
         self.seconds, self.started = 0.0, time.time()
 
     def run(self, engine, step: int, device, logger, bytes_seen: float | None = None) -> dict:
@@ -185,10 +184,6 @@ class HeadToHead:
             return None
         matched = self.cfg.eval.baseline_checkpoint == "matched" and bytes_seen is not None
         tag, its_bytes = baseline_checkpoint(run, bytes_seen if matched else None)
-        if matched and tag is not None and its_bytes is None and not self.warned:
-            self.warned = True
-            print(f"megatok: warning: eval.baseline_run: {run}'s checkpoints do not record their training bytes "
-                  f"(written before bytes_seen was): the head-to-head scores its latest checkpoint", flush=True)
         if tag is None:
             return None  # no checkpoint yet (the baseline may still be starting)
         if self.baseline is None or self.baseline[0] != tag:

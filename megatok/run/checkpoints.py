@@ -97,10 +97,10 @@ def damage(run_dir: str | Path, tag: str) -> str | None:
         world = int(meta["layout"]["world_size"])
     except (OSError, ValueError, KeyError, TypeError) as exn:
         return f"{META}: {exn}"
-    for kind in ("rng_rank", "stream_rank"):  # every rank's, or none (written before cursors existed)
-        have = {f.name for f in d.glob(f"{kind}*.json")}
+    for kind in ("rng_rank", "stream_rank"):  # every rank's RNG states; every rank's cursors, or none (a save
+        have = {f.name for f in d.glob(f"{kind}*.json")}  # given no cursors writes none)
         missing = [f"{kind}{r}.json" for r in range(world) if f"{kind}{r}.json" not in have]
-        if have and missing:
+        if missing and (have or kind == "rng_rank"):
             return f"{', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''} missing (written by {world} ranks)"
     for f in sorted(d.glob("rng_rank*.json")) + sorted(d.glob("stream_rank*.json")):
         try:
@@ -160,8 +160,8 @@ def stream_file(rank: int) -> str:
 
 
 def read_cursors(run_dir: str | Path, tag: str, rank: int, n_sources: int) -> dict[int, dict]:
-    """The data cursors of this rank's readers in a checkpoint ({} if it has none: older checkpoints),
-    each for ``n_sources`` data sources."""
+    """The data cursors of this rank's readers in a checkpoint ({} if its save was given none), each for
+    ``n_sources`` data sources."""
     path = checkpoint_dir(run_dir) / tag / stream_file(rank)
     if not path.is_file():
         return {}

@@ -111,12 +111,8 @@ def set_rng_state(state: dict) -> None:
     np_state = state["numpy"]
     np.random.set_state((np_state[0], np.array(np_state[1], dtype=np.uint32), *np_state[2:]))
     torch.random.set_rng_state(torch.tensor(state["torch"], dtype=torch.uint8))
-    saved = state["cuda"]
-    if saved and torch.cuda.is_available():
-        # one state: this rank's device; several (checkpoints before 2026-12): one per visible GPU then
-        i = 0 if len(saved) == 1 else torch.cuda.current_device()
-        if i < len(saved):
-            torch.cuda.set_rng_state(torch.tensor(saved[i], dtype=torch.uint8))
+    if state["cuda"] and torch.cuda.is_available():  # this rank's device's (rng_state)
+        torch.cuda.set_rng_state(torch.tensor(state["cuda"][0], dtype=torch.uint8))
 
 
 def weights_finite(engine) -> bool:
