@@ -97,8 +97,9 @@ def damage(run_dir: str | Path, tag: str) -> str | None:
         world = int(meta["layout"]["world_size"])
     except (OSError, ValueError, KeyError, TypeError) as exn:
         return f"{META}: {exn}"
-    for kind in ("rng_rank", "stream_rank"):  # every rank's RNG states; every rank's cursors, or none (a save
-        have = {f.name for f in d.glob(f"{kind}*.json")}  # given no cursors writes none)
+    # every rank's RNG states; every rank's data cursors, or none (a save given no cursors writes none)
+    for kind in ("rng_rank", "stream_rank"):
+        have = {f.name for f in d.glob(f"{kind}*.json")}
         missing = [f"{kind}{r}.json" for r in range(world) if f"{kind}{r}.json" not in have]
         if missing and (have or kind == "rng_rank"):
             return f"{', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''} missing (written by {world} ranks)"

@@ -38,14 +38,21 @@ def launch_dir(run_dir: str | Path, recorded: str) -> Path | None:
     return Path(*here.parts[:-n])
 
 
-def written_config(path: Path, base: Path | None, *, base_first: bool = False) -> Config:
-    """A config.json that a run or an export wrote, loaded for the world size it was written with. Its
-    relative MODEL_FILES paths are looked up in ``base`` where they exist there: those that do not exist
-    from the working directory, or all of them with ``base_first``."""
+def _read(path: Path) -> dict:
     try:
         raw = json.loads(path.read_text())
     except json.JSONDecodeError as e:
         raise ConfigError(f"{path}: not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: the top level must be a JSON object")
+    return raw
+
+
+def written_config(path: Path, base: Path | None, *, base_first: bool = False) -> Config:
+    """A config.json that a run or an export wrote, loaded for the world size it was written with. Its
+    relative MODEL_FILES paths are looked up in ``base`` where they exist there: those that do not exist
+    from the working directory, or all of them with ``base_first``."""
+    raw = _read(path)
     t = raw.get("train", {})
     world = (t["global_batch_size"] // (t["micro_batch_size"] * t["grad_accum"])) if t.get("global_batch_size") else 1
     found = []
@@ -63,7 +70,7 @@ def run_config(run_dir: str | Path) -> Config:
     path = Path(run_dir) / "config.json"
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no config.json here; is {run_dir} a megatok run directory?")
-    recorded = json.loads(path.read_text()).get("train", {}).get("run_dir", "")
+    recorded = _read(path).get("train", {}).get("run_dir", "")
     # the start directory's files first: a file of the same relative name here may be another tokenizer
     return written_config(path, launch_dir(run_dir, recorded), base_first=True)
 
