@@ -15,7 +15,6 @@ import re
 import sys
 import warnings
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # DeepSpeed 0.19's ZeRO calls a torch collective that torch 2.13 marks deprecated, once per step.
 warnings.filterwarnings("ignore", message=r".*all_gather_into_tensor.*", category=FutureWarning)
 
@@ -102,8 +101,8 @@ def main(argv=None) -> int:
     # checkpoint's files (the launchers end its siblings when it exits 2; Slurm's srun path passes
     # --kill-on-bad-exit), not every rank: that would be ranks x files reads on a shared filesystem.
     if args.resume != "none" and os.environ.get("LOCAL_RANK", "0") == "0":
-        from megatok.train.checkpoint import CheckpointError, resume_tag
-        from megatok.train.same_model import check_same_model
+        from megatok.run.checkpoints import CheckpointError, resume_tag
+        from megatok.run.same_model import check_same_model
 
         try:
             if tag := resume_tag(cfg.train.run_dir, args.resume, warn=False):
@@ -170,7 +169,7 @@ def _unexpected(e: BaseException, cfg, rank: str) -> int:
     if isinstance(e, torch.OutOfMemoryError):
         what += (" (out of device memory: lower train.micro_batch_size (train.global_batch_size is kept by more "
                  "accumulation), set model.activation_checkpointing, or use a higher ZeRO stage or offload; "
-                 "tools/model_size.py estimates the memory)")
+                 "megatok-model-size estimates the memory)")
     return _die(1, f"error: rank {rank}: {what}; last good checkpoint: {_last_good(cfg)}")
 
 

@@ -1,6 +1,6 @@
 """A sentencepiece BPE tokenizer over raw bytes: the baseline megatok is compared against.
 
-Train one with ``tools/train_bpe.py`` (or :func:`train_bpe`); use it with :func:`load_tokenizer`,
+Train one with ``megatok-train-bpe`` (or :func:`train_bpe`); use it with :func:`load_tokenizer`,
 :func:`encode_bytes` and :func:`decode_ids`.
 
 Encode/decode contract (bytes in, bytes out, exact for ANY bytes)
@@ -123,10 +123,10 @@ def check_tokenizer(sp, where: str = "tokenizer") -> None:
     _, byte_ids = _tables(sp)
     if min(byte_ids) < 0:
         raise TokenizerError(f"{where}: no byte-fallback pieces <0x00>..<0xFF>; train it with byte_fallback=True "
-                             "(tools/train_bpe.py does)")
+                             "(megatok-train-bpe does)")
     if decode_ids(sp, encode_bytes(sp, _PROBE)) != _PROBE:
         raise TokenizerError(f"{where}: does not round-trip text exactly (normalisation or a dummy prefix?); "
-                             "train it with tools/train_bpe.py, which sets "
+                             "train it with megatok-train-bpe, which sets "
                              + ", ".join(f"{k}={SP_OPTIONS[k]}" for k in CONTRACT_OPTIONS))
 
 
@@ -139,7 +139,7 @@ def load_tokenizer(path: str | os.PathLike):
     if path.is_dir():
         path = path / "tokenizer.model"
     if not path.is_file():
-        raise FileNotFoundError(f"{path}: no such tokenizer model (train one with tools/train_bpe.py)")
+        raise FileNotFoundError(f"{path}: no such tokenizer model (train one with megatok-train-bpe)")
     try:
         sp = spm.SentencePieceProcessor(model_file=str(path))
     except (RuntimeError, OSError) as e:
@@ -354,24 +354,3 @@ def train_bpe(docs: Iterable, out: str | os.PathLike, vocab_size: int, *, max_by
     return {"model": str(model_path), "vocab_size": sp.get_piece_size(), "requested_vocab_size": vocab_size,
             **fed, "options": {k: v for k, v in opts.items() if k not in ("minloglevel", "num_threads")}}
 
-
-# --------------------------------------------------------------------------------------------- inputs
-
-def is_shard_dir(path: str | os.PathLike) -> bool:
-    return Path(path, "manifest.json").is_file()
-
-
-def input_documents(paths: Iterable[str], split: str = "train") -> Iterator:
-    """Documents of the inputs build_shards reads (files, directories of them) and of shard
-    directories (their ``split``: "train" or "val"). With split="val", plain files are skipped: a
-    file has no validation split."""
-    from megatok.data.documents import iter_documents
-
-    seen = set()  # a file reached twice (inside a directory also given, through a link) is read once
-    for p in paths:
-        if is_shard_dir(p):
-            from megatok.data.stream import iter_shard_documents, resolve_shards
-
-            yield from iter_shard_documents(resolve_shards(str(p), split))
-        elif split == "train":
-            yield from iter_documents([str(p)], seen=seen)

@@ -12,7 +12,6 @@ checks it and adds what megatok derives from ``train``.
 
 from __future__ import annotations
 
-import difflib
 import json
 import math
 import os
@@ -24,9 +23,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-
-class ConfigError(ValueError):
-    """A configuration mistake. The message is one line that names the file and the key."""
+from megatok.boundaries import strategy_options
+from megatok.dsconfig import NOT_THROUGH_DEEPSPEED, check_deepspeed
+from megatok.errors import ConfigError, suggest
 
 
 def _allows(annotation, kind: type) -> bool:
@@ -79,9 +78,9 @@ class ModelConfig(_Section):
     early_exit_weight: float = Field(0.1, ge=0, lt=1, description="LM loss = (1-w) CE_full + w CE_early")
     activation_checkpointing: bool = Field(False, description="recompute each block in backward (torch.utils.checkpoint)")
     document_mask: bool = Field(False, description="packed documents never see each other: attention stops at every SEP (bpe: the tokenizer's eos id), a chunk starts at every SEP, policy returns stop there")
-    tokenizer: str | None = Field(None, description="bpe: tokenizer.model (or its directory) from tools/train_bpe.py")
+    tokenizer: str | None = Field(None, description="bpe: tokenizer.model (or its directory) from megatok-train-bpe")
     vocab_size: int | None = Field(None, gt=0, description="bpe: embedding rows, at least the tokenizer's pieces (round up to a multiple of 64)")
-    bytes_per_token: float | None = Field(None, gt=0, description="bpe: expected bytes per token of the training data (tools/train_bpe.py reports it), for FLOPs per byte before training")
+    bytes_per_token: float | None = Field(None, gt=0, description="bpe: expected bytes per token of the training data (megatok-train-bpe reports it), for FLOPs per byte before training")
 
     @model_validator(mode="after")
     def _check(self) -> "ModelConfig":
@@ -89,7 +88,7 @@ class ModelConfig(_Section):
         if self.kind == "bpe":
             missing = [k for k in bpe_keys if getattr(self, k) is None]
             if missing:
-                raise ValueError(f"model.kind 'bpe' needs model.{', model.'.join(missing)} (tools/match_bpe.py writes "
+                raise ValueError(f"model.kind 'bpe' needs model.{', model.'.join(missing)} (megatok-match-bpe writes "
                                  "a complete config)")
             for k in ("n_encoder_layers", "n_decoder_layers"):
                 if getattr(self, k):
@@ -286,15 +285,11 @@ def lr_lambda(cfg: Config):
 # --------------------------------------------------------------------------- loading
 
 
-def suggest(key: str, valid, prefix: str = "") -> str:
-    close = difflib.get_close_matches(str(key), [str(v) for v in valid], n=1, cutoff=0.6)
-    return f" (did you mean '{prefix}{close[0]}'?)" if close else f" (valid keys: {', '.join(sorted(map(str, valid)))})"
-
-
-def _merge(base: dict, top: dict) -> dict:
+def merge(base: dict, top: dict) -> dict:
+    """``top`` over ``base``, objects merged key by key (as ``extends`` merges a file over its parent)."""
     out = dict(base)
     for k, v in top.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+        out[k] = merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
     return out
 
 
@@ -318,7 +313,7 @@ def _read_json(path: Path, chain: tuple[Path, ...] = ()) -> dict:
         return raw
     if not isinstance(parent, str):
         raise ConfigError(f"{path}: 'extends' must be a file name")
-    return _merge(_read_json((path.parent / parent).resolve(), chain + (path,)), raw)
+    return merge(_read_json((path.parent / parent).resolve(), chain + (path,)), raw)
 
 
 def _field_annotation(keys: list[str]):
@@ -329,6 +324,15 @@ def _field_annotation(keys: list[str]):
             return None
         model = model.model_fields[k].annotation
     return model
+
+
+def overrides_dict(overrides: list[str]) -> dict:
+    """``--set KEY=VALUE`` items as the nested config dict they stand for, each value typed by the schema
+    (as load_config applies them)."""
+    raw: dict = {}
+    for item in overrides:
+        _apply_override(raw, *_parse_override(item))
+    return raw
 
 
 def _parse_override(item: str) -> tuple[list[str], Any]:
@@ -397,11 +401,29 @@ def _explain(err: dict, where: str, prefix: tuple = ()) -> ConfigError:
     return ConfigError(f"{where}: {path}: {err['msg'].removeprefix('Value error, ')} (got {shown})")
 
 
+# megatok's own configs: configs/ next to the package in a checkout, inside it when installed (pyproject.toml
+# installs configs/ as the package data megatok/configs).
+_PACKAGE = Path(__file__).resolve().parent
+CONFIGS = _PACKAGE / "configs" if (_PACKAGE / "configs").is_dir() else _PACKAGE.parent / "configs"
+
+
+def find_config(path: str | os.PathLike) -> Path:
+    """``path``; or, where no such file is here and it is spelled ``configs/NAME.json`` as megatok's
+    documentation spells its configs, megatok's own copy (CONFIGS): ``--config configs/1b.json`` works
+    from any directory once megatok is installed."""
+    p = Path(path)
+    if not p.exists() and not p.is_absolute() and p.parts[:1] == ("configs",) and len(p.parts) > 1:
+        own = CONFIGS.joinpath(*p.parts[1:])
+        if own.is_file():
+            return own
+    return p
+
+
 def load_config(path: str | os.PathLike | None = None, overrides: list[str] = (), *,
                 world_size: int | None = None) -> Config:
     """Read, merge, override, validate. ``world_size`` defaults to $WORLD_SIZE (set by launchers) or 1."""
     where = str(path) if path is not None else "config"
-    raw = _read_json(Path(path).resolve()) if path is not None else {}
+    raw = _read_json(find_config(path).resolve()) if path is not None else {}
     for item in overrides:
         _apply_override(raw, *_parse_override(item))
     if overrides:
@@ -412,8 +434,6 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] = ()
         raise _explain(_first_error(e.errors()), where) from None
 
     # The boundary strategy's own options, checked against that strategy's schema.
-    from megatok.boundaries import strategy_options
-
     try:
         opt_model = strategy_options(cfg.boundary.strategy)
     except KeyError as e:
@@ -439,8 +459,6 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] = ()
     cfg.boundary = BoundaryConfig(strategy=cfg.boundary.strategy, target_rate=cfg.boundary.target_rate,
                                   **opts.model_dump())
 
-    from megatok.dsconfig import check_deepspeed  # (it imports this module)
-
     check_deepspeed(cfg.deepspeed, where)
     _check_derived(cfg, where, world_size if world_size is not None else int(os.environ.get("WORLD_SIZE", "1")))
     return cfg
@@ -452,8 +470,6 @@ def warnings_for(cfg: Config) -> list[str]:
     if t.warmup_steps >= t.max_steps:
         out.append(f"train.warmup_steps={t.warmup_steps} is not below train.max_steps={t.max_steps}: the run ends "
                    f"before its warmup does (or as it does), so train.lr_schedule never takes over")
-    from megatok.dsconfig import NOT_THROUGH_DEEPSPEED  # (it imports this module)
-
     out += [f"deepspeed.{k} does nothing here: {why}" for k, why in NOT_THROUGH_DEEPSPEED.items() if k in cfg.deepspeed]
     return out
 

@@ -1,4 +1,4 @@
-"""Text with chunk starts marked, for terminals (tools/show_boundaries.py, tools/generate.py)."""
+"""Text with chunk starts marked, for terminals (megatok-show-boundaries, megatok-generate)."""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from megatok.config import ConfigError, suggest
+from megatok.errors import ConfigError, suggest
 
 if TYPE_CHECKING:
     from megatok.config import Config
@@ -55,7 +55,7 @@ def check_deepspeed(ds: dict[str, Any], where: str) -> None:
         raise ConfigError(f"{where}: deepspeed.zero_optimization must be an object")
     try:
         from deepspeed.runtime.zero.config import DeepSpeedZeroConfig  # DeepSpeed's own schema
-    except ImportError:  # a machine without DeepSpeed (e.g. tools/gpu_check.py's plain-torch path)
+    except ImportError:  # a machine without DeepSpeed (e.g. megatok-gpu-check's plain-torch path)
         DeepSpeedZeroConfig = None
     stage = zero.get("stage", 0)
     if isinstance(stage, bool) or stage not in (0, 1, 2, 3):

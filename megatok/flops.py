@@ -70,6 +70,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from megatok.config import ConfigError
 from megatok.vocab import VOCAB_SIZE
 
 
@@ -272,6 +273,52 @@ def training_flops(cfg, world_size: int, rate: float | None = None) -> float:
     return flops_per_byte(cfg, rate)["training"] * training_bytes(cfg, world_size)
 
 
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def realised_rate(cfg, train_rows: list[dict]) -> float:
+    """The rate a run realised, from its training rows: chunks per byte, the mean of their
+    ``boundary_rate``; for kind "bpe" tokens per byte, from their ``bytes_per_token``. default_rate
+    where the rows do not say."""
+    if is_bpe(cfg):
+        per_token = [r["bytes_per_token"] for r in train_rows if _number(r.get("bytes_per_token"))
+                     and r["bytes_per_token"] > 0]
+        return len(per_token) / sum(per_token) if per_token else default_rate(cfg)
+    rates = [r["boundary_rate"] for r in train_rows if _number(r.get("boundary_rate"))]
+    return sum(rates) / len(rates) if rates else default_rate(cfg)
+
+
+def bytes_at(cfg, world_size: int, train_rows: list[dict]):
+    """A function of a step: the training bytes a run had seen by then, from its training rows: the
+    ``bytes_seen`` logged at that step, else the step x the bytes per step of its last row that logs
+    them, else as planned (training_bytes / max_steps, for ``world_size`` ranks)."""
+    seen = {r["step"]: r["bytes_seen"] for r in train_rows if _number(r.get("step")) and _number(r.get("bytes_seen"))}
+    last = max((s for s in seen if s), default=None)
+    per_step = seen[last] / last if last else training_bytes(cfg, world_size) / cfg.train.max_steps
+    return lambda step: seen.get(step, step * per_step)
+
+
+def flops_at(cfg, world_size: int, train_rows: list[dict]):
+    """A function of a step: the training FLOPs a run had done by then, from its training rows: the
+    ``flops`` it logged at that step; else its bytes seen by then (:func:`bytes_at`) x FLOPs per byte:
+    the ratio of its last logged FLOPs to bytes before the step (or of its first), else
+    :func:`flops_per_byte` at the :func:`realised_rate`."""
+    bytes_seen = bytes_at(cfg, world_size, train_rows)
+    logged = sorted((r["step"], r["flops"]) for r in train_rows if _number(r.get("step")) and _number(r.get("flops")))
+    per_byte = flops_per_byte(cfg, rate=realised_rate(cfg, train_rows))["training"]
+
+    def at(step: int) -> float:
+        if not logged:
+            return per_byte * bytes_seen(step)
+        s, f = ([x for x in logged if x[0] <= step] or logged[:1])[-1]
+        if s == step:
+            return f
+        return f / bytes_seen(s) * bytes_seen(step) if bytes_seen(s) else per_byte * bytes_seen(step)
+
+    return at
+
+
 # ----------------------------------------------------------------------------- matching a BPE baseline
 
 def round_vocab(n: int, multiple: int = 64) -> int:
@@ -292,8 +339,6 @@ def match_bpe(cfg, *, tokenizer: str, vocab_size: int, bytes_per_token: float,
     rounded up to a multiple of 64. Returns ``{"overrides": {"model": ..., "data": {"seq_len": ...}},
     "flops_per_byte", "target_flops_per_byte", "ratio", "params", "target_params", "width", "layers"}``
     (FLOPs per byte are training FLOPs)."""
-    from megatok.config import ConfigError
-
     if cfg.model.kind != "unet":
         raise ConfigError(f"match_bpe needs a unet config to match, got model.kind '{cfg.model.kind}'")
     if vocab_size <= 0 or bytes_per_token <= 0:

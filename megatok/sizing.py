@@ -1,5 +1,5 @@
 """Memory per GPU of a megatok config under ZeRO 0-3, and the size report that puts parameters,
-FLOPs (megatok/flops.py) and memory together (``tools/model_size.py``, ``launch/pretrain.py --dry-run``).
+FLOPs (megatok/flops.py) and memory together (``megatok-model-size``, ``launch/pretrain.py --dry-run``).
 
 Model states under ZeRO 0-3, with and without CPU offload (:func:`model_state_bytes`, see its
 docstring for each term), and an activation estimate for the micro-batch (:func:`activation_bytes`),
@@ -11,6 +11,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from megatok.config import ConfigError, load_config, warnings_for
+from megatok.data.encoding import encoding_for
+from megatok.dsconfig import builds_partitioned, deepspeed_config, uses_bf16, zero_stage
 from megatok.flops import (Shape, block_params, build_meta_model, default_rate, flops_per_byte, is_bpe,
                            param_counts, training_bytes)
 
@@ -156,8 +159,6 @@ def activation_bytes(cfg, micro_batch: int | None = None, *, checkpointing: bool
     T = cfg.data.seq_len
     rho = cfg.boundary.target_rate if rate is None else rate
     ckpt = cfg.model.activation_checkpointing if checkpointing is None else checkpointing
-    from megatok.dsconfig import uses_bf16
-
     eb = 2 if (uses_bf16(cfg) if bf16 is None else bf16) else 4
 
     def full(w, f):
@@ -201,8 +202,6 @@ def memory_table(cfg, world: int) -> dict[str, Any]:
     """Per-rank model-state memory for every ZeRO stage x offload choice, and activations."""
     P = param_counts(cfg)["total"]
     zero = _zero_section(cfg)
-    from megatok.dsconfig import builds_partitioned, uses_bf16, zero_stage
-
     bf16 = uses_bf16(cfg)
     kw = dict(world=world, bf16=bf16, **zero_kwargs(cfg))
     rows = []
@@ -240,7 +239,7 @@ def memory_table(cfg, world: int) -> dict[str, Any]:
 
 def size_report(cfg, *, gpus: int = 8, nodes: int = 1, rate: float | None = None,
                 model=None) -> dict[str, Any]:
-    """Everything tools/model_size.py and ``pretrain.py --dry-run`` print. ``model``: an instantiated
+    """Everything megatok-model-size and ``pretrain.py --dry-run`` print. ``model``: an instantiated
     (meta) model to check the count against; built here when not given."""
     world = gpus * nodes
     counts = param_counts(cfg)
@@ -349,9 +348,6 @@ def dry_run(config: str, overrides: list[str] = (), world: int | None = None, ou
     import os
     import sys
 
-    from megatok.config import ConfigError, load_config, warnings_for
-    from megatok.dsconfig import deepspeed_config
-
     out = out or sys.stdout
     quiet_deepspeed_import()
     if world is None:
@@ -369,8 +365,6 @@ def dry_run(config: str, overrides: list[str] = (), world: int | None = None, ou
         print(f"warning: {line}", file=sys.stderr)
     if cfg.model.kind == "bpe" and cfg.model.tokenizer:  # a few MB, read as the trainer will: it must fit
         from pathlib import Path
-
-        from megatok.data.encoding import encoding_for
 
         if not Path(cfg.model.tokenizer).exists():
             print(f"note: model.tokenizer {cfg.model.tokenizer} is not on this machine; the trainer checks it "

@@ -80,8 +80,9 @@ TOOL_ENV = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu", "WAND
 
 
 def run_tool(name: str, *args, timeout: float = 240, cwd=ROOT) -> subprocess.CompletedProcess:
-    """Run tools/NAME with the arguments (str() of each), on CPU, wandb off, output captured."""
-    return subprocess.run([sys.executable, str(ROOT / "tools" / name), *map(str, args)], capture_output=True,
+    """Run the command megatok.cli.NAME (``python -m``) with the arguments (str() of each), on CPU, wandb
+    off, output captured."""
+    return subprocess.run([sys.executable, "-m", f"megatok.cli.{name}", *map(str, args)], capture_output=True,
                           text=True, env=TOOL_ENV, timeout=timeout, cwd=cwd)
 
 

@@ -255,8 +255,8 @@ def test_launcher_fails_before_any_process_group(tmp_path):
 
 
 def test_the_configuration_reference_in_docs_is_current():
-    r = subprocess.run([sys.executable, str(ROOT / "tools/config_reference.py"), "--check", str(ROOT / "docs/config.md")],
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run([sys.executable, "-m", "megatok.cli.config_reference", "--check", str(ROOT / "docs/config.md")],
+                       capture_output=True, text=True, timeout=120, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert r.returncode == 0, r.stderr
 
 

@@ -9,9 +9,9 @@ bash tools/setup.sh
 PY=.venv/bin/python
 export WANDB_MODE=${WANDB_MODE:-offline}
 
-$PY tools/make_corpus.py --out data/corpus.jsonl.gz --heldout-out data/heldout_udhr.jsonl
+$PY -m megatok.cli.make_corpus --out data/corpus.jsonl.gz --heldout-out data/heldout_udhr.jsonl
 if [ ! -f data/shards/manifest.json ] || [ data/corpus.jsonl.gz -nt data/shards/manifest.json ]; then
-  $PY tools/build_shards.py data/corpus.jsonl.gz --out data/shards --val-fraction 0.02 --overwrite
+  $PY -m megatok.cli.build_shards data/corpus.jsonl.gz --out data/shards --val-fraction 0.02 --overwrite
 fi
 
 NPROC=${NPROC:-2}
@@ -21,5 +21,5 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(( cores / NPROC > 0 ? cores / NPROC 
 .venv/bin/deepspeed --num_gpus "$NPROC" launch/pretrain.py --config configs/tiny.json \
   --set train.run_dir="$RUN" "$@"
 
-$PY tools/evaluate.py --run "$RUN" --data data/shards > "$RUN/eval.json"
-$PY tools/summarize.py --run "$RUN"
+$PY -m megatok.cli.evaluate --run "$RUN" --data data/shards > "$RUN/eval.json"
+$PY -m megatok.cli.summarize --run "$RUN"

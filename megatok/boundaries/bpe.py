@@ -17,8 +17,8 @@ SEP (between packed documents) and PAD are their own chunks; the byte after SEP 
 Invalid UTF-8 bytes start their own chunk under ``exact`` (sentencepiece reads text, not bytes).
 Nothing is learned; the rate is the tokenizer's (choose its vocabulary size for the target rate).
 
-Train the tokenizer with tools/train_bpe.py (the same one the BPE token model uses):
-    python tools/train_bpe.py --data data/shards --vocab-size 4096 --out runs/bpe4k
+Train the tokenizer with megatok-train-bpe (the same one the BPE token model uses):
+    megatok-train-bpe --data data/shards --vocab-size 4096 --out runs/bpe4k
     --set boundary.strategy=bpe boundary.model_path=runs/bpe4k/tokenizer.model
 """
 
@@ -38,7 +38,7 @@ from megatok.bpe import TokenizerError, load_tokenizer, token_bytes
 
 class Options(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    model_path: str = Field("", validate_default=True, description="bpe: tokenizer.model from tools/train_bpe.py (required)")
+    model_path: str = Field("", validate_default=True, description="bpe: tokenizer.model from megatok-train-bpe (required)")
     rule: Literal["causal", "exact"] = Field("causal", description="bpe: causal = greedy walk over the vocabulary (bytes <= t only); exact = sentencepiece on the whole window (NOT causal, analysis only)")
 
     @field_validator("model_path")
@@ -46,7 +46,7 @@ class Options(BaseModel):
     def _exists(cls, v: str) -> str:
         if not v:
             raise ValueError("the bpe strategy needs a sentencepiece model: set boundary.model_path "
-                             "(tools/train_bpe.py --data data/shards --vocab-size 4096 --out runs/bpe4k trains one)")
+                             "(megatok-train-bpe --data data/shards --vocab-size 4096 --out runs/bpe4k trains one)")
         if not Path(v).is_file():
             raise ValueError(f"{v}: no such file")
         try:

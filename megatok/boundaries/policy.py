@@ -45,10 +45,10 @@ class Options(BaseModel):
     batch_baseline: bool = Field(True, description="subtract the batch mean reward at each position")
     baseline_scope: Literal["micro_batch", "data_parallel"] = Field(
         "micro_batch", description="the batch baseline's mean: over this rank's micro-batch, or over the "
-                                   "micro-batches of all data-parallel ranks (method.md's batch at accumulation 1)")
+                                   "micro-batches of all data-parallel ranks (the published batch at accumulation 1)")
     early_exit_reward: bool = Field(True, description="reward CE_early - CE_full; off: reward -CE_full")
     window: int = Field(1, ge=1, le=64, description="condition each decision on the previous window-1 decisions (1: independent per byte)")
-    rate_scope: Literal["batch", "sequence"] = Field("batch", description="hold the rate at target over the micro-batch (method.md), or in every sequence")
+    rate_scope: Literal["batch", "sequence"] = Field("batch", description="hold the rate at target over the micro-batch (published), or in every sequence")
     # Variance reduction and schedules beyond the published estimator; every one is off by default.
     samples: int = Field(1, ge=1, le=16, description="boundary samples per training sequence: the model runs each "
                          "sequence this many times (the encoder once), and each sample's baseline is the mean reward "

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from megatok.bpe import TokenizerError, encode_bytes, load_tokenizer, token_byte_lengths, token_bytes
 from megatok.config import ConfigError
 from megatok.vocab import PAD, SEP
 
@@ -39,17 +40,13 @@ class BpeEncoding:
     def __init__(self, path: str):
         self.path = str(path)
         sp = self._processor()
-        from megatok.bpe import token_byte_lengths
-
         self.sep, self.pad = sp.eos_id(), sp.unk_id()
         if self.sep < 0 or self.pad < 0:
-            raise ConfigError(f"{self.path}: the tokenizer needs </s> and <unk> pieces (train it with tools/train_bpe.py)")
+            raise ConfigError(f"{self.path}: the tokenizer needs </s> and <unk> pieces (train it with megatok-train-bpe)")
         self.byte_lengths = token_byte_lengths(sp, range(sp.get_piece_size()))
 
     def _processor(self):
         if getattr(self, "_sp", None) is None:
-            from megatok.bpe import load_tokenizer
-
             self._sp = load_tokenizer(self.path)
         return self._sp
 
@@ -58,13 +55,9 @@ class BpeEncoding:
 
     def pieces(self) -> list[bytes]:
         """The bytes each id stands for (control ids: none)."""
-        from megatok.bpe import token_bytes
-
         return token_bytes(self._processor())
 
     def doc_ids(self, doc: bytes) -> np.ndarray:
-        from megatok.bpe import encode_bytes
-
         return np.asarray([self.sep] + encode_bytes(self._processor(), doc), dtype=self.dtype)
 
 
@@ -72,8 +65,6 @@ def encoding_for(cfg):
     """The encoding of a config's model kind; for "bpe" the tokenizer must exist and fit model.vocab_size."""
     if cfg.model.kind != "bpe":
         return BYTES
-    from megatok.bpe import TokenizerError
-
     try:
         enc = BpeEncoding(cfg.model.tokenizer)
     except (FileNotFoundError, TokenizerError) as e:

@@ -268,7 +268,7 @@ def read_manifest(shard_dir: str) -> dict:
         with open(path) as f:
             manifest = json.load(f)
     except FileNotFoundError:
-        raise DataError(f"{path}: no manifest (is {shard_dir} a directory made by tools/build_shards.py?)") from None
+        raise DataError(f"{path}: no manifest (is {shard_dir} a directory made by megatok-build-shards?)") from None
     except (OSError, ValueError) as exn:
         raise DataError(f"{path}: unreadable manifest: {exn}") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:

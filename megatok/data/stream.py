@@ -60,7 +60,7 @@ def resolve_sources(spec: str | list[str] | dict[str, float], split: str = "trai
 
 def validation_sources(shards, val_shards) -> tuple[list[list[str]], list[float] | None]:
     """resolve_sources of the validation data: ``data.val_shards`` if set, else the val split of each
-    ``data.shards`` source, which only a shard directory (tools/build_shards.py) has. A URL pattern or
+    ``data.shards`` source, which only a shard directory (megatok-build-shards) has. A URL pattern or
     list has none: validating on its training shards would be silent and wrong, so it is an error."""
     if val_shards is not None:
         return resolve_sources(val_shards, "val")
@@ -83,11 +83,11 @@ def resolve_shards(spec: str | list[str] | dict[str, float], split: str = "train
         urls = [os.path.join(spec, entry["name"]) for entry in manifest[split]]
         if not urls:
             raise DataError(f"{spec}: manifest lists no {split} shards" + (
-                " (rebuild it with tools/build_shards.py --val-fraction > 0, or set data.val_shards)"
+                " (rebuild it with megatok-build-shards --val-fraction > 0, or set data.val_shards)"
                 if split == "val" else ""))
     else:
         if isinstance(spec, str) and "{" not in spec and is_local(spec) and not os.path.exists(spec):
-            raise DataError(f"{spec}: no such shard directory or file (build one with tools/build_shards.py)")
+            raise DataError(f"{spec}: no such shard directory or file (build one with megatok-build-shards)")
         try:
             urls = [u for s in ([spec] if isinstance(spec, str) else spec) for u in shardlists.expand_urls(s)]
         except ValueError as e:  # braceexpand: unbalanced braces

@@ -1,4 +1,4 @@
-"""Bits per byte and boundary statistics, for periodic validation and for tools/evaluate.py.
+"""Bits per byte and boundary statistics, for periodic validation and for megatok-evaluate.
 
 Everything is accumulated as sums (NLL in nats, target bytes, chunks, positions, ...) so results
 from several batches, documents or ranks add up exactly; ratios are taken only at the end.

@@ -30,33 +30,19 @@ from __future__ import annotations
 
 import itertools
 import time
-from pathlib import Path
 
 import torch
 
+from megatok.bpe import bytes_per_token, load_tokenizer
 from megatok.config import Config
+from megatok.data.documents import DataError, Document
+from megatok.data.encoding import encoding_for
+from megatok.data.inputs import is_shards, read_documents
+from megatok.data.stream import iter_shard_documents, resolve_sources
 from megatok.dsconfig import uses_bf16
-from megatok.data.documents import DataError, Document, iter_documents
 from megatok.eval.bpb import evaluate_documents
-
-
-def read_documents(spec: str | list[str]):
-    """Documents of files / directories (iter_documents) or of shard directories (their val split)."""
-    from megatok.data.stream import iter_shard_documents, resolve_shards
-
-    seen = set()  # a file reached twice (inside a directory also given, through a link) is read once
-    for p in [spec] if isinstance(spec, str) else spec:
-        if is_shards(p):
-            yield from iter_shard_documents(resolve_shards(p, "val"))
-        else:
-            yield from iter_documents([p], seen=seen)
-
-
-def is_shards(path: str) -> bool:
-    """A shard directory, brace pattern or tar URL (read as a shard set's val split), not a document file."""
-    if Path(path, "manifest.json").is_file() or path.startswith("pipe:") or "://" in path:
-        return True
-    return path.endswith(".tar") or ("{" in path and ".tar" in path)  # a tar, or a pattern of them
+from megatok.run.checkpoints import latest_tag, published_tags, read_meta
+from megatok.run.reader import load_model, run_config
 
 
 def heldout_documents(cfg: Config) -> list[Document]:
@@ -65,8 +51,6 @@ def heldout_documents(cfg: Config) -> list[Document]:
     and read no further; a heldout file or directory of documents is read whole and its documents taken
     in turn from each (lang, domain) group (see balanced), so that a file sorted by language keeps every
     language."""
-    from megatok.data.stream import iter_shard_documents, resolve_sources
-
     spec = cfg.eval.heldout or cfg.data.val_shards
     budget = cfg.eval.heldout_max_bytes
     if not cfg.eval.heldout or all(map(is_shards, [spec] if isinstance(spec, str) else spec)):
@@ -74,7 +58,7 @@ def heldout_documents(cfg: Config) -> list[Document]:
             streams = [iter_shard_documents(u) for u in resolve_sources(spec or cfg.data.shards, "val")[0]]
             docs = (d for group in itertools.zip_longest(*streams) for d in group if d is not None)
         else:
-            docs = read_documents(spec)
+            docs = read_documents(spec, "val")
         out, n = [], 0
         for d in docs:
             if n >= budget:
@@ -82,7 +66,7 @@ def heldout_documents(cfg: Config) -> list[Document]:
             out.append(d)
             n += len(d.text)
         return out
-    return balanced(read_documents(spec), budget)
+    return balanced(read_documents(spec, "val"), budget)
 
 
 def balanced(docs, budget: int) -> list[Document]:
@@ -116,8 +100,6 @@ def tokenizer_path(cfg: Config) -> str | None:
     if cfg.eval.bpe_tokenizer:
         return cfg.eval.bpe_tokenizer
     if cfg.eval.baseline_run:
-        from megatok.runs import run_config
-
         base = run_config(cfg.eval.baseline_run)
         if base.model.kind == "bpe":
             return base.model.tokenizer
@@ -138,8 +120,6 @@ def _unit(result: dict) -> str:
 
 class HeadToHead:
     def __init__(self, cfg: Config, rank: int, world: int):
-        from megatok.data.encoding import encoding_for
-
         self.cfg, self.rank, self.world = cfg, rank, world
         self.encoding = encoding_for(cfg)
         self.docs = heldout_documents(cfg)
@@ -148,11 +128,8 @@ class HeadToHead:
         self.tokenizer = None
         path = tokenizer_path(cfg)
         if rank == 0 and path:
-            from megatok.bpe import bytes_per_token, load_tokenizer
-
             self.tokenizer = {"path": path, **bytes_per_token(load_tokenizer(path), self.docs)}
         self.baseline: tuple[str, dict, float | None] | None = None  # (checkpoint tag, result, its bytes)
-        self.warned = False  # about a baseline whose checkpoints have no bytes_seen
         self.seconds, self.started = 0.0, time.time()
 
     def run(self, engine, step: int, device, logger, bytes_seen: float | None = None) -> dict:
@@ -205,15 +182,8 @@ class HeadToHead:
         run = self.cfg.eval.baseline_run
         if not run:
             return None
-        from megatok.data.encoding import encoding_for
-        from megatok.runs import load_model
-
         matched = self.cfg.eval.baseline_checkpoint == "matched" and bytes_seen is not None
         tag, its_bytes = baseline_checkpoint(run, bytes_seen if matched else None)
-        if matched and tag is not None and its_bytes is None and not self.warned:
-            self.warned = True
-            print(f"megatok: warning: eval.baseline_run: {run}'s checkpoints do not record their training bytes "
-                  f"(written before bytes_seen was): the head-to-head scores its latest checkpoint", flush=True)
         if tag is None:
             return None  # no checkpoint yet (the baseline may still be starting)
         if self.baseline is None or self.baseline[0] != tag:
@@ -243,8 +213,6 @@ def baseline_checkpoint(run: str, bytes_seen: float | None) -> tuple[str | None,
     (the later one on a tie), or with None its latest checkpoint. Checkpoints that do not record their
     bytes (or whose meta cannot be read: being written, damaged) are passed over; (None, None) when
     there is none."""
-    from megatok.train.checkpoint import latest_tag, published_tags, read_meta
-
     def its_bytes(tag):
         try:
             return read_meta(run, tag).get("bytes_seen")

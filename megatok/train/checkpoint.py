@@ -1,4 +1,5 @@
-"""Checkpoints: DeepSpeed's own format under RUN_DIR/checkpoints/<tag>, published atomically.
+"""Checkpoints written: DeepSpeed's own format under RUN_DIR/checkpoints/<tag>, published atomically.
+Reading them (which are published, damage, the resume choice) is megatok.run.checkpoints.
 
 A save writes everything into ``<tag>.tmp`` (DeepSpeed's model, optimizer and LR-schedule files,
 plus megatok's ``megatok.json`` with the step and data layout, and per rank ``rng_rank<r>.json``
@@ -19,35 +20,16 @@ import json
 import os
 import random
 import shutil
-import zipfile
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from megatok.data.stream import is_cursor
+# The trainer reads its run's checkpoints through these too (checkpoint.resume_tag, checkpoint.read_meta, ...).
+from megatok.run.checkpoints import (CHECKPOINTS, META, CheckpointError, checkpoint_dir, damage,  # noqa: F401
+                                     last_good, latest_tag, published_tags, read_cursors, read_meta, restorable,
+                                     resume_tag, stream_file, tag_for)
 from megatok.train import faults
-
-CHECKPOINTS = "checkpoints"
-META = "megatok.json"
-
-
-def checkpoint_dir(run_dir: str | Path) -> Path:
-    return Path(run_dir) / CHECKPOINTS
-
-
-def tag_for(step: int) -> str:
-    return f"step{step:08d}"
-
-
-def latest_tag(run_dir: str | Path) -> str | None:
-    latest = checkpoint_dir(run_dir) / "latest"
-    return latest.read_text().strip() if latest.is_file() else None
-
-
-def last_good(run_dir: str | Path) -> str:
-    """The latest checkpoint's tag, or "none yet": for the line a failed run ends with."""
-    return latest_tag(run_dir) or "none yet"
 
 
 def set_latest(run_dir: str | Path, tag: str | None) -> None:
@@ -57,11 +39,6 @@ def set_latest(run_dir: str | Path, tag: str | None) -> None:
         _write_atomic(path, tag)
     elif path.is_file():
         path.unlink()
-
-
-def published_tags(run_dir: str | Path) -> list[str]:
-    d = checkpoint_dir(run_dir)
-    return sorted(p.name for p in d.glob("step*") if p.is_dir() and not p.name.endswith(".tmp")) if d.is_dir() else []
 
 
 def rotated_out(tags: list[str], keep: int, keep_every: int | None = None) -> list[str]:
@@ -78,119 +55,6 @@ def mark_evaluated(run_dir: str | Path, tag: str) -> None:
     """Rank 0: the evaluation a checkpoint left pending (``eval_pending``) has been run and logged."""
     path = checkpoint_dir(run_dir) / tag / META
     _write_atomic(path, json.dumps({**json.loads(path.read_text()), "eval_pending": False}, indent=2))
-
-
-class CheckpointError(FileNotFoundError):
-    """A checkpoint that cannot be used: damaged or missing files. (A FileNotFoundError, so that every
-    tool reports it in one line as it reports a missing checkpoint.)"""
-
-
-def restorable(run_dir: str | Path, tag: str) -> Path:
-    """Where a published checkpoint is: ``<tag>``, or the copy a killed re-save had moved aside, which
-    remove_stale puts back at the next start."""
-    d = checkpoint_dir(run_dir) / tag
-    if not d.exists():
-        for old in sorted(d.parent.glob(f"{tag}.old-*.tmp")):
-            if (old / META).is_file():
-                return old
-    return d
-
-
-def _parse_cursors(path: Path) -> dict[int, dict]:
-    """A ``stream_rank<r>.json``: {reader: cursor}; ValueError unless every cursor has the stream's shape."""
-    out = {}
-    for r, c in json.loads(path.read_text())["cursors"].items():
-        if not is_cursor(c):
-            raise ValueError(f"reader {r}: not a cursor: {c}")
-        out[int(r)] = c
-    return out
-
-
-def _archive_problem(path: Path) -> str | None:
-    """torch.save's zip archive: its directory (at the end of the file) must read, so a truncated or
-    emptied file fails without reading the data. The legacy format (DeepSpeed's
-    ``checkpoint_serialization: false``) is checked for its pickle header only."""
-    try:
-        with zipfile.ZipFile(path):
-            return None
-    except (zipfile.BadZipFile, OSError) as exn:
-        try:
-            with open(path, "rb") as f:
-                if f.read(2) == b"\x80\x02" and path.stat().st_size > 64:
-                    return None
-        except OSError:
-            pass
-        return f"{path.name} is damaged ({exn})"
-
-
-def damage(run_dir: str | Path, tag: str) -> str | None:
-    """What makes a published checkpoint unusable, or None. Checks that megatok's files read (the
-    metadata, every rank's RNG states and data cursors), that every DeepSpeed file is a complete
-    archive (see _archive_problem: the data itself is not read), and that a ZeRO checkpoint has one
-    optimizer partition per rank of the run that wrote it. A checkpoint a killed re-save had moved
-    aside counts as in place (the next start restores it)."""
-    d = restorable(run_dir, tag)
-    try:
-        meta = json.loads((d / META).read_text())
-        world = int(meta["layout"]["world_size"])
-    except (OSError, ValueError, KeyError, TypeError) as exn:
-        return f"{META}: {exn}"
-    for kind in ("rng_rank", "stream_rank"):  # every rank's, or none (written before cursors existed)
-        have = {f.name for f in d.glob(f"{kind}*.json")}
-        missing = [f"{kind}{r}.json" for r in range(world) if f"{kind}{r}.json" not in have]
-        if have and missing:
-            return f"{', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''} missing (written by {world} ranks)"
-    for f in sorted(d.glob("rng_rank*.json")) + sorted(d.glob("stream_rank*.json")):
-        try:
-            _parse_cursors(f) if f.name.startswith("stream") else json.loads(f.read_text())
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exn:
-            return f"{f.name}: {exn}"
-    files = sorted(d.glob("*.pt"))
-    if not files:
-        return "no DeepSpeed files"
-    for f in files:
-        if problem := _archive_problem(f):
-            return problem
-    partitions = len(list(d.glob("*_optim_states.pt")))
-    if (partitions or meta.get("zero_stage", 0) >= 1) and partitions != world:  # none at all under ZeRO 1-3
-        return f"{partitions} optimizer partitions for the {world} ranks that wrote it"
-    return None
-
-
-def resume_tag(run_dir: str | Path, requested: str, warn: bool = True) -> str | None:
-    """The checkpoint to resume: ``requested`` (a tag) if it is usable, else a CheckpointError; for
-    "auto", ``latest`` or, when that is damaged, the newest usable checkpoint before it (rank 0 warns:
-    the damaged ones are set aside with the abandoned trajectory, not deleted), with ``warn``."""
-    if requested != "auto":
-        if not restorable(run_dir, requested).is_dir():
-            tags = published_tags(run_dir)
-            raise CheckpointError(f"{checkpoint_dir(run_dir)}: no checkpoint {requested}; "
-                                  + (f"its checkpoints: {', '.join(tags)} (or --resume auto)" if tags else
-                                     "it holds none (--resume auto or none starts from step 0)"))
-        if problem := damage(run_dir, requested):
-            raise CheckpointError(f"{checkpoint_dir(run_dir) / requested}: cannot be resumed: {problem}")
-        return requested
-    latest = latest_tag(run_dir)
-    if latest is None:
-        return None
-    skipped = []
-    for tag in [latest, *reversed([t for t in published_tags(run_dir) if t < latest])]:
-        problem = damage(run_dir, tag)
-        if problem is None:
-            if skipped and warn:
-                print(f"megatok: warning: skipping damaged checkpoint(s) {'; '.join(skipped)}; resuming from "
-                      f"{tag}", flush=True)
-            return tag
-        skipped.append(f"{tag} ({problem})")
-    raise CheckpointError(f"{checkpoint_dir(run_dir)}: no usable checkpoint: {'; '.join(skipped)} "
-                          f"(--resume none starts over and sets them aside)")
-
-
-def read_meta(run_dir: str | Path, tag: str) -> dict:
-    path = checkpoint_dir(run_dir) / tag / META
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: not a complete megatok checkpoint")
-    return json.loads(path.read_text())
 
 
 def _write_atomic(path: Path, text: str) -> None:
@@ -247,12 +111,8 @@ def set_rng_state(state: dict) -> None:
     np_state = state["numpy"]
     np.random.set_state((np_state[0], np.array(np_state[1], dtype=np.uint32), *np_state[2:]))
     torch.random.set_rng_state(torch.tensor(state["torch"], dtype=torch.uint8))
-    saved = state["cuda"]
-    if saved and torch.cuda.is_available():
-        # one state: this rank's device; several (checkpoints before 2026-12): one per visible GPU then
-        i = 0 if len(saved) == 1 else torch.cuda.current_device()
-        if i < len(saved):
-            torch.cuda.set_rng_state(torch.tensor(saved[i], dtype=torch.uint8))
+    if state["cuda"] and torch.cuda.is_available():  # this rank's device's (rng_state)
+        torch.cuda.set_rng_state(torch.tensor(state["cuda"][0], dtype=torch.uint8))
 
 
 def weights_finite(engine) -> bool:
@@ -286,24 +146,6 @@ def remove_stale(run_dir: str | Path) -> None:
     for p in d.glob("latest.tmp-*") if d.is_dir() else []:  # a ``latest`` update that never landed
         p.unlink(missing_ok=True)
 
-
-def stream_file(rank: int) -> str:
-    return f"stream_rank{rank}.json"
-
-
-def read_cursors(run_dir: str | Path, tag: str, rank: int, n_sources: int) -> dict[int, dict]:
-    """The data cursors of this rank's readers in a checkpoint ({} if it has none: older checkpoints),
-    each for ``n_sources`` data sources."""
-    path = checkpoint_dir(run_dir) / tag / stream_file(rank)
-    if not path.is_file():
-        return {}
-    try:
-        cursors = _parse_cursors(path)
-    except (ValueError, KeyError, TypeError, AttributeError) as exn:
-        raise CheckpointError(f"{path}: not a megatok stream position ({exn})") from None
-    if any(len(c["sources"]) != n_sources for c in cursors.values()):
-        raise CheckpointError(f"{path}: cursors for another number of data sources than the {n_sources} configured")
-    return cursors
 
 
 # A full disk, a quota, a file-size limit, a read-only or stale (NFS) mount, an I/O error.

@@ -29,8 +29,9 @@ from megatok.flops import device_peak_tflops, flops_per_byte
 from megatok.metrics import MetricsLogger
 from megatok.model import build_model
 from megatok.model.blocks import Block, compile_blocks
+from megatok.run import same_model
 from megatok.stats import ratios
-from megatok.train import checkpoint, dist, faults, same_model
+from megatok.train import checkpoint, dist, faults
 from megatok.train.dist import sum_over_ranks
 from megatok.train.position import (StreamPosition, all_cursors, by_source, data_digests, data_matches, data_position,
                                     layout, layout_matches)

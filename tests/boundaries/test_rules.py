@@ -156,7 +156,7 @@ def test_bpe_exact_rule_maps_sentencepiece_tokens_to_bytes():
         # reference: lengths in bytes of the pieces sentencepiece returns, in order
         pieces = sp.encode(text, out_type=str)
         want, pos = [], 0
-        for p in pieces:  # (tools/train_bpe.py's tokenizers add no dummy-prefix space)
+        for p in pieces:  # (megatok-train-bpe's tokenizers add no dummy-prefix space)
             n = 1 if (p.startswith("<0x") and p.endswith(">")) else len(p.replace("\u2581", " ").encode())
             if n:
                 want.append(pos)

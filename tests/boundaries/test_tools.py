@@ -1,4 +1,4 @@
-"""tools/show_boundaries.py and tools/estimator_variance.py on a tiny real policy run (CLI, subprocess);
+"""megatok-show-boundaries and megatok-estimator-variance on a tiny real policy run (CLI, subprocess);
 the run (``policy_run``, tests/boundaries/conftest.py) is trained by 2 DeepSpeed ranks under ZeRO-2."""
 
 from __future__ import annotations
@@ -6,28 +6,22 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
-import sys
 
 import pytest
 import torch
 
-from tests.conftest import ROOT
 from tests.conftest import run_tool as tool
 
 TEXT = "Héllo wörld, 日本!\n    return self.x  # café"
 
 
 def load_tool(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "tools" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod  # dataclasses look their module up
-    spec.loader.exec_module(mod)
-    return mod
+    return importlib.import_module(f"megatok.cli.{name}")
 
 
 def test_show_boundaries_terminal_html_png(policy_run, tmp_path):
     out = tmp_path / "pic"
-    r = tool("show_boundaries.py", "--run", policy_run, "--run", policy_run, "--strategy", "whitespace",
+    r = tool("show_boundaries", "--run", policy_run, "--run", policy_run, "--strategy", "whitespace",
              "--text", TEXT, "--out", out, "--width", 20)
     assert r.returncode == 0, r.stderr[-2000:]
     blocks = r.stdout.split("== ")[1:]
@@ -57,7 +51,7 @@ def test_show_boundaries_marks_a_start_inside_a_character():
 
 
 def test_show_boundaries_refuses_learned_strategies_without_a_run():
-    r = tool("show_boundaries.py", "--strategy", "hnet", "--text", "abc")
+    r = tool("show_boundaries", "--strategy", "hnet", "--text", "abc")
     assert r.returncode != 0 and "need --run" in r.stderr
 
 
@@ -77,7 +71,7 @@ def test_show_boundaries_bad_input_is_one_line(args, want, capsys):
 
 def test_estimator_variance_reports_every_gamma(policy_run, tmp_path):
     out = tmp_path / "ev"
-    r = tool("estimator_variance.py", "--run", policy_run, "--samples", 3, "--batch-size", 2,
+    r = tool("estimator_variance", "--run", policy_run, "--samples", 3, "--batch-size", 2,
              "--gammas", "0.99,1.0", "--out", out)
     assert r.returncode == 0, r.stderr[-2000:]
     result = json.loads(out.with_suffix(".json").read_text())

@@ -1,5 +1,5 @@
 """A BPE token model trained by launch/pretrain.py (2 ranks, ZeRO-2) and scored inside a megatok run's
-periodic head-to-head (2 ranks sharing the documents) on the same bytes; exact resume of the token data stream; tools/compare.py
+periodic head-to-head (2 ranks sharing the documents) on the same bytes; exact resume of the token data stream; megatok-compare
 over both runs."""
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ def test_token_model_metrics(runs):
     # cumulative bytes and FLOPs grow every step; FLOPs per byte = the model's per-token FLOPs x tokens per byte
     assert all(b["bytes_seen"] > a["bytes_seen"] and b["flops"] > a["flops"] for a, b in zip(train, train[1:]))
     from megatok import flops
-    from megatok.runs import run_config
+    from megatok.run.reader import run_config
 
     cfg = run_config(runs["bpe"])
     per_token = flops.flops_per_byte(cfg, rate=1.0)["training"]
@@ -64,17 +64,17 @@ def test_token_model_metrics(runs):
 
 
 def test_evaluate_and_summarize_a_token_model(runs):
-    ev = run_tool("evaluate.py", "--run", runs["bpe"], "--data", runs["heldout"])
+    ev = run_tool("evaluate", "--run", runs["bpe"], "--data", runs["heldout"])
     assert ev.returncode == 0, ev.stderr[-2000:]
     (runs["bpe"] / "eval.json").write_text(ev.stdout)
     assert json.loads(ev.stdout)["boundary_rule"] is None  # tokens, not sampled boundaries
-    r = run_tool("summarize.py", "--run", runs["bpe"])
+    r = run_tool("summarize", "--run", runs["bpe"])
     assert r.returncode == 0, r.stderr[-2000:]
     summary = json.loads((runs["bpe"] / "summary.json").read_text())
     assert summary["strategy"] == "bpe token model" and summary["target_rate"] is None
     assert summary["evaluate"]["bpb"] == json.loads(ev.stdout)["bpb"] and "bytes per token" in r.stdout
     assert "boundary rate" not in r.stdout
-    r = run_tool("show_boundaries.py", "--run", runs["bpe"], "--text", "hi")  # no chunks to show: one line
+    r = run_tool("show_boundaries", "--run", runs["bpe"], "--text", "hi")  # no chunks to show: one line
     assert r.returncode == 2 and "a BPE token model, whose units are its tokenizer's tokens" in r.stderr
     assert "Traceback" not in r.stderr
 
@@ -84,8 +84,8 @@ def test_a_run_with_relative_paths_is_read_from_anywhere_and_exports_whole(runs,
     relative paths. The tools read it from another directory (here the repository root), and its export
     carries the tokenizer, so it loads after L is gone."""
     from megatok.data.encoding import encoding_for
-    from megatok.export import load_exported
-    from megatok.runs import launch_dir
+    from megatok.run.export import load_exported
+    from megatok.run.reader import launch_dir
 
     launch = tmp_path / "L"
     shutil.copytree(runs["tok"], launch / "tok")
@@ -100,35 +100,35 @@ def test_a_run_with_relative_paths_is_read_from_anywhere_and_exports_whole(runs,
     assert launch_dir(tmp_path / "linked" / "bpe", "linked/bpe") == tmp_path
 
     moved = launch / "runs" / "bpe"
-    ev = run_tool("evaluate.py", "--run", moved, "--data", runs["heldout"], "--max-bytes", 2000)
+    ev = run_tool("evaluate", "--run", moved, "--data", runs["heldout"], "--max-bytes", 2000)
     assert ev.returncode == 0, ev.stderr[-2000:]
-    same = run_tool("evaluate.py", "--run", runs["bpe"], "--data", runs["heldout"], "--max-bytes", 2000)
+    same = run_tool("evaluate", "--run", runs["bpe"], "--data", runs["heldout"], "--max-bytes", 2000)
     assert json.loads(ev.stdout)["bpb"] == json.loads(same.stdout)["bpb"]
 
     # a file of the same relative name where the tool runs is not the run's tokenizer: the start directory's wins
     here = tmp_path / "here"
     (here / "tok").mkdir(parents=True)
     (here / "tok" / "tokenizer.model").write_bytes(b"another tokenizer")
-    again = run_tool("evaluate.py", "--run", moved, "--data", runs["heldout"], "--max-bytes", 2000, cwd=here)
+    again = run_tool("evaluate", "--run", moved, "--data", runs["heldout"], "--max-bytes", 2000, cwd=here)
     assert again.returncode == 0 and json.loads(again.stdout)["bpb"] == json.loads(same.stdout)["bpb"], again.stderr
 
     out = tmp_path / "export"
-    r = run_tool("export.py", "--run", moved, "--out", out)
+    r = run_tool("export", "--run", moved, "--out", out)
     assert r.returncode == 0, r.stderr[-2000:]
     assert (out / "tokenizer.model").read_bytes() == (runs["tok"] / "tokenizer.model").read_bytes()
 
     # the tokenizer replaced at its path (train_bpe.py run again): every reader refuses, naming it
-    from megatok.runs import run_config
+    from megatok.run.reader import run_config
+    from megatok.run.same_model import check_same_model
     from megatok.train import checkpoint
-    from megatok.train.same_model import check_same_model
 
     original = (launch / "tok" / "tokenizer.model").read_bytes()
-    r = run_tool("train_bpe.py", "--data", runs["heldout"], "--vocab-size", 400, "--out", tmp_path / "other")
+    r = run_tool("train_bpe", "--data", runs["heldout"], "--vocab-size", 400, "--out", tmp_path / "other")
     assert r.returncode == 0, r.stderr[-2000:]
     (launch / "tok" / "tokenizer.model").write_bytes((tmp_path / "other" / "tokenizer.model").read_bytes())
     tag = checkpoint.latest_tag(moved)
     want = f"{moved / 'checkpoints' / tag} was trained with another model.tokenizer than {launch / 'tok'}"
-    for tool, args in (("evaluate.py", ["--data", runs["heldout"]]), ("export.py", ["--out", tmp_path / "x"])):
+    for tool, args in (("evaluate", ["--data", runs["heldout"]]), ("export", ["--out", tmp_path / "x"])):
         r = run_tool(tool, "--run", moved, *args)
         (line,) = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
         assert r.returncode != 0 and want in line and "replaced since?" in line, r.stderr[-2000:]
@@ -178,9 +178,9 @@ def test_head_to_head_rows_match_the_evaluators(runs):
         n = sum(len(t.encode()) for t in texts) / sum(len(bpe.encode_bytes(sp, t.encode())) for t in texts)
         assert last["by_lang"][lang]["h2h_bpe_bytes_per_token"] == pytest.approx(n)
     assert last["by_domain"]["legal"]["h2h_bpe_bytes_per_token"] > 1  # per domain too
-    # the baseline's and megatok's figures are tools/evaluate.py's (one process) on the same file and checkpoints
-    base = json.loads(run_tool("evaluate.py", "--run", runs["bpe"], "--data", runs["heldout"]).stdout)
-    mine = json.loads(run_tool("evaluate.py", "--run", runs["unet"], "--data", runs["heldout"], "--seed", "1234",
+    # the baseline's and megatok's figures are megatok-evaluate's (one process) on the same file and checkpoints
+    base = json.loads(run_tool("evaluate", "--run", runs["bpe"], "--data", runs["heldout"]).stdout)
+    mine = json.loads(run_tool("evaluate", "--run", runs["unet"], "--data", runs["heldout"], "--seed", "1234",
                            "--batch-size", "2").stdout)
     assert base["kind"] == "bpe" and base["strategy"] is None
     for lang in PARALLEL:
@@ -195,7 +195,7 @@ def test_head_to_head_rows_match_the_evaluators(runs):
 
 def test_compare_reads_and_evaluates_both_kinds(runs):
     out = runs["tmp"] / "cmp"
-    r = run_tool("compare.py", runs["unet"], runs["bpe"], "--out", out, "--heldout", runs["heldout"],
+    r = run_tool("compare", runs["unet"], runs["bpe"], "--out", out, "--heldout", runs["heldout"],
              "--tokenizer", runs["tok"] / "tokenizer.model")
     assert r.returncode == 0, r.stderr[-3000:]
     result = json.loads((out / "compare.json").read_text())
@@ -310,7 +310,7 @@ def bare_head_to_head(tmp_path, *sets):
     checkpoint.set_latest(run, "step00000002")
     h2h = object.__new__(HeadToHead)
     h2h.cfg = load_config(ROOT / "configs/tiny.json", [f"eval.baseline_run={run}", *sets], world_size=1)
-    h2h.docs, h2h.baseline, h2h.warned = [], None, False
+    h2h.docs, h2h.baseline = [], None
     return h2h, run
 
 
@@ -318,8 +318,6 @@ def test_a_baseline_checkpoint_that_cannot_be_read_does_not_stop_the_run(tmp_pat
     """A baseline still training may rotate the chosen checkpoint out between listing and loading (or
     leave it damaged): the row keeps the last baseline result, or has none, with a warning."""
     import torch
-
-    from megatok.train import checkpoint
 
     h2h, run = bare_head_to_head(tmp_path)
     assert h2h._baseline(torch.device("cpu"), 5.0) is None
@@ -331,14 +329,9 @@ def test_a_baseline_checkpoint_that_cannot_be_read_does_not_stop_the_run(tmp_pat
     def partitions_gone(*args, **kwargs):  # what DeepSpeed raises when files vanish as it lists them
         raise ValueError("Expected 2 of '*_optim_states.pt' files under ..., but found 1 files.")
 
-    monkeypatch.setattr("megatok.runs.load_model", partitions_gone)
+    monkeypatch.setattr("megatok.eval.head_to_head.load_model", partitions_gone)
     assert h2h._baseline(torch.device("cpu"), 5.0) == {"bpb": 1.5}
     assert "found 1 files.); this row keeps step00000001" in capsys.readouterr().out
-    # checkpoints that do not record their bytes: the latest, with one warning
-    (run / checkpoint.CHECKPOINTS / "step00000002" / checkpoint.META).write_text("{}")
-    for _ in range(2):
-        h2h._baseline(torch.device("cpu"), 5.0)
-    assert capsys.readouterr().out.count("do not record their training bytes") == 1
 
 
 @pytest.mark.parametrize("bf16", [False, True])
@@ -353,7 +346,7 @@ def test_the_baseline_is_scored_in_the_runs_precision(tmp_path, monkeypatch, bf1
 
     h2h, run = bare_head_to_head(tmp_path, f"deepspeed.bf16.enabled={str(bf16).lower()}")
     bcfg = load_config(ROOT / "configs/tiny.json", [f"train.run_dir={run}", *TINY], world_size=1)
-    monkeypatch.setattr("megatok.runs.load_model", lambda r, tag, device: (build_model(bcfg), bcfg, tag))
+    monkeypatch.setattr("megatok.eval.head_to_head.load_model", lambda r, tag, device: (build_model(bcfg), bcfg, tag))
     scored = []
     monkeypatch.setattr(head_to_head, "evaluate_documents",
                         lambda model, docs, **kw: scored.append({p.dtype for p in model.parameters()}) or {"bpb": 1.0})

@@ -31,7 +31,7 @@ def bpe_overrides(tokenizer_dir, vocab: int = 768) -> list[str]:
 
 @pytest.fixture(scope="module")
 def tok_dir(tokenizer, tmp_path_factory):
-    """The session tokenizer written to a directory, as tools/train_bpe.py leaves it."""
+    """The session tokenizer written to a directory, as megatok-train-bpe leaves it."""
     sp, _ = tokenizer
     out = tmp_path_factory.mktemp("tok")
     (out / "tokenizer.model").write_bytes(sp.serialized_model_proto())
@@ -167,7 +167,7 @@ def test_pack_documents_pads_with_the_pad_id(tok_dir):
 def test_zero3_partitioned_build_equals_the_plain_build(tok_dir):
     """Under ZeRO-3 the trainer builds the token model partitioned over the ranks (deepspeed.zero.Init);
     gathered, its weights and byte-length table equal a plain build's."""
-    r = run_tool("zero_init_check.py", "--config", "configs/tiny.json", "--set", *bpe_overrides(tok_dir))
+    r = run_tool("zero_init_check", "--config", "configs/tiny.json", "--set", *bpe_overrides(tok_dir))
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert re.search(r"^bpe_lm\s+[\d,]+\s+[\d,]+\s+[\d,]+\s+identical$", r.stdout, re.M), r.stdout
 

@@ -1,4 +1,4 @@
-"""tools/train_bpe.py end to end: from a shard directory (train split, val as held-out) and from files."""
+"""megatok-train-bpe end to end: from a shard directory (train split, val as held-out) and from files."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
 
 
 def train_bpe(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(ROOT / "tools/train_bpe.py"), *map(str, args)], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "megatok.cli.train_bpe", *map(str, args)], capture_output=True,
                           text=True, env=ENV, timeout=180, cwd=ROOT)
 
 

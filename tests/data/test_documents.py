@@ -62,17 +62,16 @@ def test_an_input_reached_twice_is_read_once_and_links_do_not_loop(tmp_path, cap
 
 
 def test_the_tools_readers_read_a_file_reached_twice_once(tmp_path):
-    """evaluate / compare / the head-to-head (read_documents) and train_bpe (input_documents) read their
-    paths one by one; a file named twice, inside a directory also given or through a link, is read once."""
-    from megatok.bpe import input_documents
-    from megatok.eval.head_to_head import is_shards, read_documents
+    """evaluate, the head-to-head and train_bpe read their paths one by one (megatok.data.inputs); a file
+    named twice, inside a directory also given or through a link, is read once, in either split."""
+    from megatok.data.inputs import is_shards, read_documents
 
     (tmp_path / "held").mkdir()
     f = write_jsonl(tmp_path / "held" / "udhr.targets.jsonl", [{"text": "one"}, {"text": "two"}])
     (tmp_path / "link.jsonl").symlink_to(f)
     for paths in ([f, f], [str(tmp_path / "held"), f], [f, str(tmp_path / "link.jsonl")]):
-        assert [d.text for d in read_documents(paths)] == [b"one", b"two"], paths
-        assert [d.text for d in input_documents(paths)] == [b"one", b"two"], paths
+        assert [d.text for d in read_documents(paths, "val")] == [b"one", b"two"], paths
+        assert [d.text for d in read_documents(paths, "train")] == [b"one", b"two"], paths
     # a document file whose path says ".tar" is no shard set; tars, patterns and URLs are
     assert not is_shards(f) and not is_shards(str(tmp_path / "x.tar.d" / "a.jsonl"))
     assert all(is_shards(p) for p in ("val-00000.tar", "d/train-{00000..00003}.tar", "pipe:cat x.tar",

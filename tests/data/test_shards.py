@@ -144,8 +144,8 @@ def test_zero_documents_and_bad_manifest(tmp_path):
 
 
 def run_cli(*args):
-    return subprocess.run([sys.executable, os.path.join(REPO, "tools", "build_shards.py"), *args],
-                          capture_output=True, text=True, cwd="/", timeout=120)
+    return subprocess.run([sys.executable, "-m", "megatok.cli.build_shards", *args], capture_output=True, text=True,
+                          cwd="/", env={**os.environ, "PYTHONPATH": REPO}, timeout=120)
 
 
 def test_cli(tmp_path):

@@ -1,4 +1,4 @@
-"""The BPE token model's size and FLOPs (megatok/flops.py), match_bpe, tools/match_bpe.py and the
+"""The BPE token model's size and FLOPs (megatok/flops.py), match_bpe, megatok-match-bpe and the
 matched baselines in configs/bpe/: FLOPs per byte by hand, formula = meta-device model, each
 configs/bpe/<size>.json within 10% of configs/<size>.json's training FLOPs per byte."""
 
@@ -20,10 +20,7 @@ BPE_CONFIGS = sorted(p.name for p in (ROOT / "configs" / "bpe").glob("*.json"))
 
 
 def _load_tool(name):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "tools" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return importlib.import_module(f"megatok.cli.{name}")
 
 
 match_tool = _load_tool("match_bpe")
@@ -103,7 +100,7 @@ def test_bpe_config_matches_its_unet(name):
     assert abs(ratio - 1) <= 0.10, ratio
     # Same bytes per run (a sequence covers the same bytes, up to rounding the token count).
     assert flops.training_bytes(cfg, 8) == pytest.approx(flops.training_bytes(unet, 8), rel=0.01)
-    # The file is what tools/match_bpe.py writes today.
+    # The file is what megatok-match-bpe writes today.
     m = flops.match_bpe(unet, tokenizer="data/bpe32k/tokenizer.model", vocab_size=32000, bytes_per_token=4.2)
     assert {k: getattr(cfg.model, k) for k in m["overrides"]["model"]} == m["overrides"]["model"]
     assert cfg.data.seq_len == m["overrides"]["data"]["seq_len"]
@@ -148,11 +145,11 @@ def test_match_bpe_refuses_a_bpe_config():
                         bytes_per_token=4.0)
 
 
-# ----------------------------------------------------------------------------- tools/match_bpe.py
+# ----------------------------------------------------------------------------- megatok-match-bpe
 
 @pytest.fixture(scope="module")
 def trained_tokenizer(tmp_path_factory):
-    """A tools/train_bpe.py output directory (tokenizer.model + report.json), vocabulary 600."""
+    """A megatok-train-bpe output directory (tokenizer.model + report.json), vocabulary 600."""
     tmp = tmp_path_factory.mktemp("bpe_match")
     corpus = tmp / "corpus.txt"
     corpus.write_text("\n".join(stdlib_texts(n_files=10, max_bytes=15_000)))

@@ -1,11 +1,10 @@
 """The size tables in docs/scaling.md are what the code computes today: each row of the configs table
-is rebuilt from tools/model_size.py's summary (the configs, megatok/flops.py, megatok/sizing.py), each
+is rebuilt from megatok-model-size's summary (the configs, megatok/flops.py, megatok/sizing.py), each
 row of the shapes table and of the BPE baselines table from the configs, and must appear in the file
 as it is. A change to the formulas or the configs that leaves the published figures behind fails here."""
 
 from __future__ import annotations
 
-import importlib.util
 
 import pytest
 
@@ -17,9 +16,8 @@ SIZES = ["100m", "350m", "1b", "3b", "7b", "13b"]
 
 
 def _summary_rows(paths: list[str]) -> list[list[str]]:
-    spec = importlib.util.spec_from_file_location("megatok_model_size", ROOT / "tools" / "model_size.py")
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
+    from megatok.cli import model_size as tool
+
     reports = []
     for path in paths:
         report = sizing.size_report(load_config(ROOT / path, world_size=8), gpus=8, nodes=1)

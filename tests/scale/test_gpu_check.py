@@ -1,8 +1,7 @@
-"""tools/gpu_check.py in its CPU smoke mode: the code paths the GPU check runs (attention comparison,
+"""megatok-gpu-check in its CPU smoke mode: the code paths the GPU check runs (attention comparison,
 DeepSpeed and plain-torch training steps, FLOPs, memory, the trainer with a resume and generation), on
 a tiny config, without a GPU."""
 
-import importlib.util
 import json
 import math
 import os
@@ -14,9 +13,10 @@ from tests.conftest import ROOT
 
 def test_cpu_smoke_deepspeed_engine(tmp_path):
     out = tmp_path / "gpu_check.json"
-    r = subprocess.run([sys.executable, "tools/gpu_check.py", "--cpu-smoke", "--json-out", str(out)], cwd=ROOT,
+    r = subprocess.run([sys.executable, "-m", "megatok.cli.gpu_check", "--cpu-smoke", "--json-out", str(out)], cwd=ROOT,
                        capture_output=True, text=True, timeout=180,
-                       env={**os.environ, "OMP_NUM_THREADS": "2", "DS_ACCELERATOR": "cpu", "WANDB_MODE": "disabled"})
+                       env={**os.environ, "OMP_NUM_THREADS": "2", "DS_ACCELERATOR": "cpu", "WANDB_MODE": "disabled",
+                            "PYTHONPATH": str(ROOT)})
     assert r.returncode == 0, r.stderr[-3000:]
     assert "attention: flash-attn vs SDPA" in r.stdout and "training (one micro-batch per step" in r.stdout
     rep = json.loads(out.read_text())
@@ -37,9 +37,8 @@ def test_cpu_smoke_deepspeed_engine(tmp_path):
 
 
 def test_cpu_smoke_torch_engine(capsys):
-    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "tools/gpu_check.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    from megatok.cli import gpu_check as mod
+
     assert mod.main(["--cpu-smoke", "--engine", "torch", "--peak-tflops", "1.0", "--attn-iters", "2"]) == 0
     line = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("| configs/tiny.json")][0]
     assert "torch (fp32)" in line and "%" in line  # MFU against the given peak
@@ -60,9 +59,8 @@ def test_the_peak_for_mfu_is_found_by_whole_words_of_the_device_name():
 def test_a_spent_budget_skips_what_is_left_and_still_reports(tmp_path, capsys):
     """On a lent GPU a check cut short must keep what it measured: past --budget-s the rest is skipped and
     reported as such, and the JSON is written after every section (and on SIGTERM, by the same finally)."""
-    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "tools/gpu_check.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    from megatok.cli import gpu_check as mod
+
     out = tmp_path / "r.json"
     assert mod.main(["--cpu-smoke", "--attn-iters", "1", "--budget-s", "0", "--json-out", str(out)]) == 0
     rep = json.loads(out.read_text())

@@ -191,10 +191,7 @@ def test_start_up_memory_whole_or_partitioned():
 
 
 def _load_tool(name):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "tools" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return importlib.import_module(f"megatok.cli.{name}")
 
 
 def test_model_size_tool_json(capsys):
@@ -228,9 +225,9 @@ def test_dry_run_13b_under_a_minute_without_data_or_process_group():
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["tools/model_size.py", "--config", "configs/1b.json", "--gpus", "0"], "argument --gpus: must be > 0, got 0"),
-    (["tools/model_size.py", "--config", "configs/1b.json", "--nodes", "-3"], "argument --nodes: must be > 0, got -3"),
-    (["tools/model_size.py", "--config", "configs/1b.json", "--rate", "5"], "argument --rate: must be > 0 and <= 1"),
+    (["-m", "megatok.cli.model_size", "--config", "configs/1b.json", "--gpus", "0"], "argument --gpus: must be > 0, got 0"),
+    (["-m", "megatok.cli.model_size", "--config", "configs/1b.json", "--nodes", "-3"], "argument --nodes: must be > 0, got -3"),
+    (["-m", "megatok.cli.model_size", "--config", "configs/1b.json", "--rate", "5"], "argument --rate: must be > 0 and <= 1"),
     (["launch/pretrain.py", "--config", "configs/1b.json", "--dry-run", "0"], "argument --dry-run: must be > 0, got 0"),
     (["launch/pretrain.py", "--config", "configs", "--dry-run"], "configs is a directory, not a JSON config"),
 ])

@@ -1,19 +1,15 @@
-"""tools/sweep.py: configs at equal training bytes that all validate, sbatch lines, a real local run
+"""megatok-sweep: configs at equal training bytes that all validate, sbatch lines, a real local run
 of a tiny sweep, and the collected table and plot."""
 
-import importlib.util
 import json
 import os
 import math
 
 import pytest
 
+from megatok.cli import sweep
 from megatok.config import load_config
-from tests.conftest import ROOT, TINY
-
-_spec = importlib.util.spec_from_file_location("sweep", ROOT / "tools/sweep.py")
-sweep = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(sweep)
+from tests.conftest import TINY
 
 
 def test_generated_configs_validate_at_equal_bytes(tmp_path, capsys):
@@ -109,8 +105,7 @@ def test_run_local_then_collect_a_tiny_sweep(shards, tmp_path, capsys, monkeypat
     assert sweep.main(["--out", str(out), "--collect"]) == 0
     row = (out / "results.md").read_text().splitlines()[2]
     assert row.startswith("| tiny-fixed |") and "finished" in row
-    if (ROOT / "tools/compare.py").is_file():
-        assert "tiny-fixed" in (out / "compare" / "compare.md").read_text()
+    assert "tiny-fixed" in (out / "compare" / "compare.md").read_text()
     # Run again: finished runs are skipped.
     assert sweep.main(["--sizes", "tiny", "--strategies", "fixed", "--bytes", str(2 * 4 * 64), "--out", str(out),
                        "--run-local", "--nproc", "1", "--set", *sets]) == 0

@@ -24,7 +24,7 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu", "WANDB_MOD
 
 
 def build(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(ROOT / "tools/build_shards.py"), "--no-progress", *map(str, args)],
+    return subprocess.run([sys.executable, "-m", "megatok.cli.build_shards", "--no-progress", *map(str, args)],
                           capture_output=True, text=True, env=ENV, timeout=120, cwd=ROOT)
 
 
@@ -121,7 +121,7 @@ def test_launch_values_that_would_fail_after_start_up(kind, shards, tmp_path):
     launch_fails(tmp_path, *args, names=names)
 
 
-# --------------------------------------------------------------------------- tools/build_shards.py
+# --------------------------------------------------------------------------- megatok-build-shards
 
 
 def test_build_missing_input(tmp_path):

@@ -1,21 +1,17 @@
-"""tools/compare.py: the table and plots from fake run directories, and a real tiny run evaluated per
+"""megatok-compare: the table and plots from fake run directories, and a real tiny run evaluated per
 language on a small parallel held-out file, next to a BPE tokenizer's bytes per token."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
 from megatok import bpe
-from tests.conftest import PARALLEL, ROOT, run_tool, stdlib_texts
+from tests.conftest import PARALLEL, run_tool, stdlib_texts
 
-# Loaded from its path: tools/ is not a package (and tests/tools deliberately has no __init__.py).
-_spec = importlib.util.spec_from_file_location("compare", ROOT / "tools" / "compare.py")
-compare = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(compare)
+from megatok.cli import compare
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -28,8 +24,8 @@ def fake_run(path: Path, config: dict, rows: list[dict]) -> Path:
 
 
 def fake_runs(tmp_path: Path) -> tuple[Path, Path]:
-    """A megatok policy run (FLOPs from megatok.flops) and a token-model run of an unknown kind ("bpe")
-    that logs cumulative FLOPs and bytes per token."""
+    """A megatok policy run (FLOPs from megatok.flops) and a BPE token-model run that logs cumulative
+    FLOPs and bytes per token."""
     policy = fake_run(tmp_path / "policy", {
         "model": {"kind": "unet", "d_model": 32, "n_heads": 2, "n_encoder_layers": 1, "n_main_layers": 1,
                   "n_decoder_layers": 1},
@@ -40,7 +36,9 @@ def fake_runs(tmp_path: Path) -> tuple[Path, Path]:
          for s in range(1, 21)]
         + [{"step": s, "split": "val", "val_bpb": 7 - s / 10, "val_bytes_per_chunk": 4.1, "val_boundary_rate": 0.244,
             "boundary_rule": "sample(seed=1234)"} for s in (10, 20)])
-    token = fake_run(tmp_path / "bpe", {"model": {"kind": "bpe", "vocab_size": 4096}, "data": {"seq_len": 64}},
+    token = fake_run(tmp_path / "bpe", {"model": {"kind": "bpe", "vocab_size": 4096, "tokenizer": "tok.model",
+                                             "bytes_per_token": 3.5, "n_encoder_layers": 0, "n_decoder_layers": 0},
+                                   "data": {"seq_len": 64}},
                      [{"step": s, "split": "train", "bytes_seen": s * 300, "flops": s * 300 * 1e6} for s in (5, 10, 15)]
                      + [{"step": s, "split": "val", "val_bpb": 6 - s / 10, "val_bytes_per_token": 3.5} for s in (5, 12, 15)])
     return policy, token
@@ -64,7 +62,7 @@ def test_fake_runs_table_and_plots(tmp_path):
     pol, tok = result["runs"]
     # policy: FLOPs from megatok.flops at the realised rate (mean of the training rows) x bytes
     from megatok import flops
-    from megatok.runs import run_config
+    from megatok.run.reader import run_config
     fpb = flops.flops_per_byte(run_config(policy), rate=0.24)["training"]
     assert pol["flops_source"] == "megatok.flops" and pol["flops"] == pytest.approx(fpb * 20 * 256)
     assert [p["bytes"] for p in pol["curve"]] == [2560, 5120]
@@ -94,28 +92,33 @@ def test_mixture_runs_get_a_table_and_plot_by_source(tmp_path):
     assert "val_bpb_by_source.png" in saved["plots"]
 
 
-def test_runs_without_flops_or_val_rows(tmp_path):
-    odd = fake_run(tmp_path / "odd", {"model": {"kind": "mystery"}},
-                   [{"step": 2, "split": "train", "bytes_seen": 100}])
+def test_runs_without_val_rows_and_configs_that_do_not_load(tmp_path, capsys):
+    odd = fake_run(tmp_path / "odd", {"model": {"kind": "unet"}}, [{"step": 2, "split": "train", "bytes_seen": 100}])
     policy, _ = fake_runs(tmp_path)
     out = tmp_path / "cmp"
     assert compare.main([str(odd), str(policy), "--out", str(out)]) == 0
     md = (out / "compare.md").read_text()
-    assert "odd: no validation rows yet" in md and "odd: training FLOPs unknown" in md
+    assert "odd: no validation rows yet" in md
     assert (out / "val_bpb_vs_bytes.png").is_file() and (out / "val_bpb_vs_flops.png").is_file()
-    # only runs without FLOPs: no FLOPs plot
+    # only runs without validation rows: no plot
     out2 = tmp_path / "cmp2"
     assert compare.main([str(odd), "--out", str(out2)]) == 0
     assert not (out2 / "val_bpb_vs_flops.png").exists() and not (out2 / "val_bpb_vs_bytes.png").exists()
+    # a run's config is read as megatok reads it (megatok.run.reader): one that does not load is named
+    capsys.readouterr()
+    bad = fake_run(tmp_path / "bad", {"model": {"kind": "mystery"}}, [{"step": 2, "split": "train"}])
+    assert compare.main([str(bad), str(policy), "--out", str(tmp_path / "cmp3")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"error: {bad / 'config.json'}: model.kind: ") and "\n" not in err
 
 
 def test_bad_input_is_one_error_line(tmp_path):
-    r = run_tool("compare.py", tmp_path / "nope", "--out", tmp_path / "o")
+    r = run_tool("compare", tmp_path / "nope", "--out", tmp_path / "o")
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert [line for line in r.stderr.splitlines() if line.startswith("error:")] == [
         f"error: {tmp_path / 'nope'}: not a run directory (no config.json)"]
     policy, _ = fake_runs(tmp_path)
-    r = run_tool("compare.py", policy, "--out", tmp_path / "o", "--heldout", tmp_path / "missing.jsonl")
+    r = run_tool("compare", policy, "--out", tmp_path / "o", "--heldout", tmp_path / "missing.jsonl")
     assert r.returncode == 2 and "missing.jsonl" in r.stderr and "Traceback" not in r.stderr
 
 
@@ -160,17 +163,14 @@ def test_real_run_per_language(tiny_run, tmp_path):
                                    ensure_ascii=False) + "\n")
     tok = tmp_path / "tokenizer"
     bpe.train_bpe([t.encode() for t in stdlib_texts(n_files=5)] + [" ".join(PARALLEL["en"]).encode()], tok, 400)
-    _, token = fake_runs(tmp_path / "fake")
-    (token / "checkpoints").mkdir()
-    (token / "checkpoints" / "latest").write_text("step00000015")  # a checkpoint of a kind compare can't load
-    (token / "config.json").write_text(json.dumps({"model": {"kind": "mystery"}, "data": {"seq_len": 64}}))
+    _, token = fake_runs(tmp_path / "fake")  # a run without a checkpoint: in the table, not evaluated
     out = tmp_path / "cmp"
-    r = run_tool("compare.py", tiny_run, token, "--out", out, "--heldout", heldout, "--tokenizer", tok / "tokenizer.model")
+    r = run_tool("compare", tiny_run, token, "--out", out, "--heldout", heldout, "--tokenizer", tok / "tokenizer.model")
     assert r.returncode == 0, r.stderr[-3000:]
     md = (out / "compare.md").read_text()
     assert "| tiny | unet/policy | 3 |" in md
     assert "3 languages, 2 documents per language (the same number in every language)" in md
-    assert "bpe: no per-language evaluator for model kind 'mystery' yet, skipped" in md
+    assert "bpe: no checkpoint, not evaluated per language" in md
     lang_rows = [line for line in md.splitlines() if line.startswith(("| en ", "| ru ", "| zh ", "| **max/min**"))]
     assert len(lang_rows) == 8  # two tables: 3 languages + the disparity row each
     text = (out / "compare.json").read_text()
@@ -182,8 +182,8 @@ def test_real_run_per_language(tiny_run, tmp_path):
     megatok_sys, bpe_sys = h["systems"]
     assert megatok_sys["name"] == "tiny" and megatok_sys["unit"] == "chunk"
     assert bpe_sys["name"] == "BPE" and bpe_sys["unit"] == "token"
-    # the per-language figures are tools/evaluate.py's on the same file (same seed and rule)
-    ev = run_tool("evaluate.py", "--run", tiny_run, "--data", heldout)
+    # the per-language figures are megatok-evaluate's on the same file (same seed and rule)
+    ev = run_tool("evaluate", "--run", tiny_run, "--data", heldout)
     assert ev.returncode == 0, ev.stderr[-2000:]
     ev = json.loads(ev.stdout)
     for lang in PARALLEL:

@@ -1,7 +1,7 @@
 """End to end: a tiny real training run, then the tools users run on it.
 
-tools/evaluate.py is run as a subprocess (the CLI), and its figure is checked against a by-hand
-computation with the checkpoint loaded through megatok.runs.load_model. The run itself
+megatok-evaluate is run as a subprocess (the CLI), and its figure is checked against a by-hand
+computation with the checkpoint loaded through megatok.run.reader.load_model. The run itself
 is checked for what the tools rely on: config.json, metrics.jsonl, checkpoints/latest, wandb offline files.
 """
 
@@ -36,7 +36,7 @@ SHORT_DOC = "def f(x):\n    return x + 1  # café\n"
 
 
 def evaluate(run, *args) -> dict:
-    r = tool("evaluate.py", "--run", run, *args)
+    r = tool("evaluate", "--run", run, *args)
     assert r.returncode == 0, r.stderr[-3000:]
     return json.loads(r.stdout, parse_constant=_not_json)  # the whole stdout is one strict JSON object
 
@@ -216,7 +216,7 @@ def test_groups_add_up_to_the_corpus(result, docs, kind):
 def test_bpb_matches_a_by_hand_computation(run, tmp_path):
     """NLL of each byte given [SEP] + the bytes before it, one prefix at a time, with threshold
     boundaries; against evaluate.py --boundary threshold on the same single document."""
-    from megatok.runs import load_model
+    from megatok.run.reader import load_model
 
     path = tmp_path / "one.jsonl"
     path.write_text(json.dumps({"text": SHORT_DOC}) + "\n")
@@ -267,7 +267,7 @@ def test_max_bytes_and_seq_len_change_what_is_scored(run, data_file, result, doc
 def test_threshold_output_is_strict_json_with_null_for_empty_ratios(run, data_file, tmp_path):
     """Few or no decided boundaries under p > 0.5: a ratio with nothing to count is null, not NaN;
     summarize.py shows it as n/a."""
-    r = tool("evaluate.py", "--run", run, "--data", data_file, "--boundary", "threshold")
+    r = tool("evaluate", "--run", run, "--data", data_file, "--boundary", "threshold")
     assert r.returncode == 0, r.stderr[-3000:]
     assert "NaN" not in r.stdout
     got = json.loads(r.stdout, parse_constant=_not_json)
@@ -277,7 +277,7 @@ def test_threshold_output_is_strict_json_with_null_for_empty_ratios(run, data_fi
 def test_topk_rule_is_refused(run, data_file):
     """The top-rho-per-window rule was dropped (it looks at later bytes: not causal); asking for it
     is a usage error, not a silently different rule."""
-    r = tool("evaluate.py", "--run", run, "--data", data_file, "--boundary", "topk")
+    r = tool("evaluate", "--run", run, "--data", data_file, "--boundary", "topk")
     assert r.returncode == 2 and "invalid choice: 'topk'" in r.stderr, r.stderr[-2000:]
     assert r.stdout == "" and "Traceback" not in r.stderr
 
@@ -308,26 +308,26 @@ def test_shard_directory_means_its_val_split(run, shards):
 
 def test_errors_are_one_line(run, data_file, tmp_path):
     missing_run = tmp_path / "no-such-run"
-    assert_clean_error(tool("evaluate.py", "--run", missing_run, "--data", data_file), missing_run)
+    assert_clean_error(tool("evaluate", "--run", missing_run, "--data", data_file), missing_run)
 
     missing_data = tmp_path / "no-such-file.jsonl"
-    assert_clean_error(tool("evaluate.py", "--run", run, "--data", missing_data), missing_data)
+    assert_clean_error(tool("evaluate", "--run", run, "--data", missing_data), missing_data)
 
     bare = tmp_path / "bare-run"
     bare.mkdir()
     (bare / "config.json").write_text((run / "config.json").read_text())
-    assert_clean_error(tool("evaluate.py", "--run", bare, "--data", data_file), bare)
+    assert_clean_error(tool("evaluate", "--run", bare, "--data", data_file), bare)
 
     damaged = tmp_path / "damaged-run"  # a checkpoint file cut short: named, not a torch traceback
     shutil.copytree(run, damaged)
     (model_file,) = (damaged / "checkpoints" / checkpoint.latest_tag(damaged)).glob("mp_rank_00_model_states.pt")
     model_file.write_bytes(model_file.read_bytes()[:4096])
-    assert_clean_error(tool("evaluate.py", "--run", damaged, "--data", data_file), model_file.name)
-    assert_clean_error(tool("export.py", "--run", damaged, "--out", tmp_path / "export"), model_file.name)
+    assert_clean_error(tool("evaluate", "--run", damaged, "--data", data_file), model_file.name)
+    assert_clean_error(tool("export", "--run", damaged, "--out", tmp_path / "export"), model_file.name)
 
 
 def test_a_checkpoint_the_tools_cannot_find_is_explained(run, tmp_path):
-    from megatok.runs import load_model
+    from megatok.run.reader import load_model
 
     aside = tmp_path / "run"
     shutil.copytree(run, aside)
@@ -345,7 +345,7 @@ def test_a_checkpoint_the_tools_cannot_find_is_explained(run, tmp_path):
 
 
 def test_summarize(run, shards):
-    r = tool("summarize.py", "--run", run, "--data", shards)
+    r = tool("summarize", "--run", run, "--data", shards)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "byte-unigram entropy" in r.stdout
     summary = json.loads((run / "summary.json").read_text())
@@ -373,29 +373,29 @@ def test_summarize_bad_inputs_are_one_line(run, shards, tmp_path):
     for name in ("config.json", "metrics.jsonl"):
         shutil.copy(run / name, copy / name)
     missing = tmp_path / "nope.json"
-    assert_clean_error(tool("summarize.py", "--run", copy, "--data", shards, "--eval", missing), missing)
+    assert_clean_error(tool("summarize", "--run", copy, "--data", shards, "--eval", missing), missing)
     (copy / "eval.json").write_text("")  # what `evaluate.py ... > RUN/eval.json` leaves when it fails
-    r = tool("summarize.py", "--run", copy, "--data", shards)
+    r = tool("summarize", "--run", copy, "--data", shards)
     assert_clean_error(r, copy / "eval.json")
-    assert "not tools/evaluate.py output" in r.stderr
+    assert "not megatok-evaluate output" in r.stderr
     (copy / "eval.json").write_text("[1, 2]")
-    assert_clean_error(tool("summarize.py", "--run", copy, "--data", shards), copy / "eval.json")
+    assert_clean_error(tool("summarize", "--run", copy, "--data", shards), copy / "eval.json")
     (copy / "eval.json").unlink()
-    assert_clean_error(tool("summarize.py", "--run", copy, "--data", tmp_path / "missing"), tmp_path / "missing")
+    assert_clean_error(tool("summarize", "--run", copy, "--data", tmp_path / "missing"), tmp_path / "missing")
     assert not (copy / "summary.json").exists()
     (copy / "config.json").write_text('{"model": ')  # cut short
-    assert_clean_error(tool("summarize.py", "--run", copy, "--data", shards), copy / "config.json")
+    assert_clean_error(tool("summarize", "--run", copy, "--data", shards), copy / "config.json")
 
 
 def test_summarize_names_an_eval_json_of_another_checkpoint(run, shards, tmp_path):
     copy = tmp_path / "run"
     shutil.copytree(run, copy)
     latest = (copy / "checkpoints" / "latest").read_text().strip()
-    ev = tool("evaluate.py", "--run", copy, "--data", shards, "--max-bytes", 3000)
+    ev = tool("evaluate", "--run", copy, "--data", shards, "--max-bytes", 3000)
     assert ev.returncode == 0, ev.stderr[-2000:]
     # as if written for an earlier checkpoint, and the run trained on since
     (copy / "eval.json").write_text(json.dumps({**json.loads(ev.stdout), "checkpoint": "step00000001", "bpb": 3.25}))
-    r = tool("summarize.py", "--run", copy, "--data", shards)
+    r = tool("summarize", "--run", copy, "--data", shards)
     assert r.returncode == 0, r.stderr[-2000:]
     assert f"scored checkpoint step00000001, the run's latest is {latest}" in r.stderr
     (row,) = [ln for ln in r.stdout.splitlines() if ln.startswith("| held-out bits per byte")]

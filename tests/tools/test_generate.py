@@ -1,4 +1,4 @@
-"""tools/generate.py on a trained checkpoint: seeded samples repeat, chunks are marked, bad input is
+"""megatok-generate on a trained checkpoint: seeded samples repeat, chunks are marked, bad input is
 one line."""
 
 import base64
@@ -12,7 +12,7 @@ pytestmark = pytest.mark.dist  # runs the real trainer
 
 
 def samples(*args):
-    r = run_tool("generate.py", *args)
+    r = run_tool("generate", *args)
     assert r.returncode == 0, r.stderr[-3000:]
     return r
 
@@ -34,9 +34,9 @@ def test_seeded_samples_repeat_and_chunks_are_marked(tiny_run):
 
 
 def test_bad_input_is_one_line(tiny_run, tmp_path):
-    r = run_tool("generate.py", "--run", tmp_path / "nothing", "--prompt", "x")
+    r = run_tool("generate", "--run", tmp_path / "nothing", "--prompt", "x")
     assert r.returncode == 2 and r.stderr.strip().startswith("error:") and len(r.stderr.strip().splitlines()) == 1
-    r = run_tool("generate.py", "--run", tiny_run, "--temperature", "-1")
+    r = run_tool("generate", "--run", tiny_run, "--temperature", "-1")
     assert r.returncode == 2 and "--temperature must be >= 0" in r.stderr
 
 
@@ -58,27 +58,27 @@ def test_export_replaces_only_an_earlier_export(tiny_run, tmp_path):
     notes = tmp_path / "notes"
     notes.mkdir()
     (notes / "keep.txt").write_text("mine")
-    r = run_tool("export.py", "--run", tiny_run, "--out", notes)
+    r = run_tool("export", "--run", tiny_run, "--out", notes)
     assert r.returncode == 2 and r.stderr.strip() == (f"error: {notes}: exists and is not a megatok export (no "
                                                       f"export.json, model.safetensors and config.json); choose "
                                                       f"another --out or remove it")
     (notes / "export.json").write_text("{}")  # a file of that name alone does not make it an export
-    assert run_tool("export.py", "--run", tiny_run, "--out", notes).returncode == 2
+    assert run_tool("export", "--run", tiny_run, "--out", notes).returncode == 2
     assert (notes / "keep.txt").read_text() == "mine"
     (tmp_path / "afile").write_text("x")
-    r = run_tool("export.py", "--run", tiny_run, "--out", tmp_path / "afile")
+    r = run_tool("export", "--run", tiny_run, "--out", tmp_path / "afile")
     assert r.returncode == 2 and "afile: exists and is not a directory" in r.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "notes"]  # no partial export left behind
     out = tmp_path / "export"
     for _ in range(2):  # an earlier export is replaced
-        r = run_tool("export.py", "--run", tiny_run, "--out", out)
+        r = run_tool("export", "--run", tiny_run, "--out", out)
         assert r.returncode == 0, r.stderr[-2000:]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "export", "notes"]
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "export.json", "model.safetensors"]
     here = tmp_path / "here"  # --out . in an empty directory fills it (the same directory, not a new one)
     here.mkdir()
     inode = here.stat().st_ino
-    r = run_tool("export.py", "--run", tiny_run, "--out", ".", cwd=here)
+    r = run_tool("export", "--run", tiny_run, "--out", ".", cwd=here)
     assert r.returncode == 0, r.stderr[-2000:]
     assert sorted(p.name for p in here.iterdir()) == ["config.json", "export.json", "model.safetensors"]
     assert here.stat().st_ino == inode and sorted(p.name for p in tmp_path.iterdir()) == [

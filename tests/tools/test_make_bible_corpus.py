@@ -1,17 +1,12 @@
-"""tools/make_bible_corpus.py on a small stand-in for the package's bible.db (same schema)."""
+"""megatok-make-bible-corpus on a small stand-in for the package's bible.db (same schema)."""
 
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import json
 import sqlite3
 
-from tests.conftest import ROOT
-
-_spec = importlib.util.spec_from_file_location("make_bible_corpus", ROOT / "tools" / "make_bible_corpus.py")
-mbc = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(mbc)
+from megatok.cli import make_bible_corpus as mbc
 
 WORDS = {"k": "light", "l": "lumière", "r": "свет"}
 

@@ -1,8 +1,7 @@
-"""Tests for tools/make_corpus.py and tools/corpus_sources.py. Fast and offline: npm is never run (fake package dirs in tmp_path)."""
+"""Tests for megatok-make-corpus (megatok/cli/make_corpus.py, megatok/data/corpus_sources.py). Fast and offline: npm is never run (fake package dirs in tmp_path)."""
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import json
 import os
 import subprocess
@@ -11,14 +10,10 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-SCRIPT = REPO / "tools" / "make_corpus.py"
+from megatok.cli import make_corpus as mc
+from megatok.data import corpus_sources as cs
 
-# Loaded from its path: tools/ is not a package, and a tests/tools package must not shadow it.
-_spec = importlib.util.spec_from_file_location("make_corpus", SCRIPT)
-mc = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(mc)
-import corpus_sources as cs  # noqa: E402  (tools/corpus_sources.py, on the path make_corpus set up)
+REPO = Path(__file__).resolve().parents[2]
 
 
 UDHR_SNIPPET = """<!doctype html>
@@ -60,8 +55,8 @@ def _read_jsonl_gz(path: Path) -> list[dict]:
 
 
 def _run_cli(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PATH="/nonexistent")  # belt and braces: npm cannot be found even if attempted
-    return subprocess.run([sys.executable, str(SCRIPT), *args], cwd=cwd, env=env,
+    env = dict(os.environ, PATH="/nonexistent", PYTHONPATH=str(REPO))  # npm cannot be found even if attempted
+    return subprocess.run([sys.executable, "-m", "megatok.cli.make_corpus", *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=120)
 
 

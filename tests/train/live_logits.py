@@ -15,7 +15,7 @@ from safetensors.torch import save_file
 
 from megatok.dsconfig import deepspeed_config
 from megatok.model.unet import ByteUNet
-from megatok.runs import run_config
+from megatok.run.reader import run_config
 from megatok.train import checkpoint, dist
 from megatok.train.loop import param_groups
 

@@ -19,11 +19,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from megatok.export import load_exported
 from megatok.metrics import read_metrics
-from megatok import runs
+from megatok.run import checkpoints as run_checkpoints
+from megatok.run.export import load_exported
+from megatok.run.reader import load_model
 from megatok.train import checkpoint
-from tests.conftest import ROOT, TINY, pretrain
+from tests.conftest import ROOT, TINY, TOOL_ENV, pretrain
 
 pytestmark = pytest.mark.dist
 
@@ -74,8 +75,8 @@ def background_run(argv, nproc, env):
 
 
 def export(run, out, dtype="fp32"):
-    subprocess.run([sys.executable, str(ROOT / "tools/export.py"), "--run", str(run), "--out", str(out),
-                    "--dtype", dtype], check=True, capture_output=True, cwd=ROOT)
+    subprocess.run([sys.executable, "-m", "megatok.cli.export", "--run", str(run), "--out", str(out),
+                    "--dtype", dtype], check=True, capture_output=True, cwd=ROOT, env=TOOL_ENV)
     return out
 
 
@@ -257,8 +258,8 @@ def test_one_process_per_machine_checks_the_checkpoint_before_the_process_group(
     damaged.mkdir(parents=True)
     (damaged / checkpoint.META).write_text("{not json")
     checks, started = [], []
-    real_damage = checkpoint.damage
-    monkeypatch.setattr(checkpoint, "damage", lambda *a: checks.append(a) or real_damage(*a))
+    real_damage = run_checkpoints.damage
+    monkeypatch.setattr(run_checkpoints, "damage", lambda *a: checks.append(a) or real_damage(*a))
     monkeypatch.setattr(launch, "run", lambda cfg, resume: started.append(resume) or 0)
     argv = args(shards, run, "--resume", "step00000003")
     for local_rank, want_rc, want_checks, want_started in [(None, 2, 1, []), ("0", 2, 1, []),
@@ -317,7 +318,7 @@ def test_nan_loss_on_one_rank_is_skipped_counted_and_bounded(shards, tmp_path):
     rows = train_rows(run)
     assert rows[3]["nonfinite_losses"] == 1 and rows[3]["skipped_steps"] == 1
     assert all(rows[s]["skipped_steps"] == 0 for s in (1, 2, 4, 5))
-    model, _, _ = runs.load_model(run)
+    model, _, _ = load_model(run)
     assert all(torch.isfinite(p).all() for p in model.parameters())
 
     # NaN every step from 2 on: after max_skipped_steps in a row the run stops, the last checkpoint intact
@@ -331,7 +332,7 @@ def test_nan_loss_on_one_rank_is_skipped_counted_and_bounded(shards, tmp_path):
     assert rows2[1]["loss"] > 0 and rows2[2]["loss"] == "nan" == rows2[2]["lm_loss"]  # not 0.0: no finite loss
     tag = checkpoint.latest_tag(run2)
     assert tag == "step00000003"  # skipped steps leave the weights as they were: still finite, still saved
-    model, _, _ = runs.load_model(run2, tag)
+    model, _, _ = load_model(run2, tag)
     assert all(torch.isfinite(p).all() for p in model.parameters())
     # the same command again resumes step 3, inside the streak (2 skipped in a row): the third is step 4 again
     r = pretrain(args(shards, run2, "train.max_steps=8", "train.global_batch_size=8", "train.save_every=1",
@@ -471,8 +472,8 @@ def test_two_ranks_to_one_rank_and_export_matches_the_live_engine(shards, refere
     live = sorted(p.name for p in (run / "checkpoints").glob("step*"))
     assert live == ["step00000004", "step00000007"]
     assert checkpoint.read_meta(run, "step00000007")["layout"]["world_size"] == 1
-    before = runs.load_model(reference, "step00000006")[0].state_dict()
-    after = runs.load_model(run, "step00000007")[0].state_dict()
+    before = load_model(reference, "step00000006")[0].state_dict()
+    after = load_model(run, "step00000007")[0].state_dict()
     for name, value in before.items():
         torch.testing.assert_close(after[name], value, rtol=0, atol=1e-7, msg=name)
 
@@ -505,7 +506,7 @@ def test_a_killed_rank_ends_the_job_within_the_timeout(shards, tmp_path):
 def test_export_from_zero3_matches_the_live_engine(shards, tmp_path):
     """A ZeRO-3 run (built partitioned, the default; tests/train/test_zero_init.py checks that build
     against the whole one) exported in fp32 and bf16 (in-process: the CLI is exercised above)."""
-    from megatok.export import export as export_run
+    from megatok.run.export import export as export_run
 
     run = tmp_path / "run"
     r = pretrain(args(shards, run, "train.max_steps=3", "deepspeed.zero_optimization.stage=3"))

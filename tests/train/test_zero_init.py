@@ -27,7 +27,7 @@ def largest_module_mib(strategy: str) -> float:
 
 
 def check(*args) -> dict[str, tuple[int, int, int, str]]:
-    r = run_tool("zero_init_check.py", "--config", "configs/tiny.json", *args)
+    r = run_tool("zero_init_check", "--config", "configs/tiny.json", *args)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     return {m[1]: (int(m[2].replace(",", "")), int(m[3].replace(",", "")), int(m[4].replace(",", "")), m[5].strip())
             for m in ROW.finditer(r.stdout)}

@@ -1,6 +1,6 @@
 """Evaluate a run's latest checkpoint on text: prints one JSON object.
 
-    python tools/evaluate.py --run runs/tiny --data held_out.jsonl [more files or a shard directory]
+    megatok-evaluate --run runs/tiny --data held_out.jsonl [more files or a shard directory]
 
 Inputs are what build_shards reads (.txt, .txt.gz, .jsonl, .jsonl.gz, directories of them), or a
 build_shards output directory (its validation split). Figures: bpb (corpus: total NLL over total
@@ -14,19 +14,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import torch
+from tqdm.auto import tqdm
 
-import torch  # noqa: E402
-from tqdm.auto import tqdm  # noqa: E402
-
-from megatok.data.documents import DataError, list_input_files  # noqa: E402
-from megatok.eval.bpb import boundary_rule, evaluate_documents  # noqa: E402
-from megatok.eval.head_to_head import read_documents  # noqa: E402
-from megatok.metrics import finite_or_none  # noqa: E402
+from megatok.data.documents import DataError, list_input_files
+from megatok.eval.bpb import boundary_rule, evaluate_documents
+from megatok.data.inputs import read_documents
+from megatok.metrics import finite_or_none
 
 
 def main(argv=None) -> int:
@@ -54,12 +51,12 @@ def _evaluate(args, result_out) -> int:
 
     from megatok.config import ConfigError
     from megatok.data.encoding import encoding_for
-    from megatok.runs import load_model
+    from megatok.run.reader import load_model
 
     try:
         list_input_files([p for p in args.data if not Path(p, "manifest.json").is_file()])  # fail before loading
         model, cfg, tag = load_model(args.run, args.checkpoint, args.device)
-        docs = read_documents(args.data)
+        docs = read_documents(args.data, "val")
         if args.max_bytes:
             docs = _limit(docs, int(args.max_bytes))
         bar = tqdm(unit="B", unit_scale=True, desc="evaluate", file=sys.stderr, disable=None)

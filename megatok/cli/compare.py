@@ -1,30 +1,32 @@
 """Compare runs side by side: a markdown table, validation curves, and a per-language table on parallel text.
 
-    python tools/compare.py runs/policy runs/fixed runs/bpe --out docs/compare \\
+    megatok-compare runs/policy runs/fixed runs/bpe --out docs/compare \\
         [--heldout data/heldout_udhr.jsonl] [--tokenizer runs/bpe4k/tokenizer.model]
 
-Reads every RUN_DIR's config.json and metrics.jsonl (any boundary strategy, and model kinds this code
-does not know, e.g. a BPE token model: the same metric keys are read) and writes into --out:
+Reads every RUN_DIR's config (megatok.run.reader.run_config) and metrics.jsonl (the byte model with any
+boundary strategy, and the BPE token model: the same metric keys are read) and writes into --out:
 
 - ``compare.md``: one row per run: model kind / boundary strategy, steps, bytes seen, training FLOPs
   (when known), final validation bpb, bytes per unit (``val_bytes_per_chunk``, or ``val_bytes_per_token``
   for a token model) and boundary rate (``val_boundary_rate``, else the mean of the training rows').
 - ``val_bpb_vs_bytes.png``: validation bpb against training bytes seen, one line per run.
-- ``val_bpb_vs_flops.png`` when some run's FLOPs are known: from ``flops`` (cumulative training FLOPs)
-  in its training rows, else from megatok.flops (FLOPs per byte at the realised boundary rate x bytes).
+- ``val_bpb_vs_flops.png``: validation bpb against training FLOPs, from ``flops`` (cumulative training
+  FLOPs) in its training rows, else from megatok.flops (FLOPs per byte at the realised rate x bytes; see
+  megatok.flops.flops_at).
 - for runs trained on a data mixture (validation rows with ``by_source``): a table of the final
   validation bpb per source and ``val_bpb_by_source.png`` (one panel per source, one line per run).
 - ``compare.json``: every number above.
 
-With ``--heldout FILE`` (documents with "lang", e.g. the parallel UDHR set of ``tools/make_corpus.py
---heldout-out``), every run with a checkpoint whose model kind has an evaluator (megatok's U-Net: through
-megatok.eval.bpb.evaluate_documents, as tools/evaluate.py) is evaluated per language, and with
+With ``--heldout FILE`` (documents with "lang", e.g. the parallel UDHR set of ``megatok-make-corpus
+--heldout-out``), every run with a checkpoint is evaluated per language (through
+megatok.eval.bpb.evaluate_documents, as megatok-evaluate), and with
 ``--tokenizer`` the BPE tokenizer's bytes per token are measured on the same text. ``compare.md`` then
 has a per-language table (bytes per unit and bpb; units and bits for the same content) and the
 disparity across languages: max / min over languages, and ``per_language.png`` (bars of both per
 language and system). On parallel text the "units" disparity is how
-many more chunks or tokens one language needs than another for the same content. A run whose kind has no
-evaluator is listed as skipped, with the reason. Exit status 2 on bad input, one error line.
+many more chunks or tokens one language needs than another for the same content. A run without a
+checkpoint is listed as skipped. Exit status 2 on bad input (a run whose config does not load among
+them), one error line.
 """
 
 from __future__ import annotations
@@ -32,15 +34,17 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
 from pathlib import Path
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from megatok.bpe import disparity  # noqa: E402
-from megatok.data.documents import DataError, iter_documents, list_input_files  # noqa: E402
-from megatok.metrics import finite_or_none, read_metrics  # noqa: E402
+from megatok import flops
+from megatok.bpe import bytes_per_token, disparity, load_tokenizer
+from megatok.config import ConfigError
+from megatok.data.documents import DataError, iter_documents, list_input_files
+from megatok.data.encoding import encoding_for
+from megatok.eval.bpb import boundary_rule, evaluate_documents
+from megatok.metrics import finite_or_none, read_metrics
+from megatok.run.reader import load_model, run_config
 
 
 def _num(v) -> float | None:
@@ -53,20 +57,6 @@ def _fmt(v, spec: str) -> str:
 
 # ----------------------------------------------------------------------------- reading runs
 
-def _flops_per_byte(run_dir: Path, rate: float | None) -> float | None:
-    """Training FLOPs per byte from megatok.flops at the realised rate, if this run's config allows it."""
-    try:
-        from megatok import flops
-        from megatok.runs import run_config
-
-        fn = getattr(flops, "flops_per_byte", None)
-        if fn is None:
-            return None
-        return float(fn(run_config(run_dir), rate=rate)["training"])
-    except Exception:  # an unknown model kind or an old config: plot against bytes only
-        return None
-
-
 def load_run(run_dir: str | Path) -> dict:
     """Summary of one run directory: identity, final figures and the validation curve."""
     run_dir = Path(run_dir)
@@ -74,51 +64,21 @@ def load_run(run_dir: str | Path) -> dict:
         if not (run_dir / name).is_file():
             raise DataError(f"{run_dir}: not a run directory (no {name})")
     try:
-        cfg = json.loads((run_dir / "config.json").read_text())
         rows = read_metrics(run_dir)
     except ValueError as e:
-        raise DataError(f"{run_dir}: unreadable config.json or metrics.jsonl: {e}") from None
-    model = cfg.get("model") or {}
-    kind = model.get("kind") or "unet"
-    strategy = (cfg.get("boundary") or {}).get("strategy") if kind == "unet" else None
+        raise DataError(f"{run_dir}: unreadable metrics.jsonl: {e}") from None
+    cfg = run_config(run_dir)
+    kind = cfg.model.kind
+    strategy = cfg.boundary.strategy if kind == "unet" else None
     train = [r for r in rows if r.get("split") == "train" and _num(r.get("step")) is not None]
     val = [r for r in rows if r.get("split") == "val" and _num(r.get("val_bpb")) is not None]
-
-    # bytes per step: from the training rows, else from the config
-    per_step = None
-    seen = [r for r in train if _num(r.get("bytes_seen")) and r["step"]]
-    if seen:
-        per_step = seen[-1]["bytes_seen"] / seen[-1]["step"]
-    else:
-        t, d = cfg.get("train") or {}, cfg.get("data") or {}
-        if _num(t.get("global_batch_size")) and _num(d.get("seq_len")):
-            per_step = t["global_batch_size"] * d["seq_len"]
-    bytes_at = {r["step"]: r["bytes_seen"] for r in seen}
-
-    def bytes_for(step):
-        return bytes_at.get(step, step * per_step if per_step else None)
-
+    t = cfg.train  # the world size the run's global batch was written for
+    world = t.global_batch_size // (t.micro_batch_size * t.grad_accum) if t.global_batch_size else 1
+    bytes_for = flops.bytes_at(cfg, world, train)
     rates = [r["boundary_rate"] for r in train if _num(r.get("boundary_rate")) is not None]
     mean_rate = sum(rates) / len(rates) if rates else None
-    # FLOPs: logged cumulative FLOPs if any, else megatok.flops at the realised rate
-    logged = [(r["step"], r["flops"], bytes_for(r["step"])) for r in train if _num(r.get("flops")) is not None]
-    flops_source, fpb = None, None
-    if logged:
-        flops_source = "logged"
-    else:
-        fpb = _flops_per_byte(run_dir, mean_rate)
-        flops_source = "megatok.flops" if fpb else None
-
-    def flops_for(step):
-        if logged:
-            before = [x for x in logged if x[0] <= step] or logged[:1]
-            s, f, b = before[-1]
-            if s == step:
-                return f
-            b_step = bytes_for(step)
-            return f / b * b_step if b and b_step else None
-        b = bytes_for(step)
-        return fpb * b if fpb and b is not None else None
+    flops_for = flops.flops_at(cfg, world, train)
+    flops_source = "logged" if any(_num(r.get("flops")) for r in train) else "megatok.flops"
 
     curve = [{"step": r["step"], "bytes": bytes_for(r["step"]), "flops": flops_for(r["step"]),
               "val_bpb": r["val_bpb"],
@@ -218,12 +178,8 @@ def plot_sources(runs: list[dict], sources: list[str], path: Path) -> bool:
 # ----------------------------------------------------------------------------- per language
 
 def evaluate_run(run: dict, docs: list, args) -> dict:
-    """A run's latest checkpoint on documents, as tools/evaluate.py: by_lang -> bytes, bpb, bytes_per_unit.
+    """A run's latest checkpoint on documents, as megatok-evaluate: by_lang -> bytes, bpb, bytes_per_unit.
     For the BPE token model bpb is the summed token NLL over the same UTF-8 bytes (megatok.model.token_lm)."""
-    from megatok.data.encoding import encoding_for
-    from megatok.eval.bpb import boundary_rule, evaluate_documents
-    from megatok.runs import load_model
-
     model, cfg, tag = load_model(run["run"], None, args.device)
     res = evaluate_documents(model, iter(docs), seq_len=cfg.data.seq_len, batch_size=args.batch_size,
                              mode=args.boundary, seed=args.seed, device=args.device, encoding=encoding_for(cfg))
@@ -235,14 +191,7 @@ def evaluate_run(run: dict, docs: list, args) -> dict:
             "bpb": res["bpb"], "bytes_per_unit": res[f"bytes_per_{unit}"], "by_lang": by_lang}
 
 
-#: model kind -> evaluator(run summary, documents, args) returning {"unit", "by_lang": {lang: {"bytes",
-#: "bpb", "bytes_per_unit"}}, ...}.
-EVALUATORS = {"unet": evaluate_run, "bpe": evaluate_run}
-
-
 def evaluate_tokenizer(path: str, docs: list) -> dict:
-    from megatok.bpe import bytes_per_token, load_tokenizer
-
     sp = load_tokenizer(path)
     res = bytes_per_token(sp, docs)
     by_lang = {lang: {"documents": v["documents"], "bytes": v["bytes"], "bpb": None,
@@ -324,9 +273,9 @@ def main(argv=None) -> int:
     ap.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run directories (config.json, metrics.jsonl)")
     ap.add_argument("--out", required=True, help="output directory")
     ap.add_argument("--heldout", default=None, help="held-out documents with \"lang\" (e.g. data/heldout_udhr.jsonl)")
-    ap.add_argument("--tokenizer", default=None, help="a BPE tokenizer.model (tools/train_bpe.py) to measure on --heldout")
+    ap.add_argument("--tokenizer", default=None, help="a BPE tokenizer.model (megatok-train-bpe) to measure on --heldout")
     ap.add_argument("--boundary", choices=["sample", "threshold"], default="sample",
-                    help="boundary rule for the per-language evaluation (as tools/evaluate.py)")
+                    help="boundary rule for the per-language evaluation (as megatok-evaluate)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--device", default=None, help="default: cuda if available, else cpu")
@@ -342,7 +291,7 @@ def main(argv=None) -> int:
                 raise DataError(f"{args.heldout}: no documents")
             if not any(d.lang for d in docs):
                 raise DataError(f"{args.heldout}: no document has a \"lang\", and --heldout compares languages "
-                                f"(use tools/evaluate.py for text without one)")
+                                f"(use megatok-evaluate for text without one)")
         if args.tokenizer and not Path(args.tokenizer).exists():
             raise DataError(f"{args.tokenizer}: no such tokenizer model")
         runs = [load_run(r) for r in args.runs]
@@ -369,9 +318,6 @@ def main(argv=None) -> int:
         for r in runs:
             if not r["curve"]:
                 md.append(f"- {r['name']}: no validation rows yet")
-            if r["flops_source"] is None:
-                md.append(f"- {r['name']}: training FLOPs unknown (none logged; megatok.flops cannot size kind "
-                          f"'{r['kind']}'), left out of the FLOPs plot")
         if args.heldout:
             md += _heldout_section(args, runs, result, docs)
             plots += result.pop("plots_heldout", [])
@@ -400,10 +346,6 @@ def _distinct_names(runs: list[dict]) -> None:
 
 
 def _check_tokenizer(run: dict) -> None:
-    from megatok.config import ConfigError
-    from megatok.data.encoding import encoding_for
-    from megatok.runs import run_config
-
     try:
         encoding_for(run_config(run["run"]))
     except ConfigError as e:
@@ -425,14 +367,10 @@ def _heldout_section(args, runs: list[dict], result: dict, docs: list) -> list[s
         lang_docs[lang] += 1
     systems, notes = [], []
     for r in runs:
-        evaluator = EVALUATORS.get(r["kind"])
-        if not r["has_checkpoint"]:
-            notes.append(f"- {r['name']}: no checkpoint, not evaluated per language")
-        elif evaluator is None:
-            notes.append(f"- {r['name']}: no per-language evaluator for model kind '{r['kind']}' yet, skipped")
+        if r["has_checkpoint"]:
+            systems.append({"name": r["name"], **evaluate_run(r, docs, args)})
         else:
-            s = {"name": r["name"], **evaluator(r, docs, args)}
-            systems.append(s)
+            notes.append(f"- {r['name']}: no checkpoint, not evaluated per language")
     if args.tokenizer:
         systems.append({"name": "BPE", **evaluate_tokenizer(args.tokenizer, docs)})
     for s in systems:
@@ -464,7 +402,7 @@ def _heldout_section(args, runs: list[dict], result: dict, docs: list) -> list[s
             md.append(f"| {s['name']} ({s['unit']}) | {_fmt(d['bytes_per_unit'], '.2f')} | {_fmt(d['units'], '.2f')} | "
                       f"{_fmt(d['bpb'], '.2f')} | {_fmt(d['bits'], '.2f')} |")
     else:
-        md.append("No run could be evaluated per language (no checkpoints or evaluators) and no --tokenizer given.")
+        md.append("No run could be evaluated per language (no checkpoints) and no --tokenizer given.")
     return md
 
 

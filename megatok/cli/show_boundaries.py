@@ -1,9 +1,9 @@
 """Show where chunks start: the terminal, an HTML page and a PNG, one row per run, line by line.
 
-    python tools/show_boundaries.py --run runs/strat-policy --text "The quick brown fox."
-    python tools/show_boundaries.py --run runs/a --run runs/b --strategy whitespace --data notes.txt --out docs/cmp
+    megatok-show-boundaries --run runs/strat-policy --text "The quick brown fox."
+    megatok-show-boundaries --run runs/a --run runs/b --strategy whitespace --data notes.txt --out docs/cmp
 
-Each ``--run`` is a run directory (its latest checkpoint, loaded like tools/evaluate.py); each
+Each ``--run`` is a run directory (its latest checkpoint, loaded like megatok-evaluate); each
 ``--strategy NAME[:KEY=VALUE,...]`` is a rule that needs no training (fixed, uniform, whitespace, bpe),
 e.g. ``--strategy bpe:model_path=data/bpe-32k.model``. The text is read like an evaluation document: a
 SEP first, then its bytes, in windows of the run's data.seq_len. Boundaries are sampled with a fixed
@@ -22,18 +22,15 @@ from __future__ import annotations
 import argparse
 import html
 import json
-import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import torch
 
-import torch  # noqa: E402
-
-from megatok.display import char_marks, characters, marked  # noqa: E402
-from megatok.stats import ratios, row_stats  # noqa: E402
-from megatok.vocab import SEP  # noqa: E402
+from megatok.display import char_marks, characters, marked
+from megatok.stats import ratios, row_stats
+from megatok.vocab import SEP
 
 RULES = ("fixed", "uniform", "whitespace", "bpe")
 
@@ -52,9 +49,9 @@ def _seeded(seed: int):
 
 
 def boundaries_for_run(run: str, data: bytes, mode: str, seed: int, seq_len: int | None) -> Row:
-    from megatok.runs import load_model
+    from megatok.run.reader import load_model
 
-    from megatok.runs import run_config
+    from megatok.run.reader import run_config
 
     if run_config(run).model.kind == "bpe":
         raise ValueError(f"{run}: a BPE token model, whose units are its tokenizer's tokens, has no chunk "

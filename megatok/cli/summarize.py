@@ -1,6 +1,6 @@
 """Print a run's result table: what it learned, next to what simple baselines get on the same text.
 
-    python tools/summarize.py --run runs/tiny [--data data/shards] [--eval RUN/eval.json]
+    megatok-summarize --run runs/tiny [--data data/shards] [--eval RUN/eval.json]
 
 Reference rows: the byte-unigram entropy of the training text (what a model that knows only byte
 frequencies gets), and gzip -9 / bzip2 -9 on the validation text (classic compressors, in bits per
@@ -13,17 +13,17 @@ import argparse
 import bz2
 import gzip
 import json
-import os
 import sys
 from pathlib import Path
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import numpy as np
 
-import numpy as np  # noqa: E402
-
-from megatok.data.documents import DataError  # noqa: E402
-from megatok.data.stream import iter_shard_documents, resolve_shards  # noqa: E402
-from megatok.metrics import finite_or_none, read_metrics  # noqa: E402
+from megatok.config import ConfigError
+from megatok.data.documents import DataError
+from megatok.data.stream import iter_shard_documents, resolve_shards
+from megatok.metrics import finite_or_none, read_metrics
+from megatok.run.checkpoints import latest_tag
+from megatok.run.reader import run_config
 
 
 def unigram_entropy(texts) -> float:
@@ -43,18 +43,18 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--run", required=True)
     ap.add_argument("--data", default=None, help="shard directory (default: the run's data.shards; a mixture's sources one after another)")
-    ap.add_argument("--eval", default=None, help="tools/evaluate.py output (default: RUN/eval.json if present)")
+    ap.add_argument("--eval", default=None, help="megatok-evaluate output (default: RUN/eval.json if present)")
     args = ap.parse_args(argv)
     run = Path(args.run)
     if not (run / "config.json").is_file() or not (run / "metrics.jsonl").is_file():
         print(f"error: {run}: not a run directory (needs config.json and metrics.jsonl)", file=sys.stderr)
         return 2
     try:
-        cfg = json.loads((run / "config.json").read_text())
-    except json.JSONDecodeError as e:
-        print(f"error: {run / 'config.json'}: not valid JSON: {e.msg} at line {e.lineno}", file=sys.stderr)
+        cfg = run_config(run)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
         return 2
-    data = args.data or cfg["data"]["shards"]
+    data = args.data or cfg.data.shards
     rows = read_metrics(run)
     train = [r for r in rows if r.get("split") == "train"]
     val = [r for r in rows if r.get("split") == "val"]
@@ -68,16 +68,16 @@ def main(argv=None) -> int:
     try:
         ev = json.loads(eval_path.read_text()) if eval_path.is_file() else None
     except json.JSONDecodeError as e:  # e.g. an empty file left by `evaluate.py > RUN/eval.json` that failed
-        print(f"error: {eval_path}: not tools/evaluate.py output ({e.msg} at line {e.lineno}); rerun "
-              f"tools/evaluate.py, or remove the file", file=sys.stderr)
+        print(f"error: {eval_path}: not megatok-evaluate output ({e.msg} at line {e.lineno}); rerun "
+              f"megatok-evaluate, or remove the file", file=sys.stderr)
         return 2
     if ev is not None and not (isinstance(ev, dict) and "bpb" in ev):
-        print(f"error: {eval_path}: not tools/evaluate.py output (no \"bpb\")", file=sys.stderr)
+        print(f"error: {eval_path}: not megatok-evaluate output (no \"bpb\")", file=sys.stderr)
         return 2
-    latest = (run / "checkpoints" / "latest").read_text().strip() if (run / "checkpoints" / "latest").is_file() else None
+    latest = latest_tag(run)
     if ev and ev.get("checkpoint") != latest:  # e.g. the run trained on after eval.json was written
         print(f"warning: {eval_path} scored checkpoint {ev.get('checkpoint')}, the run's latest is {latest}: its "
-              f"held-out row is that checkpoint's (rerun tools/evaluate.py for the latest)", file=sys.stderr)
+              f"held-out row is that checkpoint's (rerun megatok-evaluate for the latest)", file=sys.stderr)
 
     try:
         entropy = unigram_entropy(d.text for d in iter_shard_documents(resolve_shards(data, "train")))
@@ -86,12 +86,12 @@ def main(argv=None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     comp = compressor_bpb(val_text)
-    tokens = (cfg.get("model") or {}).get("kind") == "bpe"  # the BPE token model: no boundaries
+    tokens = cfg.model.kind == "bpe"  # the BPE token model: no boundaries
     unit = "token" if tokens else "chunk"
-    target = None if tokens else cfg["boundary"]["target_rate"]
+    target = None if tokens else cfg.boundary.target_rate
     last = train[-1]
     summary = {
-        "run": str(run), "strategy": "bpe token model" if tokens else cfg["boundary"]["strategy"],
+        "run": str(run), "strategy": "bpe token model" if tokens else cfg.boundary.strategy,
         "steps": last["step"], "train_bytes": last["bytes_seen"], "final_train_bpb": last["bpb"],
         "final_val_bpb": val[-1]["val_bpb"] if val else None,
         f"val_bytes_per_{unit}": val[-1][f"val_bytes_per_{unit}"] if val else None,
@@ -115,7 +115,7 @@ def main(argv=None) -> int:
         line("val bits per byte (training-time validation)", fmt(summary["final_val_bpb"]),
              val[-1].get("boundary_rule", "BPE tokens"))
     if ev:
-        line("held-out bits per byte (tools/evaluate.py)", fmt(ev["bpb"]),
+        line("held-out bits per byte (megatok-evaluate)", fmt(ev["bpb"]),
              f"{ev.get('boundary_rule') or 'BPE tokens'}, {ev['bytes']:,} bytes"
              + (f", {ev.get('checkpoint')} (not the latest, {latest})" if ev.get("checkpoint") != latest else ""))
     line("byte-unigram entropy of the training text", fmt(entropy), "a model must beat this")

@@ -1,8 +1,8 @@
 """Sample text from a run's checkpoint: megatok's byte model or the BPE token model.
 
-    python tools/generate.py --run runs/tiny --prompt "def main(" --max-bytes 300
-    python tools/generate.py --run runs/tiny --prompt "The " --num 3 --temperature 0.8 --top-k 40 --chunks
-    python tools/generate.py --run runs/h2h/bpe --prompt-file prompt.txt --json
+    megatok-generate --run runs/tiny --prompt "def main(" --max-bytes 300
+    megatok-generate --run runs/tiny --prompt "The " --num 3 --temperature 0.8 --top-k 40 --chunks
+    megatok-generate --run runs/h2h/bpe --prompt-file prompt.txt --json
 
 Each sample continues the prompt (read as a new document) until --max-bytes bytes or the model's
 document separator, one byte (or token) per forward pass over the last data.seq_len ids, on the CPU
@@ -21,8 +21,6 @@ import json
 import os
 import sys
 from pathlib import Path
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def main(argv=None) -> int:
@@ -57,7 +55,7 @@ def main(argv=None) -> int:
     from megatok.data.encoding import encoding_for
     from megatok.display import marked
     from megatok.generate import generate
-    from megatok.runs import load_model
+    from megatok.run.reader import load_model
 
     sizing.quiet_deepspeed_import()  # stdout carries only the samples (--json stays parseable)
     try:

@@ -1,18 +1,15 @@
 """Export a run's checkpoint as safetensors + config (no DeepSpeed needed to use it).
 
-    python tools/export.py --run runs/tiny --out exports/tiny [--dtype fp32|bf16] [--checkpoint step00000300]
+    megatok-export --run runs/tiny --out exports/tiny [--dtype fp32|bf16] [--checkpoint step00000300]
 
 Works from checkpoints of any ZeRO stage and world size. Load it with
-``megatok.export.load_exported("exports/tiny")``.
+``megatok.run.export.load_exported("exports/tiny")``.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def main(argv=None) -> int:
@@ -23,7 +20,7 @@ def main(argv=None) -> int:
     ap.add_argument("--checkpoint", default=None, help="checkpoint tag (default: latest)")
     args = ap.parse_args(argv)
     from megatok.config import ConfigError
-    from megatok.export import export
+    from megatok.run.export import export
 
     try:
         out = export(args.run, args.out, dtype=args.dtype, tag=args.checkpoint)

@@ -10,13 +10,12 @@ import json
 from pathlib import Path
 
 from megatok.config import Config
-from megatok.train.checkpoint import META, CheckpointError, checkpoint_dir, restorable
+from megatok.flops import build_meta_model
+from megatok.run.checkpoints import META, CheckpointError, checkpoint_dir, restorable
 
 
 def model_shapes(cfg: Config) -> dict[str, list[int]]:
     """Every parameter's full shape, from the model built on the meta device (no memory, any size)."""
-    from megatok.flops import build_meta_model
-
     return {name: list(p.shape) for name, p in build_meta_model(cfg).named_parameters()}
 
 
@@ -46,12 +45,15 @@ def check_model_files(meta: dict, where: Path, cfg: Config) -> None:
 
 def check_same_model(run_dir: str | Path, tag: str, cfg: Config) -> None:
     """A CheckpointError, naming what changed, when ``cfg`` builds another model than checkpoint ``tag``
-    holds (its ``param_shapes``; checkpoints from before they were recorded are not checked), or points
+    holds (its ``param_shapes``), or points
     it at another tokenizer file (:func:`check_model_files`)."""
     meta = json.loads((restorable(run_dir, tag) / META).read_text())  # where resume_tag found it
     check_model_files(meta, checkpoint_dir(run_dir) / tag, cfg)
     saved, now = meta.get("param_shapes"), model_shapes(cfg)
-    if saved is None or saved == now:
+    if saved is None:
+        raise CheckpointError(f"{checkpoint_dir(run_dir) / tag}: its {META} records no param_shapes: not a checkpoint "
+                              f"megatok's trainer wrote")
+    if saved == now:
         return
     differ = [n for n in sorted(set(saved) | set(now)) if saved.get(n) != now.get(n)]
     first = differ[0]

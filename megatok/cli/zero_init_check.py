@@ -7,8 +7,8 @@ report, per boundary strategy:
   bit (same seed). A strategy that writes to a child's parameters in its ``__init__`` without
   ``megatok.boundaries.base.initialise`` fails here: ZeRO-3 would have silently skipped that write.
 
-    python tools/zero_init_check.py --config configs/1b.json --set deepspeed.bf16.enabled=false
-    python tools/zero_init_check.py --config configs/tiny.json --strategies policy,hnet,gumbel --ranks 2
+    megatok-zero-init-check --config configs/1b.json --set deepspeed.bf16.enabled=false
+    megatok-zero-init-check --config configs/tiny.json --strategies policy,hnet,gumbel --ranks 2
 
 It launches ``--ranks`` processes with torchrun (gloo, one thread each). Peak RSS is the kernel's
 high-water mark (VmHWM, reset through /proc/self/clear_refs before each build) minus the RSS before
@@ -26,8 +26,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from megatok.config import ConfigError, load_config
+from megatok.dsconfig import deepspeed_config
+from megatok.model import build_model
+from megatok.train import dist
+from megatok.train.dist import free_port
+from megatok.train.loop import build, full_shape
 
 MIB = 2**20
 
@@ -50,12 +54,6 @@ def worker(args) -> int:
     import torch
     import torch.distributed as tdist
     from deepspeed.utils import logger as ds_logger
-
-    from megatok.config import load_config
-    from megatok.dsconfig import deepspeed_config
-    from megatok.model import build_model
-    from megatok.train import dist
-    from megatok.train.loop import build, full_shape
 
     ds_logger.setLevel("WARNING")
     dist.init(120)
@@ -123,9 +121,6 @@ def main(argv=None) -> int:
         # work is done and reported.
         os._exit(code)
 
-    from megatok.config import ConfigError, load_config
-    from megatok.train.dist import free_port
-
     try:  # a bad config or strategy fails here, before any process starts
         for strategy in args.strategies or [None]:
             load_config(args.config, args.overrides + ([f"boundary.strategy={strategy}"] if strategy else []),
@@ -134,11 +129,10 @@ def main(argv=None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     env = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu", "CUDA_VISIBLE_DEVICES": "",
-           "MALLOC_MMAP_THRESHOLD_": "65536", "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+           "MALLOC_MMAP_THRESHOLD_": "65536"}
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(args.ranks),
-                "--master_port", str(free_port())]
-    rc = subprocess.run(torchrun + [__file__, "--worker", *(argv if argv is not None else sys.argv[1:])],
-                        env=env, cwd=ROOT).returncode
+                "--master_port", str(free_port()), "--module", "megatok.cli.zero_init_check"]
+    rc = subprocess.run(torchrun + ["--worker", *(argv if argv is not None else sys.argv[1:])], env=env).returncode
     if rc:
         print(f"error: {args.config}: the ZeRO-3 build differs from the plain build or failed (exit {rc}); see above",
               file=sys.stderr)

@@ -1,18 +1,15 @@
 """Build WebDataset train/val shards from text and JSON-lines files.
 
-    python tools/build_shards.py data/raw/ extra.jsonl.gz --out data/shards --val-fraction 0.01
+    megatok-build-shards data/raw/ extra.jsonl.gz --out data/shards --val-fraction 0.01
 
 See megatok/data/shards.py for the format. Exits 2 with a one-line "error: ..." on bad input.
 """
 
 import argparse
-import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from megatok.data.documents import DataError  # noqa: E402
-from megatok.data.shards import build_shards  # noqa: E402
+from megatok.data.documents import DataError
+from megatok.data.shards import build_shards
 
 
 def main(argv=None) -> int:

@@ -1,8 +1,14 @@
 """Check one GPU (H100/H200) before a cluster run: attention backends, bf16 training speed, MFU, memory.
 
-    python tools/gpu_check.py                       # on the GPU machine: a few minutes, no network, installs nothing
-    python tools/gpu_check.py --configs configs/100m.json configs/1b.json --steps 10 --json-out docs/gpu_check.json
-    python tools/gpu_check.py --cpu-smoke           # the same code paths on a CPU with a tiny config (the tests)
+    megatok-gpu-check                       # on the GPU machine: a few minutes, no network, installs nothing
+    megatok-gpu-check --configs configs/100m.json configs/1b.json --steps 10 --json-out docs/gpu_check.json
+    megatok-gpu-check --cpu-smoke           # the same code paths on a CPU with a tiny config (the tests)
+
+On a bare GPU machine (an image with torch and nothing else: carry the checkout and the wheels of
+tools/gpu_wheels.sh there, installed with ``pip install --no-index --no-deps --target /tmp/site``), run it
+from the checkout without installing megatok:
+
+    PYTHONPATH=/tmp/site:$PWD python3 -m megatok.cli.gpu_check --json-out gpu_check.json
 
 It prints:
 
@@ -24,7 +30,7 @@ It prints:
    100m) for --trainer-steps steps under ZeRO-3 (the model built partitioned), on shards built from
    the standard library's sources; a new process resumed from the halfway checkpoint, whose losses
    are compared with the first run's (on a GPU not necessarily bit-exact: some kernels are not
-   deterministic); tools/generate.py on the result; then 2 steps under ZeRO-2, whose model is built
+   deterministic); megatok-generate on the result; then 2 steps under ZeRO-2, whose model is built
    whole directly on the GPU.
 """
 
@@ -44,12 +50,20 @@ import time
 import traceback
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+import torch
 
-import torch  # noqa: E402
+from megatok import flops, sizing
+from megatok.config import load_config
+from megatok.data.shards import build_shards
+from megatok.data.stream import pack_documents
+from megatok.dsconfig import deepspeed_config, uses_bf16, zero_stage
+from megatok.metrics import read_metrics
+from megatok.model import blocks, build_model
+from megatok.train import dist
+from megatok.train.loop import compile_model, param_groups
 
-from megatok import flops, sizing  # noqa: E402
+# The checkout this module is in: the trainer check runs launch/pretrain.py from there, as users do.
+CHECKOUT = Path(__file__).resolve().parents[2]
 
 GIB = 2**30
 SMOKE_SETS = ["model.d_model=64", "model.n_heads=2", "model.n_encoder_layers=1", "model.n_main_layers=2",
@@ -83,8 +97,6 @@ def environment(device: torch.device) -> dict:
 
 def text_sequences(seq_len: int, n: int) -> torch.Tensor:
     """[n, seq_len + 1] packed byte sequences of real text (stdlib sources, cycled if short)."""
-    from megatok.data.stream import pack_documents
-
     docs = [p.read_bytes() for p in sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py"))]
     seqs = pack_documents(docs, seq_len)[:-1]  # the last row is padded
     reps = -(-n // max(1, len(seqs)))
@@ -94,8 +106,6 @@ def text_sequences(seq_len: int, n: int) -> torch.Tensor:
 # ----------------------------------------------------------------------------- 1. attention
 
 def attention_check(device: torch.device, shapes: list[tuple[int, int, int, int]], iters: int) -> list[dict]:
-    from megatok.model import blocks
-
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     have_flash = blocks.flash_attn_func is not None and device.type == "cuda"
     rows = []
@@ -136,12 +146,11 @@ def attention_check(device: torch.device, shapes: list[tuple[int, int, int, int]
 # ----------------------------------------------------------------------------- 2. training
 
 def build(cfg, device: torch.device):
-    from megatok.model.unet import ByteUNet
-    from megatok.train.loop import compile_model
-
+    """The config's model (megatok.model.build_model), built on the device, compiled as the trainer
+    compiles it when train.compile is set."""
     torch.manual_seed(cfg.train.seed)
     with torch.device(device):
-        model = ByteUNet(cfg.model, cfg.boundary)
+        model = build_model(cfg)
     if cfg.train.compile:
         compile_model(model, cfg)
     return model
@@ -149,10 +158,6 @@ def build(cfg, device: torch.device):
 
 def train_check(config: str, overrides: list[str], *, device: torch.device, engine: str, steps: int, warmup: int,
                 micro: int | None, peak: float | None) -> dict:
-    from megatok.config import load_config
-    from megatok.dsconfig import deepspeed_config, uses_bf16, zero_stage
-    from megatok.train.loop import param_groups
-
     sets = list(overrides) + ["logging.wandb_mode=disabled"]
     if micro:
         sets.append(f"train.micro_batch_size={micro}")
@@ -171,8 +176,6 @@ def train_check(config: str, overrides: list[str], *, device: torch.device, engi
 
     if engine == "deepspeed":
         import deepspeed
-
-        from megatok.train import dist
 
         if not torch.distributed.is_initialized():
             dist.init(cfg.train.collective_timeout_s)
@@ -250,13 +253,11 @@ LAUNCH_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_A
 def _run(cmd: list[str], timeout: float) -> subprocess.CompletedProcess:
     """A child process of its own: not this process's rank or port (section 2 may have started a group)."""
     env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS}
-    return subprocess.run([sys.executable, *cmd], cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+    return subprocess.run([sys.executable, *cmd], cwd=CHECKOUT, capture_output=True, text=True, timeout=timeout,
                           env={**env, "WANDB_MODE": "disabled", "PYTHONUNBUFFERED": "1"})
 
 
 def _train_losses(run_dir: Path) -> dict[int, float]:
-    from megatok.metrics import read_metrics
-
     return {r["step"]: r["loss"] for r in read_metrics(run_dir) if r.get("split") == "train"}
 
 
@@ -264,13 +265,14 @@ def trainer_check(config: str, overrides: list[str], *, device: torch.device, st
                   timeout: float = 600) -> dict:
     """The real trainer on the device, as users start it (launch/pretrain.py, one process): ``steps``
     steps under ZeRO-3 (the model built partitioned) with a checkpoint halfway, a new process resumed
-    from that checkpoint, whose losses are compared with the first run's, and tools/generate.py on
+    from that checkpoint, whose losses are compared with the first run's, and megatok-generate on
     the result. Data: shards built here from the Python standard library's sources."""
     import shutil
     import tempfile
 
-    from megatok.data.shards import build_shards
-
+    if not (CHECKOUT / "launch" / "pretrain.py").is_file():
+        return {"config": config, "error": f"no launch/pretrain.py in {CHECKOUT}: the trainer check runs the trainer "
+                                           f"of a megatok checkout (run this check from one)"}
     tmp = Path(tempfile.mkdtemp(prefix="megatok-gpu-check-"))
     row: dict = {"config": config, "zero_stage": 3, "steps": steps}
     end = time.monotonic() + timeout  # for all its processes together
@@ -286,8 +288,6 @@ def trainer_check(config: str, overrides: list[str], *, device: torch.device, st
                                     "domain": "code"}) + "\n")
         build_shards([str(tmp / "corpus.jsonl")], str(tmp / "shards"), val_fraction=0.05, num_shards=2,
                      progress=False)
-        from megatok.config import load_config
-
         mb = micro or load_config(config, overrides, world_size=1).train.micro_batch_size
         half = steps // 2
         sets = [*overrides, f"data.shards={tmp / 'shards'}", "data.num_workers=1", f"train.max_steps={steps}",
@@ -315,7 +315,7 @@ def trainer_check(config: str, overrides: list[str], *, device: torch.device, st
         row.update(resume_max_rel_diff=max(diffs), resume_exact=max(diffs) == 0.0)
 
         t = time.perf_counter()
-        r = _run(["tools/generate.py", "--run", str(first), "--prompt", "def ", "--max-bytes", "64",
+        r = _run(["-m", "megatok.cli.generate", "--run", str(first), "--prompt", "def ", "--max-bytes", "64",
                   "--device", str(device), "--json"], left())
         if r.returncode:
             return {**row, "error": f"generate exited {r.returncode}: {r.stderr.strip()[-400:]}"}
@@ -368,7 +368,7 @@ def show(report: dict) -> str:
     if report.get("trainer"):
         r = report["trainer"]
         lines += ["", "trainer (launch/pretrain.py, ZeRO-3 built partitioned; resumed from the halfway checkpoint "
-                      "in a new process; tools/generate.py on the result)"]
+                      "in a new process; megatok-generate on the result)"]
         if "error" in r:
             lines.append(f"{r['config']}: error: {r['error']}")
         else:
@@ -459,8 +459,7 @@ def main(argv=None) -> int:
                 report["training"].append({"config": label, "engine": engine, "error": "skipped: --budget-s spent"})
                 continue
             try:
-                report["training"].append(train_check(str(ROOT / config) if not Path(config).is_absolute() else config,
-                                                      sets, device=device, engine=engine, steps=steps,
+                report["training"].append(train_check(config, sets, device=device, engine=engine, steps=steps,
                                                       warmup=warmup, micro=micro, peak=peak))
                 report["training"][-1]["config"] = label
             except torch.cuda.OutOfMemoryError as e:  # report and go on with the next config
@@ -478,7 +477,7 @@ def main(argv=None) -> int:
                 report["trainer"] = {"error": f"skipped: --budget-s spent ({left:.0f} s left)"}
             else:
                 try:
-                    report["trainer"] = trainer_check(str(ROOT / trainer_config), overrides, device=device,
+                    report["trainer"] = trainer_check(str(Path(trainer_config).absolute()), overrides, device=device,
                                                       steps=max(2, trainer_steps // 2 * 2), micro=micro,
                                                       timeout=left)
                 except Exception as e:  # noqa: BLE001 - the sections before it are kept
@@ -492,8 +491,6 @@ def main(argv=None) -> int:
         if args.json_out:
             Path(args.json_out).write_text(json.dumps(report, indent=2) + "\n")
     try:
-        from megatok.train import dist
-
         dist.finish()
     except Exception:  # noqa: BLE001 - no process group was started
         pass

@@ -1,10 +1,9 @@
-#!/usr/bin/env python3
 """A multilingual, verse-aligned corpus from public-domain Bible translations, with a parallel held-out set.
 
-    python tools/make_bible_corpus.py --out data/bible.jsonl.gz --heldout-out data/heldout_bible.jsonl \\
+    megatok-make-bible-corpus --out data/bible.jsonl.gz --heldout-out data/heldout_bible.jsonl \\
         [--langs en,es,fr,it,ru,ar,fa] [--max-mb-per-lang 2] [--heldout-every 50] [--cache data/.cache] [--offline]
 
-The default corpus (tools/make_corpus.py) is about 99% English, so per-language figures there mostly
+The default corpus (megatok-make-corpus) is about 99% English, so per-language figures there mostly
 show what the models never saw. This adds the same content in several languages and scripts, for
 training and for a held-out set on which languages can be compared fairly (the same verses, the same
 domain as the training text).

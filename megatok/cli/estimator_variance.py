@@ -1,6 +1,6 @@
 """The score-function estimator's variance, per discount gamma: is the policy gradient usable?
 
-    python tools/estimator_variance.py --run runs/strat-policy [--gammas 0.9,0.95,0.99,1.0] [--samples 32]
+    megatok-estimator-variance --run runs/strat-policy [--gammas 0.9,0.95,0.99,1.0] [--samples 32]
 
 For a policy checkpoint (boundary.strategy = "policy") and one fixed batch of held-out sequences,
 draws ``--samples`` boundary samples (sampling seeds seed, seed+1, ...). For every sample it runs the
@@ -27,13 +27,10 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
 from pathlib import Path
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-import torch  # noqa: E402
+import torch
 
 from megatok.eval.policy_probe import fixed_batch  # noqa: E402
 
@@ -153,7 +150,7 @@ def main(argv=None) -> int:
         ap.error("--gammas: values in [0, 1]")
 
     try:
-        from megatok.runs import load_model
+        from megatok.run.reader import load_model
 
         model, cfg, tag = load_model(args.run, args.checkpoint)
     except FileNotFoundError as e:

@@ -1,10 +1,10 @@
 """A scaling study: one run per (size, boundary strategy), all at the same number of training bytes.
 
-    python tools/sweep.py --sizes 100m,350m,1b --strategies policy,fixed --bytes 2e9 --out sweeps/s1 \\
+    megatok-sweep --sizes 100m,350m,1b --strategies policy,fixed --bytes 2e9 --out sweeps/s1 \\
         [--set data.shards=/shared/shards ...] [--option bpe.model_path=data/bpe32k/tokenizer.model ...] \\
         [--strategies policy,bpe-lm --bpe-tokenizer runs/bpe32k | --bpe-vocab-size 32000 --bpe-bytes-per-token 4.2] \\
         [--gpus 8 --nodes 1] [--emit sbatch | --run-local [--nproc N]]
-    python tools/sweep.py --out sweeps/s1 --collect          # table + loss-against-FLOPs plot
+    megatok-sweep --out sweeps/s1 --collect          # table + loss-against-FLOPs plot
 
 Writing (the default): for every size (``configs/<size>.json`` or a path) and strategy, a complete
 config ``OUT/configs/<size>-<strategy>.json`` (no ``extends``: it is the record of the run) with
@@ -16,8 +16,8 @@ defaults plus ``--option STRATEGY.KEY=VALUE``. Every config is validated for gpu
 their parameters and FLOPs per byte. Strategies are checked against ``megatok.boundaries.available()``.
 
 ``bpe-lm`` is not a boundary strategy but the BPE token model (model.kind "bpe") matched to the size's
-unet in training FLOPs per byte by megatok.flops.match_bpe (as tools/match_bpe.py does; data.seq_len in
-tokens covering the same bytes). It needs ``--bpe-tokenizer`` (a tools/train_bpe.py output: pieces from
+unet in training FLOPs per byte by megatok.flops.match_bpe (as megatok-match-bpe does; data.seq_len in
+tokens covering the same bytes). It needs ``--bpe-tokenizer`` (a megatok-train-bpe output: pieces from
 the tokenizer, bytes per token from its report.json) or ``--bpe-vocab-size`` and ``--bpe-bytes-per-token``
 (then ``--bpe-tokenizer``, default data/bpe/tokenizer.model, is only the path written; it need not exist
 yet). Its steps keep the bytes equal: bytes per step = global batch x seq_len tokens x bytes_per_token.
@@ -32,8 +32,8 @@ an interrupted one resumes from its checkpoint.
 boundary rule) and the realised boundary rate (mean of the training rows), and writes
 ``OUT/results.md`` (a markdown table) and ``OUT/loss_vs_flops.png``: validation bits per byte against
 training FLOPs, one line per strategy through its sizes' final points, and each run's validation
-curve. Training FLOPs = FLOPs per byte at the realised rate (megatok/flops.py) x bytes seen. The runs
-that have started also go through the compare tool (tools/compare.py) into ``OUT/compare/``.
+curve. Training FLOPs are what each run logged, else FLOPs per byte x bytes seen (megatok.flops.flops_at). The runs
+that have started also go through the compare tool (megatok-compare) into ``OUT/compare/``.
 """
 
 from __future__ import annotations
@@ -41,7 +41,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import shlex
 import shutil
 import subprocess
@@ -49,11 +48,16 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from megatok import flops, sizing
+from megatok.boundaries import available
+from megatok.cli import compare
+from megatok.cli.match_bpe import tokenizer_facts
+from megatok.config import CONFIGS, ConfigError, load_config
+from megatok.metrics import read_metrics
+from megatok.train.dist import free_port
 
-from megatok import flops, sizing  # noqa: E402
-from megatok.config import ConfigError, load_config  # noqa: E402
+# The checkout this module is in: --run-local starts its launch/pretrain.py, as users do.
+CHECKOUT = Path(__file__).resolve().parents[2]
 
 
 class SweepError(ValueError):
@@ -70,15 +74,13 @@ def size_config(size: str) -> Path:
         return p
     if p.suffix == ".json":
         raise SweepError(f"--sizes {size}: no such file")
-    p = ROOT / "configs" / f"{size}.json"
+    p = CONFIGS / f"{size}.json"
     if not p.is_file():
         raise SweepError(f"--sizes {size}: no configs/{size}.json")
     return p
 
 
 def check_strategies(names: list[str]) -> None:
-    from megatok.boundaries import available
-
     for s in names:
         if s != BPE_LM and s not in available():
             raise SweepError(f"--strategies {s}: unknown strategy (available: {', '.join(available())}, "
@@ -107,14 +109,9 @@ def bpe_facts(tokenizer: str | None, vocab_size: int | None, bytes_per_token: fl
         return {"tokenizer": tokenizer or DEFAULT_BPE_TOKENIZER, "vocab_size": vocab_size,
                 "bytes_per_token": bytes_per_token}
     if tokenizer is None:
-        raise SweepError(f"--strategies {BPE_LM} needs --bpe-tokenizer (a tools/train_bpe.py output), or "
+        raise SweepError(f"--strategies {BPE_LM} needs --bpe-tokenizer (a megatok-train-bpe output), or "
                          "--bpe-vocab-size and --bpe-bytes-per-token")
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("megatok_match_bpe", ROOT / "tools" / "match_bpe.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    model, pieces, bpt = mod.tokenizer_facts(tokenizer)
+    model, pieces, bpt = tokenizer_facts(tokenizer)
     bpt = bytes_per_token if bytes_per_token is not None else bpt
     if bpt is None:
         raise SweepError(f"--bpe-tokenizer {tokenizer}: no report.json with bytes per token; "
@@ -208,32 +205,31 @@ def sbatch_lines(runs: list[dict], nodes: int, gpus: int) -> list[str]:
 
 
 def finished(run: dict) -> bool:
-    from megatok.metrics import read_metrics
-
     p = Path(run["run_dir"]) / "metrics.jsonl"
     return p.is_file() and any(r.get("split") == "val" and r.get("step") == run["max_steps"]
                                for r in read_metrics(run["run_dir"]))
 
 
 def local_command(run: dict, nproc: int) -> list[str]:
-    script = [str(ROOT / "launch/pretrain.py"), "--config", run["config"]]
+    script = [str(CHECKOUT / "launch/pretrain.py"), "--config", run["config"]]
     if nproc > 1:
-        from megatok.train.dist import free_port
-
         return [str(Path(sys.executable).parent / "deepspeed"), "--num_gpus", str(nproc),
                 "--master_port", str(free_port())] + script
     return [sys.executable] + script
 
 
 def run_local(runs: list[dict], nproc: int) -> int:
-    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    if not (CHECKOUT / "launch/pretrain.py").is_file():
+        print(f"error: --run-local: no launch/pretrain.py in {CHECKOUT}: it runs the trainer of a megatok checkout "
+              f"(or submit the configs with --emit sbatch)", file=sys.stderr)
+        return 2
     for i, run in enumerate(runs, 1):
         if finished(run):
             print(f"sweep: [{i}/{len(runs)}] {run['name']}: finished already, skipped", flush=True)
             continue
         cmd = local_command(run, nproc)
         print(f"sweep: [{i}/{len(runs)}] {run['name']}: {shlex.join(cmd)}", flush=True)
-        rc = subprocess.run(cmd, env=env).returncode  # from here, where the configs' relative paths were checked
+        rc = subprocess.run(cmd).returncode  # from here, where the configs' relative paths were checked
         if rc != 0:
             print(f"sweep: {run['name']} failed with exit code {rc}; rerun the same command to resume", file=sys.stderr)
             return rc
@@ -243,10 +239,8 @@ def run_local(runs: list[dict], nproc: int) -> int:
 # ----------------------------------------------------------------------------- collect
 
 def collect(out: Path) -> list[dict]:
-    from megatok.metrics import read_metrics
-
     if not (out / "sweep.json").is_file():
-        raise SweepError(f"{out / 'sweep.json'}: no such file; is --out a directory tools/sweep.py wrote?")
+        raise SweepError(f"{out / 'sweep.json'}: no such file; is --out a directory megatok-sweep wrote?")
     manifest = json.loads((out / "sweep.json").read_text())
     rows = []
     for run in manifest["runs"]:
@@ -256,22 +250,9 @@ def collect(out: Path) -> list[dict]:
             train = [r for r in metrics if r.get("split") == "train"]
             val = [r for r in metrics if r.get("split") == "val"]
             cfg = load_config(run["config"], world_size=run["world"])
-            if cfg.model.kind == "bpe":  # tokens per byte, realised where the rows report bytes per token
-                bpts = [r["bytes_per_token"] for r in train if isinstance(r.get("bytes_per_token"), (int, float))
-                        and r["bytes_per_token"] > 0]
-                rate = len(bpts) / sum(bpts) if bpts else flops.default_rate(cfg)
-            else:
-                rates = [r["boundary_rate"] for r in train if isinstance(r.get("boundary_rate"), (int, float))]
-                rate = sum(rates) / len(rates) if rates else cfg.boundary.target_rate
+            rate = flops.realised_rate(cfg, train)
             fpb = flops.flops_per_byte(cfg, rate=rate)["training"]
-            per_step = flops.training_bytes(cfg, run["world"]) / cfg.train.max_steps
-            # the FLOPs the run logged up to each evaluation (its bytes seen at its realised rate; evaluation
-            # steps always get a training row); the planned bytes at the realised rate where not logged
-            logged = {r["step"]: r["flops"] for r in train if isinstance(r.get("flops"), (int, float))}
-
-            def flops_at(step: int) -> float:
-                return logged.get(step, step * per_step * fpb)
-
+            flops_at = flops.flops_at(cfg, run["world"], train)
             row.update(status="finished" if any(v["step"] == run["max_steps"] for v in val) else
                        f"running (step {train[-1]['step'] if train else 0})",
                        realised_rate=rate, realised_flops_per_byte=fpb,
@@ -289,17 +270,9 @@ def collect(out: Path) -> list[dict]:
 
 
 def compare_runs(run_dirs: list[str], out: Path) -> None:
-    """The compare tool's table and curves (tools/compare.py) for the runs that have started."""
+    """The compare tool's table and curves (megatok-compare) for the runs that have started."""
     started = [d for d in run_dirs if (Path(d) / "config.json").is_file() and (Path(d) / "metrics.jsonl").is_file()]
-    tool = ROOT / "tools" / "compare.py"
-    if not started or not tool.is_file():
-        return
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("megatok_compare", tool)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    if mod.main([*started, "--out", str(out)]) == 0:
+    if started and compare.main([*started, "--out", str(out)]) == 0:
         print(f"sweep: compare tool's table in {out / 'compare.md'}")
 
 
@@ -365,7 +338,7 @@ def main(argv=None) -> int:
     ap.add_argument("--option", nargs="+", action="extend", default=[], metavar="STRATEGY.KEY=VALUE",
                     help="an option for one strategy's runs, e.g. bpe.model_path=data/bpe32k/tokenizer.model")
     ap.add_argument("--bpe-tokenizer", default=None,
-                    help=f"{BPE_LM}: tools/train_bpe.py output (directory or tokenizer.model); with --bpe-vocab-size "
+                    help=f"{BPE_LM}: megatok-train-bpe output (directory or tokenizer.model); with --bpe-vocab-size "
                          f"and --bpe-bytes-per-token only the path written (default {DEFAULT_BPE_TOKENIZER})")
     ap.add_argument("--bpe-vocab-size", type=int, default=None, help=f"{BPE_LM}: tokenizer pieces")
     ap.add_argument("--bpe-bytes-per-token", type=float, default=None,

@@ -1,8 +1,8 @@
 """Print the configuration reference (every key, its type, default and meaning) as markdown.
 
-    python tools/config_reference.py            # print
-    python tools/config_reference.py --check README.md   # exit 1 if the README's copy is stale
-    python tools/config_reference.py --write README.md   # refresh the README's copy
+    megatok-config-reference            # print
+    megatok-config-reference --check README.md   # exit 1 if the README's copy is stale
+    megatok-config-reference --write README.md   # refresh the README's copy
 
 It is generated from the schema in megatok/config.py and the strategies' Options, so it cannot
 drift from the code; the README holds a copy between two marker lines.
@@ -12,15 +12,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from pydantic import BaseModel
 
-from pydantic import BaseModel  # noqa: E402
-
-from megatok.boundaries import available, strategy_options  # noqa: E402
-from megatok.config import BoundaryConfig, Config  # noqa: E402
+from megatok.boundaries import available, strategy_options
+from megatok.config import BoundaryConfig, Config
 
 BEGIN, END = "<!-- config-reference:begin -->", "<!-- config-reference:end -->"
 
@@ -79,7 +76,7 @@ def main(argv=None) -> int:
         return 0
     if copy.strip("\n") + "\n" != ref:
         print(f"error: {path}: the configuration reference is stale; regenerate it with "
-              f"python tools/config_reference.py --write README.md", file=sys.stderr)
+              f"megatok-config-reference --write README.md", file=sys.stderr)
         return 1
     return 0
 

@@ -1,11 +1,11 @@
 """Write the BPE token-model config that matches a megatok (unet) config in training FLOPs per byte.
 
-    python tools/match_bpe.py --config configs/tiny.json --tokenizer runs/bpe4k --out configs/tiny-bpe.json
-    python tools/match_bpe.py --config configs/1b.json --vocab-size 32000 --bytes-per-token 4.2 \\
+    megatok-match-bpe --config configs/tiny.json --tokenizer runs/bpe4k --out configs/tiny-bpe.json
+    megatok-match-bpe --config configs/1b.json --vocab-size 32000 --bytes-per-token 4.2 \\
         --tokenizer-path data/bpe32k/tokenizer.model --out configs/bpe/1b.json \\
         [--run-dir runs/1b-bpe] [--set KEY=VALUE ...]
 
---tokenizer takes a tools/train_bpe.py output directory (or its tokenizer.model): the vocabulary size is
+--tokenizer takes a megatok-train-bpe output directory (or its tokenizer.model): the vocabulary size is
 the tokenizer's number of pieces and bytes per token come from report.json next to it (the training-text
 figure; --bytes-per-token overrides it, and is needed when there is no report). Without a tokenizer at
 hand, give --vocab-size and --bytes-per-token (and --tokenizer-path, the model file the run will read).
@@ -24,9 +24,9 @@ configs/bpe/<size>.json are this tool's output for configs/<size>.json with ``--
 on English-heavy web text gives roughly 4-4.5 bytes per token). Bytes per token set the token model's
 FLOPs per byte and its seq_len, so regenerate them from your own tokenizer's report before training:
 
-    python tools/train_bpe.py --data /data/shards --vocab-size 32768 --out data/bpe32k
+    megatok-train-bpe --data /data/shards --vocab-size 32768 --out data/bpe32k
     for s in 100m 350m 1b 3b 7b 13b; do
-        python tools/match_bpe.py --config configs/$s.json --tokenizer data/bpe32k --out configs/bpe/$s.json
+        megatok-match-bpe --config configs/$s.json --tokenizer data/bpe32k --out configs/bpe/$s.json
     done
 """
 
@@ -38,14 +38,13 @@ import os
 import sys
 from pathlib import Path
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from megatok import flops, sizing  # noqa: E402
-from megatok.config import ConfigError, load_config  # noqa: E402
+from megatok import flops, sizing
+from megatok.bpe import load_tokenizer
+from megatok.config import ConfigError, find_config, load_config, merge, overrides_dict
 
 
 def report_bytes_per_token(report_path: Path) -> float | None:
-    """Bytes per token from a tools/train_bpe.py report.json: the training text's, else the first held-out set's."""
+    """Bytes per token from a megatok-train-bpe report.json: the training text's, else the first held-out set's."""
     if not report_path.is_file():
         return None
     try:
@@ -61,8 +60,6 @@ def report_bytes_per_token(report_path: Path) -> float | None:
 
 def tokenizer_facts(path: str) -> tuple[str, int, float | None]:
     """(model file, pieces, bytes per token from report.json or None) of a train_bpe output."""
-    from megatok.bpe import load_tokenizer
-
     p = Path(path)
     model = p / "tokenizer.model" if p.is_dir() else p
     try:
@@ -72,25 +69,9 @@ def tokenizer_facts(path: str) -> tuple[str, int, float | None]:
     return str(model), sp.get_piece_size(), report_bytes_per_token(model.parent / "report.json")
 
 
-def overrides_dict(items: list[str]) -> dict:
-    from megatok.config import _apply_override, _parse_override
-
-    raw: dict = {}
-    for item in items:
-        _apply_override(raw, *_parse_override(item))
-    return raw
-
-
-def merge(base: dict, top: dict) -> dict:
-    out = dict(base)
-    for k, v in top.items():
-        out[k] = merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out
-
-
 def build(args) -> tuple[dict, dict, object, object]:
     """(the output config dict, match_bpe's result, source config, written config)."""
-    src = Path(args.config)
+    src = find_config(args.config)
     if not src.is_file():
         raise ConfigError(f"--config {src}: file not found")
     cfg = load_config(src, args.overrides, world_size=1)
@@ -130,7 +111,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", required=True, help="the megatok (unet) config to match")
     tok = ap.add_mutually_exclusive_group()
-    tok.add_argument("--tokenizer", help="tools/train_bpe.py output directory or its tokenizer.model")
+    tok.add_argument("--tokenizer", help="megatok-train-bpe output directory or its tokenizer.model")
     tok.add_argument("--vocab-size", type=int, help="tokenizer pieces (without --tokenizer)")
     ap.add_argument("--bytes-per-token", type=float, help="expected bytes per token of the training data")
     ap.add_argument("--tokenizer-path", default="data/bpe/tokenizer.model",
@@ -147,7 +128,7 @@ def main(argv=None) -> int:
     out = Path(args.out)
     try:
         written, match, src_cfg, pieces = build(args)
-        if out.resolve() in extends_chain(Path(args.config)):
+        if out.resolve() in extends_chain(find_config(args.config)):
             raise ConfigError(f"--out {out}: that is {args.config} or a config it extends, which the matched "
                               f"config extends in turn; write it to another file")
         out.parent.mkdir(parents=True, exist_ok=True)

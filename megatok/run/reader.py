@@ -3,7 +3,7 @@
 ``run_config`` is the config a run wrote, ``load_model`` its model with a checkpoint's weights merged
 from any ZeRO stage and world size (``consolidated_state_dict``). A run records its tokenizer paths as
 it was given them, often relative to the directory it was started from; they are looked up from
-there (``launch_dir``), so a run can be read from any directory. Exports (megatok.export) read their
+there (``launch_dir``), so a run can be read from any directory. Exports (megatok.run.export) read their
 config the same way (``written_config``).
 """
 
@@ -19,9 +19,10 @@ import torch
 
 from megatok.config import Config, ConfigError, load_config
 from megatok.dsconfig import zero_stage
-from megatok.train.checkpoint import (META, CheckpointError, checkpoint_dir, damage, latest_tag, published_tags,
-                                      restorable)
-from megatok.train.same_model import check_model_files
+from megatok.model import build_model
+from megatok.run.checkpoints import (META, CheckpointError, checkpoint_dir, damage, latest_tag, published_tags,
+                                     restorable)
+from megatok.run.same_model import check_model_files
 
 # Files a model needs to be built (a tokenizer).
 MODEL_FILES = (("model", "tokenizer"), ("boundary", "model_path"))
@@ -37,14 +38,21 @@ def launch_dir(run_dir: str | Path, recorded: str) -> Path | None:
     return Path(*here.parts[:-n])
 
 
-def written_config(path: Path, base: Path | None, *, base_first: bool = False) -> Config:
-    """A config.json that a run or an export wrote, loaded for the world size it was written with. Its
-    relative MODEL_FILES paths are looked up in ``base`` where they exist there: those that do not exist
-    from the working directory, or all of them with ``base_first``."""
+def _read(path: Path) -> dict:
     try:
         raw = json.loads(path.read_text())
     except json.JSONDecodeError as e:
         raise ConfigError(f"{path}: not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: the top level must be a JSON object")
+    return raw
+
+
+def written_config(path: Path, base: Path | None, *, base_first: bool = False) -> Config:
+    """A config.json that a run or an export wrote, loaded for the world size it was written with. Its
+    relative MODEL_FILES paths are looked up in ``base`` where they exist there: those that do not exist
+    from the working directory, or all of them with ``base_first``."""
+    raw = _read(path)
     t = raw.get("train", {})
     world = (t["global_batch_size"] // (t["micro_batch_size"] * t["grad_accum"])) if t.get("global_batch_size") else 1
     found = []
@@ -62,7 +70,7 @@ def run_config(run_dir: str | Path) -> Config:
     path = Path(run_dir) / "config.json"
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no config.json here; is {run_dir} a megatok run directory?")
-    recorded = json.loads(path.read_text()).get("train", {}).get("run_dir", "")
+    recorded = _read(path).get("train", {}).get("run_dir", "")
     # the start directory's files first: a file of the same relative name here may be another tokenizer
     return written_config(path, launch_dir(run_dir, recorded), base_first=True)
 
@@ -107,8 +115,6 @@ def load_model(run_dir: str | Path, tag: str | None = None, device: str | torch.
 
     Returns (model, config, tag). Works for every ZeRO stage (the ZeRO-2/3 partitions are merged).
     """
-    from megatok.model import build_model
-
     cfg = run_config(run_dir)
     tag = checkpoint_to_read(run_dir, tag)
     state = consolidated_state_dict(run_dir, tag, cfg)  # first: it checks the tokenizer the model would read

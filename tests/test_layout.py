@@ -1,0 +1,153 @@
+"""The package's layout: the import graph between megatok's modules (read from the source with ast, imports
+at module level and inside functions alike), every command importable with its ``main``, and pyproject.toml
+agreeing with requirements.txt and with the packages on disk."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import inspect
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT
+
+PACKAGE = ROOT / "megatok"
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def _type_checking_only(node: ast.If) -> bool:
+    return isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING" or (
+        isinstance(node.test, ast.Attribute) and node.test.attr == "TYPE_CHECKING")
+
+
+def imports(path: Path) -> set[str]:
+    """Every module ``path`` imports (top-level names: ``deepspeed.utils`` counts as ``deepspeed`` too),
+    at module level or in a function; not under ``if TYPE_CHECKING:``, which never runs."""
+    mod = module_name(path)
+    package = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
+    out: set[str] = set()
+
+    def visit(node):
+        if isinstance(node, ast.If) and _type_checking_only(node):
+            for child in node.orelse:
+                visit(child)
+            return
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package.split(".")[:len(package.split(".")) - node.level + 1] + ([base] if base else []))
+            out.add(base)
+            # ``from megatok.run import checkpoints``: the submodule, where it is one
+            out.update(f"{base}.{a.name}" for a in node.names if f"{base}.{a.name}" in MODULES)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(ast.parse(path.read_text(), str(path)))
+    return {name.split(".")[0] for name in out} | out
+
+
+GRAPH = {mod: {m for m in imports(path) if m in MODULES and m != mod} for mod, path in MODULES.items()}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module, or a module importing itself (Tarjan)."""
+    index, low, stack, on, out = {}, {}, [], set(), []
+
+    def connect(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                connect(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            connect(v)
+    return out
+
+
+def test_the_import_graph_finds_real_imports():
+    """The reader sees what the tests below rely on (a parse that found nothing would pass them all)."""
+    assert "megatok.run.checkpoints" in GRAPH["megatok.train.checkpoint"]
+    assert "megatok.run.reader" in GRAPH["megatok.eval.head_to_head"]
+    assert "megatok.dsconfig" in GRAPH["megatok.config"] and "megatok.config" not in GRAPH["megatok.dsconfig"]
+    assert "deepspeed" in imports(MODULES["megatok.run.reader"])  # inside a function
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_no_import_circles_among_megatok_modules():
+    assert cycles(GRAPH) == []
+
+
+@pytest.mark.parametrize("package", ["megatok.run", "megatok.eval", "megatok.model", "megatok.boundaries"])
+def test_readers_evaluation_and_model_code_never_import_the_trainer(package):
+    bad = {mod: sorted(m for m in deps if m == "megatok.train" or m.startswith("megatok.train."))
+           for mod, deps in GRAPH.items() if mod == package or mod.startswith(package + ".")}
+    assert {mod: deps for mod, deps in bad.items() if deps} == {}
+
+
+@pytest.mark.parametrize("package", ["megatok.model", "megatok.boundaries"])
+def test_model_code_never_imports_deepspeed(package):
+    bad = {mod: "deepspeed" for mod, path in MODULES.items()
+           if (mod == package or mod.startswith(package + ".")) and "deepspeed" in imports(path)}
+    assert bad == {}
+
+
+def test_no_module_edits_sys_path():
+    files = [*PACKAGE.rglob("*.py"), *(ROOT / "launch").rglob("*.py")]
+    assert [str(f) for f in files if "sys.path" in f.read_text()] == []
+
+
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
+COMMANDS = sorted(p.stem for p in (PACKAGE / "cli").glob("*.py") if p.stem != "__init__")
+
+
+def test_every_command_is_declared_and_has_main():
+    scripts = PYPROJECT["project"]["scripts"]
+    assert scripts == {f"megatok-{name.replace('_', '-')}": f"megatok.cli.{name}:main" for name in COMMANDS}
+    for name in COMMANDS:
+        main = importlib.import_module(f"megatok.cli.{name}").main
+        assert list(inspect.signature(main).parameters) == ["argv"], name
+
+
+def test_tools_holds_shell_scripts_only():
+    assert sorted(p.name for p in (ROOT / "tools").iterdir() if p.is_file()) == [
+        "gpu_wheels.sh", "head_to_head.sh", "quickstart.sh", "setup.sh", "test.sh"]
+
+
+def test_pyproject_pins_are_requirements_txt_and_lists_every_package():
+    pins = [ln.strip() for ln in (ROOT / "requirements.txt").read_text().splitlines()
+            if ln.strip() and not ln.startswith("#")]
+    project = PYPROJECT["project"]
+    assert project["dependencies"] == [p for p in pins if not p.startswith("pytest")]
+    assert project["optional-dependencies"]["test"] == [p for p in pins if p.startswith("pytest")]
+    on_disk = {module_name(p.parent / "__init__.py") for p in PACKAGE.rglob("__init__.py")}
+    configs = {"megatok.configs", "megatok.configs.bpe"}  # configs/ and configs/bpe, installed as package data
+    assert set(PYPROJECT["tool"]["setuptools"]["packages"]) == on_disk | configs
+    assert sorted(p.name for p in (ROOT / "configs").iterdir() if p.is_dir()) == ["bpe"]
