@@ -148,6 +148,8 @@ def test_pyproject_pins_are_requirements_txt_and_lists_every_package():
     assert project["dependencies"] == [p for p in pins if not p.startswith("pytest")]
     assert project["optional-dependencies"]["test"] == [p for p in pins if p.startswith("pytest")]
     on_disk = {module_name(p.parent / "__init__.py") for p in PACKAGE.rglob("__init__.py")}
-    configs = {"megatok.configs", "megatok.configs.bpe"}  # configs/ and configs/bpe, installed as package data
+    configs = {"megatok.configs"} | {f"megatok.configs.{p.name}" for p in (ROOT / "configs").iterdir() if p.is_dir()}
     assert set(PYPROJECT["tool"]["setuptools"]["packages"]) == on_disk | configs
-    assert sorted(p.name for p in (ROOT / "configs").iterdir() if p.is_dir()) == ["bpe"]
+    for sub in (ROOT / "configs").iterdir():  # every configs/ folder is installed with its JSON files
+        if sub.is_dir():
+            assert PYPROJECT["tool"]["setuptools"]["package-data"][f"megatok.configs.{sub.name}"] == ["*.json"]

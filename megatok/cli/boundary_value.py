@@ -37,7 +37,7 @@ def main(argv=None) -> int:
     import torch
 
     from megatok.eval.policy_probe import boundary_values, fixed_batch, format_table
-    from megatok.runs import load_model
+    from megatok.run.reader import load_model
 
     try:
         model, cfg, tag = load_model(args.run, args.checkpoint)

@@ -17,7 +17,6 @@ estimator's own return G_t in the same sample: the noise a decision's credit car
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import torch
 
@@ -31,17 +30,12 @@ CLASSES = ("space_before_word", "word_start", "inside_word", "other")
 def fixed_batch(cfg, data: str | None, batch_size: int, seq_len: int) -> torch.Tensor:
     """The first ``batch_size`` packed sequences [B, seq_len + 1] of the validation split (or of
     ``data``: a shard directory's val split or text/JSONL files)."""
-    from megatok.data.documents import iter_documents
-    from megatok.data.stream import iter_shard_documents, pack_documents, resolve_shards
+    from megatok.data.inputs import read_documents
+    from megatok.data.stream import pack_documents
 
     spec = data or cfg.data.val_shards or cfg.data.shards
-    if isinstance(spec, dict) or (isinstance(spec, str) and (Path(spec, "manifest.json").is_file()
-                                                             or not Path(spec).exists())):  # shards
-        docs = iter_shard_documents(resolve_shards(spec, "val"))
-    else:
-        docs = iter_documents([spec] if isinstance(spec, str) else spec)
     texts, have, need = [], 0, batch_size * (seq_len + 1)
-    for d in docs:
+    for d in read_documents(list(spec) if isinstance(spec, dict) else spec, "val"):
         texts.append(d.text)
         have += len(d.text) + 1
         if have >= need:
