@@ -26,7 +26,6 @@ import numpy as np
 import torch
 
 from megatok.data.stream import is_cursor
-from megatok.train import faults
 
 CHECKPOINTS = "checkpoints"
 META = "megatok.json"
@@ -249,7 +248,7 @@ def set_rng_state(state: dict) -> None:
     torch.random.set_rng_state(torch.tensor(state["torch"], dtype=torch.uint8))
     saved = state["cuda"]
     if saved and torch.cuda.is_available():
-        # one state: this rank's device; several (checkpoints before 2026-12): one per visible GPU then
+        # one state: this rank's device; a list of several: one per GPU the rank saw, by device index
         i = 0 if len(saved) == 1 else torch.cuda.current_device()
         if i < len(saved):
             torch.cuda.set_rng_state(torch.tensor(saved[i], dtype=torch.uint8))
@@ -292,8 +291,8 @@ def stream_file(rank: int) -> str:
 
 
 def read_cursors(run_dir: str | Path, tag: str, rank: int, n_sources: int) -> dict[int, dict]:
-    """The data cursors of this rank's readers in a checkpoint ({} if it has none: older checkpoints),
-    each for ``n_sources`` data sources."""
+    """The data cursors of this rank's readers in a checkpoint ({} if it has none), each for
+    ``n_sources`` data sources."""
     path = checkpoint_dir(run_dir) / tag / stream_file(rank)
     if not path.is_file():
         return {}
@@ -391,7 +390,6 @@ def save(engine, run_dir: str | Path, step: int, meta: dict, keep: int = 3,
         if cursors:
             _write_atomic(tmp / stream_file(rank),
                           json.dumps({"cursors": {str(r): c for r, c in sorted(cursors.items())}}))
-        faults.maybe_slow_save(step)
         dist.barrier()
         # One process per machine flushes what its machine wrote; every rank when the launcher does not
         # say which ranks share a machine (no LOCAL_RANK).
@@ -402,7 +400,6 @@ def save(engine, run_dir: str | Path, step: int, meta: dict, keep: int = 3,
             raise
         raise _unwritten(run_dir, tmp, step, exn) from None
     dist.barrier()
-    faults.maybe_die_in_save(step)
     if rank == 0:
         try:
             _publish(run_dir, tmp, tag, meta)
