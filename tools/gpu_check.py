@@ -137,7 +137,7 @@ def attention_check(device: torch.device, shapes: list[tuple[int, int, int, int]
 
 def build(cfg, device: torch.device):
     from megatok.model.unet import ByteUNet
-    from megatok.train.loop import compile_model
+    from megatok.train.engine import compile_model
 
     torch.manual_seed(cfg.train.seed)
     with torch.device(device):
@@ -151,7 +151,7 @@ def train_check(config: str, overrides: list[str], *, device: torch.device, engi
                 micro: int | None, peak: float | None) -> dict:
     from megatok.config import load_config
     from megatok.dsconfig import deepspeed_config, uses_bf16, zero_stage
-    from megatok.train.loop import param_groups
+    from megatok.train.engine import param_groups
 
     sets = list(overrides) + ["logging.wandb_mode=disabled"]
     if micro:
@@ -322,7 +322,7 @@ def trainer_check(config: str, overrides: list[str], *, device: torch.device, st
         sample = json.loads(r.stdout.splitlines()[-1])
         row.update(generate_bytes=sample["bytes"], generate_s=round(time.perf_counter() - t, 1))
 
-        # ZeRO-2: the whole model built directly on the GPU (megatok/train/loop.py build), 2 steps
+        # ZeRO-2: the whole model built directly on the GPU (megatok/train/engine.py build), 2 steps
         t = time.perf_counter()
         r = _run(["launch/pretrain.py", "--config", config, "--set", *sets, "deepspeed.zero_optimization.stage=2",
                   "train.max_steps=2", "train.save_every=2", f"train.run_dir={tmp / 'zero2'}"], left())

@@ -55,7 +55,7 @@ def worker(args) -> int:
     from megatok.dsconfig import deepspeed_config
     from megatok.model import build_model
     from megatok.train import dist
-    from megatok.train.loop import build, full_shape
+    from megatok.train.engine import build, full_shape
 
     ds_logger.setLevel("WARNING")
     dist.init(120)
