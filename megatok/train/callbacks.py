@@ -1,5 +1,5 @@
-"""The trainer's side duties, as callbacks: the watchdog, stop requests, the metrics rows and the
-progress display, evaluation. Each hook gets the Trainer; extra callbacks (``Trainer(callbacks=...)``)
+"""The trainer's side duties, as callbacks: the watchdog, stop requests, the profiler window, the
+metrics rows and the console, evaluation. Each hook gets the Trainer; extra callbacks (``Trainer(callbacks=...)``)
 run after these, in order."""
 
 from __future__ import annotations
@@ -115,7 +115,7 @@ class StopRequest(Callback):
 class LogMetrics(Callback):
     """A training row every train.log_every steps, and at every checkpoint and evaluation step (so the
     cumulative bytes and FLOPs that a checkpoint saves, and that the head-to-head matches its baseline
-    by, are complete) and at a stop; the progress bar follows the rows."""
+    by, are complete) and at a stop; the console follows the rows (MetricsLogger.progress)."""
 
     def on_step_end(self, trainer):
         if not trainer.log_due:
@@ -124,9 +124,57 @@ class LogMetrics(Callback):
         row = trainer.metrics.row(trainer.step, lr=trainer.lr, grad_norm=trainer.engine.grad_norm,
                                   **trainer.data.epochs())  # rank 0's epochs; the checkpoint's: all ranks'
         trainer.logger.log(row)
-        trainer.logger.progress(trainer.step, loss=row["loss"], bpb=row["bpb"],
-                                **({"rate": row["boundary_rate"]} if "boundary_rate" in row else {}),
-                                bytes_per_s=row["bytes_per_s"], **({"mfu": row["mfu"]} if "mfu" in row else {}))
+        trainer.logger.progress(trainer.step, **shown(row))
+
+
+def shown(row: dict) -> dict[str, float]:
+    """A training row's figures on the console: loss, bpb, boundary rate, lr, throughput, MFU (without a
+    known peak: TFLOP/s per device) and peak memory, under its row key (which says what was measured)."""
+    out = {"loss": row["loss"], "bpb": row["bpb"]}
+    if "boundary_rate" in row:
+        out["rate"] = row["boundary_rate"]
+    out.update({"lr": row["lr"], "bytes/s": row["bytes_per_s"]})
+    out.update({"mfu": row["mfu"]} if "mfu" in row else {"tflops/device": row["tflops_per_device"]})
+    out.update({k: v for k, v in row.items() if k.endswith("_peak_allocated_gib") or k.endswith("_peak_rss_gib")})
+    return out
+
+
+class Profile(Callback):
+    """logging.profile_steps [start, stop]: torch.profiler records optimizer steps start to stop - 1 (the
+    CPU, and the GPU where the run is on one); each rank writes its Chrome trace to
+    RUN_DIR/profile/steps<start>-<stop>-rank<r>.json when the window closes (or the run ends in it)."""
+
+    def __init__(self, window: list[int], run_dir: Path, rank: int, device: torch.device):
+        (self.start, self.stop), self.rank, self.device = window, rank, device
+        self.path = Path(run_dir) / "profile" / f"steps{self.start}-{self.stop}-rank{rank}.json"
+        self.profiler = None
+
+    def on_step_begin(self, trainer):
+        if trainer.step + 1 == self.start:
+            from torch.profiler import ProfilerActivity, profile
+
+            activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device.type == "cuda" else [])
+            self.profiler = profile(activities=activities, record_shapes=True)
+            self.profiler.start()
+
+    def on_step_end(self, trainer):
+        if self.profiler is not None and trainer.step == self.stop - 1:
+            self._write(trainer)
+
+    def on_fit_end(self, trainer):
+        if self.profiler is not None:
+            self._write(trainer)
+
+    def _write(self, trainer) -> None:
+        self.profiler.stop()
+        trainer.progress(f"writing the profiler trace {self.path}")
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with trainer.metrics.paused():  # not training time
+            self.profiler.export_chrome_trace(str(self.path))
+        self.profiler = None
+        if self.rank == 0:
+            print(f"megatok: profiler trace of steps {self.start} to {trainer.step}: {self.path} "
+                  f"(and one per other rank)", flush=True)
 
 
 class Evaluate(Callback):

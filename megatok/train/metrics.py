@@ -4,9 +4,12 @@ throughput and model FLOP utilisation, and the cumulative bytes and FLOPs a run 
 from __future__ import annotations
 
 import contextlib
+import resource
+import sys
 import time
 
 import torch
+import torch.distributed as tdist
 
 from megatok.config import Config
 from megatok.flops import device_peak_tflops, flops_per_byte
@@ -52,13 +55,25 @@ class Totals:
         return sums
 
 
+def peak_memory(device: torch.device) -> tuple[str, float]:
+    """(row key, GiB): on a GPU the most memory torch allocated on it since the last call (its peak is
+    reset here, so each training row has its interval's); on the CPU this process's peak resident set
+    size since it started (getrusage's ru_maxrss, which cannot be reset)."""
+    if device.type == "cuda":
+        peak = torch.cuda.max_memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        return "gpu_peak_allocated_gib", peak / 2**30
+    maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+    return "host_peak_rss_gib", maxrss * (1 if sys.platform == "darwin" else 1024) / 2**30
+
+
 class TrainMetrics:
     """The interval sums (Totals), the interval's wall time less the time spent evaluating and
-    checkpointing (``paused``), and the cumulative text bytes (UTF-8 bytes predicted) and model FLOPs,
-    which are its checkpointed state: the head-to-head matches a baseline's checkpoint by bytes."""
+    checkpointing (``paused``), peak memory, and the cumulative text bytes (UTF-8 bytes predicted) and
+    model FLOPs, which are its checkpointed state: the head-to-head matches a baseline's checkpoint by bytes."""
 
     def __init__(self, cfg: Config, device: torch.device, world: int):
-        self.cfg, self.world = cfg, world
+        self.cfg, self.world, self.device = cfg, world, device
         self.totals = Totals(device)
         self.peak_tflops = cfg.train.peak_tflops or device_peak_tflops(device)
         self.bytes_seen = self.flops = 0.0
@@ -87,8 +102,12 @@ class TrainMetrics:
 
     def row(self, step: int, **extra) -> dict:
         """Collective: the training row of the interval that ends at ``step`` (its figures summed over
-        every rank), with ``extra`` (learning rate, grad norm, epochs) added; starts the next interval."""
+        every rank, its peak memory the largest of any rank's: see peak_memory), with ``extra``
+        (learning rate, grad norm, epochs) added; starts the next interval."""
         s = self.totals.all_sum()
+        memory_key, gib = peak_memory(self.device)
+        peak = torch.tensor([gib], dtype=torch.float64, device=self.device)
+        tdist.all_reduce(peak, op=tdist.ReduceOp.MAX)
         now = time.monotonic()
         n = s["micro_batches"] or float("nan")  # every micro-batch non-finite: the losses are NaN, not 0
         interval = interval_flops(self.cfg, s)
@@ -101,7 +120,7 @@ class TrainMetrics:
                          "lr": extra.pop("lr"), "grad_norm": extra.pop("grad_norm"),
                          "bytes_per_s": s["targets"] / seconds, "tflops_per_device": tflops,
                          **({"mfu": tflops / self.peak_tflops} if self.peak_tflops else {}),
-                         "bytes_seen": self.bytes_seen, "flops": self.flops, **extra,
+                         memory_key: peak.item(), "bytes_seen": self.bytes_seen, "flops": self.flops, **extra,
                          "bad_shards": int(s["bad_shards"]), "nonfinite_losses": int(s["nonfinite_losses"]),
                          "skipped_steps": int(s["skipped_steps"] / self.world)}
         self.t_last, self.t_paused = now, 0.0

@@ -26,7 +26,7 @@ from megatok.data.encoding import encoding_for
 from megatok.dsconfig import builds_partitioned, deepspeed_config
 from megatok.metrics import MetricsLogger
 from megatok.train import dist
-from megatok.train.callbacks import Callback, Evaluate, LogMetrics, StopRequest, Watchdog
+from megatok.train.callbacks import Callback, Evaluate, LogMetrics, Profile, StopRequest, Watchdog
 from megatok.train.checkpointer import Checkpointer
 from megatok.train.engine import Engine, build
 from megatok.train.metrics import TrainMetrics
@@ -69,8 +69,9 @@ class Trainer:
                                     start_step=self.step, wandb_mode=lg.wandb_mode, wandb_project=lg.wandb_project,
                                     wandb_entity=lg.wandb_entity, wandb_name=lg.wandb_name, config=cfg.to_dict(),
                                     progress=lg.progress)
-        self.callbacks = [Watchdog(t.dist_timeout_s), StopRequest(Path(t.run_dir), self.rank), LogMetrics(),
-                          Evaluate(), *callbacks]
+        profile = [Profile(lg.profile_steps, Path(t.run_dir), self.rank, self.device)] if lg.profile_steps else []
+        self.callbacks = [Watchdog(t.dist_timeout_s), StopRequest(Path(t.run_dir), self.rank), *profile,
+                          LogMetrics(), Evaluate(), *callbacks]
         if self.rank == 0:
             self._announce()
 
