@@ -7,7 +7,7 @@ batches and their position), the Checkpointer (resume choice, set-aside, save), 
 (validation, head-to-head) and TrainMetrics (the rows' figures, cumulative bytes and FLOPs). A
 checkpoint's megatok.json is the union of their ``state_dict()``s; a resume gives it back to each
 ``load_state_dict()``. Callbacks (megatok.train.callbacks) do the rest: watchdog, stop requests,
-metrics rows, evaluation. It runs the real DeepSpeed engine on any number of ranks (gloo on CPU, nccl on
+profiler window, metrics rows and console, evaluation. It runs the real DeepSpeed engine on any number of ranks (gloo on CPU, nccl on
 GPU). Randomness that matters for the result (boundary sampling) is seeded from (seed, step,
 micro-batch index), so a resumed run and a run with a different rank/accumulation split draw the same
 samples.
@@ -77,7 +77,7 @@ class Trainer:
 
     def fit(self) -> dict:
         """Train to train.max_steps, or until a stop request (checkpointed at that step). Returns the last
-        training row (rank 0; {} elsewhere), with "stopped": why, when a stop request ended the run."""
+        training row ({} if none was logged), with "stopped": why, when a stop request ended the run."""
         self._fire("on_fit_start")
         self.metrics.begin()
         self.engine.ds.train()
