@@ -121,7 +121,7 @@ def main(argv=None) -> int:
 def run(cfg, resume: str) -> int:
     """Train; turn the ways a run can end badly into one clear line and an exit code."""
     from megatok.train import checkpoint, dist
-    from megatok.train.loop import train
+    from megatok.train.trainer import train
 
     rank = os.environ.get("RANK", "0")
     try:

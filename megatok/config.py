@@ -235,8 +235,22 @@ class LoggingConfig(_Section):
     wandb_project: str = Field("megatok", description="wandb project")
     wandb_entity: str | None = Field(None, description="wandb team or user")
     wandb_name: str | None = Field(None, description="wandb run name (default: the run directory's name); the id adds a hash of the directory's path")
-    progress: bool = Field(True, description="progress bar on rank 0, when its output is a terminal (a log "
-                                             "file gets the metrics rows, not one endless line)")
+    progress: bool = Field(True, description="on rank 0, a progress bar when stderr is a terminal; otherwise "
+                                             "(a job's log file) one line on stdout per training row: step, loss, "
+                                             "bpb, boundary rate, lr, bytes/s, MFU (TFLOP/s per device where the "
+                                             "peak is unknown) and peak memory")
+    profile_steps: list[int] | None = Field(
+        None, description="[start, stop]: torch.profiler records optimizer steps start to stop - 1 (the steps of "
+                          "metrics.jsonl, 1-based) and writes one Chrome trace per rank to "
+                          "RUN_DIR/profile/steps<start>-<stop>-rank<r>.json (open in Perfetto or chrome://tracing)")
+
+    @field_validator("profile_steps")
+    @classmethod
+    def _profile_window(cls, v: list[int] | None) -> list[int] | None:
+        if v is not None and (len(v) != 2 or not 1 <= v[0] < v[1]):
+            raise ValueError("expected [start, stop] with 1 <= start < stop: the profiler records steps start to "
+                             "stop - 1")
+        return v
 
 
 class Config(_Section):

@@ -1,4 +1,5 @@
-"""Where numbers go: RUN_DIR/metrics.jsonl (always), wandb (offline by default), a console progress bar.
+"""Where numbers go: RUN_DIR/metrics.jsonl (always), wandb (offline by default), the console: a
+progress bar in a terminal, one line per training row in a log file.
 
 Only rank 0 writes. wandb is optional: if it is not installed or fails to start, a warning says so
 and training goes on with the JSONL file.
@@ -59,13 +60,17 @@ class MetricsLogger:
         self.path = Path(run_dir) / "metrics.jsonl"
         self.wandb = None
         self.bar = None
+        self.lines = False  # one console line per training row instead of the bar
+        self.total_steps = total_steps
         if not enabled:
             return
         self.file = self.path.open("a")
         if progress:
-            # disable=None: off when stderr is not a terminal (a job's log file would get the whole run on one line)
+            # disable=None: off when stderr is not a terminal, where a job's log file would get the whole
+            # run on one line; it gets a line per training row instead
             self.bar = tqdm(total=total_steps, initial=start_step, desc="train", unit="step", dynamic_ncols=True,
                             disable=None)
+            self.lines = self.bar.disable
         if wandb_mode != "disabled":
             try:
                 import wandb
@@ -95,7 +100,11 @@ class MetricsLogger:
                 f"{k} {v:.4g}" for k, v in row.items() if k.endswith(SHOWN) and isinstance(v, (int, float))))
 
     def progress(self, step: int, **shown: float) -> None:
-        if self.bar is not None:
+        """The bar's position and figures; where stdout is a log, not a terminal, the same as one line."""
+        if self.lines:
+            print(f"step {step}/{self.total_steps}: " + "  ".join(f"{k} {v:.4g}" for k, v in shown.items()),
+                  flush=True)
+        elif self.bar is not None:
             self.bar.n = step
             self.bar.set_postfix({k: f"{v:.4g}" for k, v in shown.items()}, refresh=True)
 

@@ -225,7 +225,7 @@ def memory_table(cfg, world: int) -> dict[str, Any]:
         shards = w * P / world + w * largest_layer_params(cfg)
         init_host, init_gpu = (shards, 0.0) if _offload(zero, "offload_param") else (0.0, shards)
     else:
-        # Every rank builds the whole model in fp32 on its GPU (megatok/train/loop.py build), which the
+        # Every rank builds the whole model in fp32 on its GPU (megatok/train/engine.py build), which the
         # engine then casts to the working precision one parameter at a time.
         init_host, init_gpu = 0.0, 4 * P
     return {"world": world, "bf16": bf16, "stages": rows, "activations": act, "configured": {

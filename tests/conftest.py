@@ -122,8 +122,9 @@ TINY = [
 
 
 def pretrain(args: list[str], *, nproc: int = 1, timeout: float = 300, check: bool = True,
-             env: dict | None = None, launcher: str = "env") -> subprocess.CompletedProcess:
-    """Run launch/pretrain.py: one plain process, or ``nproc`` ranks.
+             env: dict | None = None, launcher: str = "env", faults: dict | None = None) -> subprocess.CompletedProcess:
+    """Run launch/pretrain.py: one plain process, or ``nproc`` ranks. ``faults`` (MEGATOK_FAULT_* variables,
+    see tests/train/faults.py) runs it through tests/train/faulty_pretrain.py, which installs them.
 
     ``launcher`` "deepspeed" starts the ranks with the deepspeed launcher, as users do; "env" starts
     them directly with the variables a launcher sets (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, ...,
@@ -131,8 +132,8 @@ def pretrain(args: list[str], *, nproc: int = 1, timeout: float = 300, check: bo
     extra Python processes (about 6 s per run here). Tests of how a job ends when a rank fails or
     hangs use "deepspeed"."""
     base = {**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu",
-            "PYTHONPATH": str(ROOT), **(env or {})}
-    script = [str(ROOT / "launch/pretrain.py")]
+            "PYTHONPATH": str(ROOT), **(env or {}), **(faults or {})}
+    script = [str(ROOT / ("tests/train/faulty_pretrain.py" if faults else "launch/pretrain.py"))]
     if nproc > 1 and launcher == "env":
         r = _ranks_from_env(script + args, nproc, base, timeout)
     else:

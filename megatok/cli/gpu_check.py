@@ -60,7 +60,7 @@ from megatok.dsconfig import deepspeed_config, uses_bf16, zero_stage
 from megatok.metrics import read_metrics
 from megatok.model import blocks, build_model
 from megatok.train import dist
-from megatok.train.loop import compile_model, param_groups
+from megatok.train.engine import compile_model, param_groups
 
 # The checkout this module is in: the trainer check runs launch/pretrain.py from there, as users do.
 CHECKOUT = Path(__file__).resolve().parents[2]
@@ -322,7 +322,7 @@ def trainer_check(config: str, overrides: list[str], *, device: torch.device, st
         sample = json.loads(r.stdout.splitlines()[-1])
         row.update(generate_bytes=sample["bytes"], generate_s=round(time.perf_counter() - t, 1))
 
-        # ZeRO-2: the whole model built directly on the GPU (megatok/train/loop.py build), 2 steps
+        # ZeRO-2: the whole model built directly on the GPU (megatok/train/engine.py build), 2 steps
         t = time.perf_counter()
         r = _run(["launch/pretrain.py", "--config", config, "--set", *sets, "deepspeed.zero_optimization.stage=2",
                   "train.max_steps=2", "train.save_every=2", f"train.run_dir={tmp / 'zero2'}"], left())

@@ -31,7 +31,7 @@ from megatok.dsconfig import deepspeed_config
 from megatok.model import build_model
 from megatok.train import dist
 from megatok.train.dist import free_port
-from megatok.train.loop import build, full_shape
+from megatok.train.engine import build, full_shape
 
 MIB = 2**20
 

@@ -119,7 +119,7 @@ def compile_blocks(model: nn.Module) -> int:
     """torch.compile the forward of every Block of ``model`` in place (its parameters and state-dict
     keys unchanged), with dynamic shapes: the main network's length is the number of chunks, which
     changes from batch to batch. The block's own hooks run outside the compiled code (a hook inside it
-    splits the graph; see megatok.train.loop.compile_model for ZeRO-3). Returns how many blocks."""
+    splits the graph; see megatok.train.engine.compile_model for ZeRO-3). Returns how many blocks."""
     blocks = [m for m in model.modules() if isinstance(m, Block)]
     for block in blocks:
         block.forward = torch.compile(block.forward, dynamic=True)

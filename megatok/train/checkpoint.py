@@ -29,7 +29,6 @@ import torch
 from megatok.run.checkpoints import (CHECKPOINTS, META, CheckpointError, checkpoint_dir, damage,  # noqa: F401
                                      last_good, latest_tag, published_tags, read_cursors, read_meta, restorable,
                                      resume_tag, stream_file, tag_for)
-from megatok.train import faults
 
 
 def set_latest(run_dir: str | Path, tag: str | None) -> None:
@@ -233,7 +232,6 @@ def save(engine, run_dir: str | Path, step: int, meta: dict, keep: int = 3,
         if cursors:
             _write_atomic(tmp / stream_file(rank),
                           json.dumps({"cursors": {str(r): c for r, c in sorted(cursors.items())}}))
-        faults.maybe_slow_save(step)
         dist.barrier()
         # One process per machine flushes what its machine wrote; every rank when the launcher does not
         # say which ranks share a machine (no LOCAL_RANK).
@@ -244,7 +242,6 @@ def save(engine, run_dir: str | Path, step: int, meta: dict, keep: int = 3,
             raise
         raise _unwritten(run_dir, tmp, step, exn) from None
     dist.barrier()
-    faults.maybe_die_in_save(step)
     if rank == 0:
         try:
             _publish(run_dir, tmp, tag, meta)

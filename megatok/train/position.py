@@ -1,14 +1,20 @@
-"""Where the data stream of a run stands: what a checkpoint's data position depends on (the layout
-and a digest of the data), where a resumed stream starts, and what a rank's readers have reached."""
+"""The data stream of a run and where it stands: what a checkpoint's data position depends on (the
+layout and a digest of the data), where a resumed stream starts, what a rank's readers have reached,
+and the DataStream component that owns this rank's batches."""
 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
+import time
+
+import torch
+import torch.distributed as tdist
 
 from megatok.config import Config
-from megatok.data.stream import is_local, resolve_sources, unread_pieces
+from megatok.data.stream import PackedByteStream, is_local, make_loader, resolve_sources, unread_pieces
 from megatok.train import checkpoint
 
 
@@ -28,8 +34,7 @@ def data_digests(cfg: Config) -> dict[str, str]:
     encoding. A resume that reads other data cannot continue the same position. Two digests, both
     recorded in every checkpoint: ``data_digest`` counts local files by their real paths (``data/shards``,
     ``./data/shards/`` and the absolute path are the same data), ``data_digest_spelled`` as the config
-    spells them (the same data when a project moves with its relative paths; what checkpoints before the
-    real-path digest recorded as ``data_digest``)."""
+    spells them (the same data when a project moves with its relative paths)."""
     shards = [[u, os.path.getsize(u) if os.path.isfile(u) else None]
               for urls in resolve_sources(cfg.data.shards, "train")[0] for u in urls]
     tokenizer = cfg.model.tokenizer if cfg.model.kind == "bpe" else None
@@ -44,7 +49,7 @@ def data_digests(cfg: Config) -> dict[str, str]:
 
 def data_matches(meta: dict, digests: dict[str, str]) -> bool:
     """Whether the checkpoint was trained on the data of ``digests`` (:func:`data_digests`) by either
-    digest; a checkpoint without one (from before digests) is taken to be."""
+    digest; a checkpoint that records neither is taken to be."""
     recorded = {meta[k] for k in ("data_digest", "data_digest_spelled") if meta.get(k)}
     return not recorded or bool(recorded & set(digests.values()))
 
@@ -99,7 +104,7 @@ def all_cursors(run_dir, meta: dict, n_sources: int) -> dict[int, dict]:
             cursors.update(checkpoint.read_cursors(run_dir, meta["tag"], r, n_sources))
     except checkpoint.CheckpointError:
         return {}
-    return cursors if len(cursors) == old["world_size"] * old.get("num_workers", 1) else {}
+    return cursors if len(cursors) == old["world_size"] * old["num_workers"] else {}
 
 
 def data_position(meta: dict | None, cfg: Config, world: int, old_cursors: dict[int, dict] | None = None,
@@ -111,8 +116,8 @@ def data_position(meta: dict | None, cfg: Config, world: int, old_cursors: dict[
     reader's cursor in the checkpoint, of the same data: ``shard_counts`` shards per source) the new
     readers first share what the old ones had not read of each source's current epoch (see
     megatok.data.stream.unread_pieces): no document of that epoch is skipped, and only the documents
-    the old readers were in the middle of are read twice. Otherwise (checkpoints before cursors, or
-    other data) each source starts its next epoch (matched by name; a new source starts at 0), and
+    the old readers were in the middle of are read twice. Otherwise (a checkpoint without every
+    reader's cursor, or other data) each source starts its next epoch (matched by name; a new source starts at 0), and
     the documents of the interrupted epoch not yet read are skipped for that epoch. The stream then
     restarts from its first batch; ``origin`` ({"step", "epochs"}, and "unread" when it finishes an
     interrupted epoch) goes into every later checkpoint, so that resuming one of those with the same
@@ -132,7 +137,7 @@ def data_position(meta: dict | None, cfg: Config, world: int, old_cursors: dict[
         old_names = [k for k, _ in old["mixture"]] if "mixture" in old else None
         if old_cursors and shard_counts and (old_names is None) == (names is None) and (
                 names is None or list(map(source_key, old_names)) == list(map(source_key, names))):
-            epochs, unread = unread_pieces(shard_counts, old_cursors, old["world_size"] * old.get("num_workers", 1),
+            epochs, unread = unread_pieces(shard_counts, old_cursors, old["world_size"] * old["num_workers"],
                                            old["seed"], meta.get("stream_origin"))
             origin = {"step": meta["step"], "epochs": epochs, "unread": unread}
             how = (f"finishes epoch {epochs[0] if names is None else dict(zip(names, epochs))} with what the "
@@ -150,3 +155,97 @@ def data_position(meta: dict | None, cfg: Config, world: int, old_cursors: dict[
               flush=True)
     start_batch = (meta["step"] - origin["step"]) * cfg.train.grad_accum if meta else 0
     return start_batch, origin["epochs"], origin
+
+
+class DataStream:
+    """This rank's training batches (megatok.data.stream.PackedByteStream through its DataLoader) and
+    where they stand (StreamPosition). Its state: in megatok.json the layout and the data it depends
+    on, each source's furthest epoch over all ranks and the origin of the stream (state_dict); per rank,
+    its readers' cursors (``cursors``: the checkpointer writes them to stream_rank<r>.json)."""
+
+    def __init__(self, cfg: Config, encoding, rank: int, world: int, device: torch.device):
+        self.cfg, self.encoding, self.rank, self.world, self.device = cfg, encoding, rank, world, device
+        self.run_dir = cfg.train.run_dir
+        self.sources, self.weights = resolve_sources(cfg.data.shards, "train")
+        self.digests = data_digests(cfg)
+        self.start_batch, self.start_epochs, self.origin = data_position(None, cfg, world)
+        self.resumed_cursors: dict[int, dict] = {}
+        self.batches = self.position = None
+
+    def load_state_dict(self, meta: dict) -> None:
+        """Collective: where the stream continues after checkpoint ``meta``; rank 0 decides for all ranks.
+        Same layout and data: each reader continues from its cursor (a checkpoint without them: it
+        regenerates the recorded number of batches). Other shards (whose indices the cursors do not
+        describe): the recorded position is regenerated, with a warning. Another layout on the same
+        data shares out what the old readers had not read of the current epoch (data_position)."""
+        same_layout = layout_matches(meta["layout"], self.cfg, self.world)
+        same_data = data_matches(meta, self.digests)
+        if same_layout and not same_data and self.rank == 0:
+            print(f"megatok: warning: {meta['tag']} was trained on other shards or another tokenizer than "
+                  f"data.shards / model.tokenizer now give (shard list, sizes or encoding changed): the data "
+                  f"position is resumed as recorded, so documents may be repeated or skipped", flush=True)
+        decided = [None]
+        if self.rank == 0:
+            old = all_cursors(self.run_dir, meta, len(self.sources)) if not same_layout and same_data else {}
+            decided[0] = data_position(meta, self.cfg, self.world, old, list(map(len, self.sources)), same_data)
+        tdist.broadcast_object_list(decided, src=0)
+        self.start_batch, self.start_epochs, self.origin = decided[0]
+        if self.start_batch and same_layout and same_data:
+            self.resumed_cursors = checkpoint.read_cursors(self.run_dir, meta["tag"], self.rank, len(self.sources))
+
+    def open(self) -> None:
+        """Start the readers. A resumed stream seeks to its cursors (or regenerates) now, before training
+        starts (and with it the watchdog)."""
+        d, t = self.cfg.data, self.cfg.train
+        stream = PackedByteStream(self.sources if self.weights else self.sources[0], weights=self.weights,
+                                  seq_len=d.seq_len, batch_size=t.micro_batch_size, rank=self.rank,
+                                  world_size=self.world, seed=t.seed, start_batch=self.start_batch,
+                                  start_epoch=self.start_epochs, on_bad_shard=d.on_bad_shard,
+                                  encoding=self.encoding, cursors=self.resumed_cursors,
+                                  unread=self.origin.get("unread"))
+        batches = iter(make_loader(stream, d.num_workers))
+        cursors = self.resumed_cursors
+        if self.start_batch:
+            t0 = time.time()
+            batches = itertools.chain([next(batches)], batches)
+            if self.rank == 0:
+                how = "at its readers' cursors" if cursors else f"by regenerating {self.start_batch} batches per rank"
+                print(f"megatok: data stream resumed {how} in {time.time() - t0:.1f} s", flush=True)
+        else:  # a fresh stream: a reader nothing has been consumed from yet is at its start
+            workers = max(1, d.num_workers)
+            cursors = {r: {**stream.start_state(r)[0], "offset": 0}
+                       for r in range(self.rank * workers, (self.rank + 1) * workers)}
+        self.batches, self.position = batches, StreamPosition(self.start_epochs, cursors)
+
+    def next_batch(self) -> torch.Tensor:
+        """The next [micro_batch_size, seq_len + 1] batch of this rank."""
+        batch = next(self.batches)
+        self.position.update(batch)
+        return batch["tokens"]
+
+    @property
+    def cursors(self) -> dict[int, dict]:
+        return self.position.cursors
+
+    @property
+    def bad_shards(self) -> int:
+        """Bad shards this rank's readers have skipped so far."""
+        return self.position.bad_shards
+
+    def epochs(self) -> dict:
+        """This rank's epoch figures for a training row (a checkpoint's are over all ranks)."""
+        return {"epoch": max(self.position.epochs), **by_source(self.cfg, self.position.epochs, "epochs")}
+
+    def state_dict(self) -> dict:
+        """Collective: each source's furthest epoch over all ranks."""
+        top = torch.tensor([float(e) for e in self.position.epochs], device=self.device)
+        tdist.all_reduce(top, op=tdist.ReduceOp.MAX)
+        top_epochs = [int(e) for e in top.tolist()]
+        return {"epoch": max(top_epochs), **by_source(self.cfg, top_epochs, "epochs"), "stream_origin": self.origin,
+                **self.digests, "layout": layout(self.cfg, self.world)}
+
+    def close(self) -> None:
+        """End the data workers now, not at interpreter exit, where they would be waited for: they ignore
+        SIGTERM, and a reference left elsewhere to the trainer (wandb keeps the exception of a failed
+        init, and with it the frames) would keep the loader alive."""
+        self.batches = None

@@ -1,5 +1,6 @@
-"""Validation during training: the validation sequences, split over ranks so that the figure does
-not depend on the world size, and the validation row (with a data mixture, also per source)."""
+"""Evaluation during training: the validation sequences, split over ranks so that the figure does
+not depend on the world size, the validation row (with a data mixture, also per source), and the
+Evaluator component that runs it and the head-to-head."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import torch
 from megatok.config import Config
 from megatok.data.stream import iter_shard_documents, pack_documents, validation_sources
 from megatok.eval.bpb import boundary_rule, evaluate_batches
+from megatok.eval.head_to_head import HeadToHead
 from megatok.metrics import MetricsLogger
 from megatok.stats import ratios
 from megatok.train.dist import sum_over_ranks
@@ -71,3 +73,32 @@ def validate(engine, cfg: Config, batches, device, step: int, logger: MetricsLog
         row["boundary_rule"] = boundary_rule(cfg.eval.boundary_mode, cfg.eval.seed)
     logger.log(row)
     return row
+
+
+class Evaluator:
+    """Validation and, when configured (eval.heldout, eval.baseline_run or eval.bpe_tokenizer), the
+    head-to-head, at every eval.every steps and at the last. Its state: whether a stop request skipped
+    the evaluation of the checkpoint's step (``eval_pending``); the resumed run evaluates it first."""
+
+    def __init__(self, cfg: Config, rank: int, world: int, encoding, device):
+        self.cfg, self.device = cfg, device
+        self.every, self.max_steps = cfg.eval.every, cfg.train.max_steps
+        self.batches = validation_batches(cfg, rank, world, encoding)
+        self.h2h = HeadToHead(cfg, rank, world) if cfg.eval.head_to_head else None
+        self.pending = False
+
+    def due(self, step: int) -> bool:
+        return bool(self.every and step % self.every == 0) or step == self.max_steps
+
+    def run(self, engine, step: int, logger: MetricsLogger, bytes_seen: float) -> None:
+        """Collective: log the rows of step ``step`` for the DeepSpeed ``engine``, which is left training."""
+        validate(engine, self.cfg, self.batches, self.device, step, logger)
+        if self.h2h is not None:
+            self.h2h.run(engine, step, self.device, logger, bytes_seen=bytes_seen)
+        engine.train()
+
+    def state_dict(self) -> dict:
+        return {"eval_pending": self.pending}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.pending = state["eval_pending"]

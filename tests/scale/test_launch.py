@@ -153,7 +153,7 @@ def test_sbatch_time_limit_warning_asks_the_run_to_stop(tmp_path, sig):
 
 
 def test_stop_request_watches_megatok_stop_file(tmp_path, monkeypatch):
-    from megatok.train.loop import StopRequest
+    from megatok.train.callbacks import StopRequest
 
     monkeypatch.setenv("MEGATOK_STOP_FILE", str(tmp_path / "job" / "STOP"))
     stop = StopRequest(tmp_path / "run", rank=0)

@@ -105,8 +105,8 @@ def test_wandb_takes_a_run_directory_named_like_a_sweep_point(tmp_path, monkeypa
 
 
 def test_the_progress_bar_stays_out_of_a_log_file(tmp_path, capsys):
-    """Output that is not a terminal (a job's log; pytest's capture) gets the evaluation lines, not a bar
-    redrawn into one endless line."""
+    """Output that is not a terminal (a job's log; pytest's capture) gets a line per training row and the
+    evaluation lines, not a bar redrawn into one endless line."""
     from megatok.metrics import MetricsLogger
 
     logger = MetricsLogger(tmp_path, enabled=True, total_steps=5, wandb_mode="disabled", progress=True)
@@ -116,7 +116,7 @@ def test_the_progress_bar_stays_out_of_a_log_file(tmp_path, capsys):
     logger.log({"step": 5, "split": "val", "val_bpb": 3.25})
     logger.close()
     out = capsys.readouterr()
-    assert out.err == "" and out.out == "step 5: val_bpb 3.25\n"
+    assert out.err == "" and out.out == "".join(f"step {s}/5: loss 1\n" for s in range(1, 6)) + "step 5: val_bpb 3.25\n"
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ from megatok.dsconfig import deepspeed_config
 from megatok.model.unet import ByteUNet
 from megatok.run.reader import run_config
 from megatok.train import checkpoint, dist
-from megatok.train.loop import param_groups
+from megatok.train.engine import param_groups
 
 
 def main(run_dir: str, out: str) -> None:

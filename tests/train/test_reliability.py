@@ -2,7 +2,7 @@
 
 Every test runs the real trainer on CPU (plain python for 1 rank; for 2, ranks started from launcher
 variables, or the deepspeed launcher where a test is about how a job ends).
-Faults are injected through megatok/train/faults.py's environment variables.
+Faults are injected by tests/train/faults.py's callbacks, which tests/train/faulty_pretrain.py installs.
 """
 
 import contextlib
@@ -51,14 +51,15 @@ def wait_for(predicate, timeout=120, proc=None):
 
 
 @contextlib.contextmanager
-def background_run(argv, nproc, env):
-    """The trainer in its own process group; whatever is still running at the end is SIGKILLed."""
+def background_run(argv, nproc, faults):
+    """The trainer in its own process group, with ``faults`` (MEGATOK_FAULT_* variables) injected;
+    whatever is still running at the end is SIGKILLed."""
     from megatok.train.dist import free_port
 
     deepspeed = os.path.join(os.path.dirname(sys.executable), "deepspeed")
     cmd = ([deepspeed, "--num_gpus", str(nproc), "--master_port", str(free_port())] if nproc > 1 else
-           [sys.executable]) + [str(ROOT / "launch/pretrain.py")] + argv
-    full_env = {**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), **env}
+           [sys.executable]) + [str(ROOT / ("tests/train/faulty_pretrain.py" if faults else "launch/pretrain.py"))] + argv
+    full_env = {**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), **faults}
     proc = subprocess.Popen(cmd, cwd=ROOT, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)
     try:
@@ -125,7 +126,7 @@ def test_killed_while_writing_a_checkpoint_resumes_from_the_previous_one(shards,
     ref = tmp_path / "ref"
     pretrain(args(shards, ref, *base))
     run = tmp_path / "run"
-    r = pretrain(args(shards, run, *base), env={"MEGATOK_FAULT_DIE_IN_SAVE": "4"}, check=False)
+    r = pretrain(args(shards, run, *base), faults={"MEGATOK_FAULT_DIE_IN_SAVE": "4"}, check=False)
     assert r.returncode == -signal.SIGKILL
     assert checkpoint.latest_tag(run) == "step00000002"
     assert (run / "checkpoints" / "step00000004.tmp").is_dir()  # the half-written one, never published
@@ -190,7 +191,7 @@ def test_how_a_failed_run_ends(tmp_path, monkeypatch, capsys, error, code, line)
     """The storage failing anywhere is one line and exit 3 (a write of a checkpoint is named in more
     detail by checkpoint.save), a lost rank exit 4; anything else is a bug: its traceback, one line, exit 1."""
     from megatok.config import load_config
-    from megatok.train import loop
+    from megatok.train import trainer
 
     launch = launch_module()
     (tmp_path / "checkpoints").mkdir()
@@ -200,7 +201,7 @@ def test_how_a_failed_run_ends(tmp_path, monkeypatch, capsys, error, code, line)
     def fail(cfg, resume):
         raise error
 
-    monkeypatch.setattr(loop, "train", fail)
+    monkeypatch.setattr(trainer, "train", fail)
     monkeypatch.setattr(launch, "_die", lambda c, message: print(message, file=sys.stderr) or c)  # not os._exit
     assert launch.run(cfg, "auto") == code
     err = capsys.readouterr().err.splitlines()
@@ -314,7 +315,7 @@ def test_a_full_disk_outside_a_checkpoint_ends_the_run_with_one_line(shards, tmp
 def test_nan_loss_on_one_rank_is_skipped_counted_and_bounded(shards, tmp_path):
     run = tmp_path / "run"
     pretrain(args(shards, run, "train.max_steps=5", "train.global_batch_size=8", "train.save_every=5"), nproc=2,
-             env={"MEGATOK_FAULT_NAN_STEPS": "3", "MEGATOK_FAULT_NAN_RANK": "1"})
+             faults={"MEGATOK_FAULT_NAN_STEPS": "3", "MEGATOK_FAULT_NAN_RANK": "1"})
     rows = train_rows(run)
     assert rows[3]["nonfinite_losses"] == 1 and rows[3]["skipped_steps"] == 1
     assert all(rows[s]["skipped_steps"] == 0 for s in (1, 2, 4, 5))
@@ -325,7 +326,7 @@ def test_nan_loss_on_one_rank_is_skipped_counted_and_bounded(shards, tmp_path):
     run2 = tmp_path / "run2"
     r = pretrain(args(shards, run2, "train.max_steps=8", "train.global_batch_size=8", "train.save_every=1",
                       "train.max_skipped_steps=2"), nproc=2, check=False, launcher="deepspeed",
-                 env={"MEGATOK_FAULT_NAN_STEPS": "2,3,4,5,6,7,8"})
+                 faults={"MEGATOK_FAULT_NAN_STEPS": "2,3,4,5,6,7,8"})
     assert r.returncode != 0
     assert "3 optimizer steps in a row skipped" in r.stdout + r.stderr
     rows2 = train_rows(run2)
@@ -337,7 +338,7 @@ def test_nan_loss_on_one_rank_is_skipped_counted_and_bounded(shards, tmp_path):
     # the same command again resumes step 3, inside the streak (2 skipped in a row): the third is step 4 again
     r = pretrain(args(shards, run2, "train.max_steps=8", "train.global_batch_size=8", "train.save_every=1",
                       "train.max_skipped_steps=2"), nproc=2, check=False, launcher="deepspeed",
-                 env={"MEGATOK_FAULT_NAN_STEPS": "2,3,4,5,6,7,8"})
+                 faults={"MEGATOK_FAULT_NAN_STEPS": "2,3,4,5,6,7,8"})
     assert r.returncode != 0 and "3 optimizer steps in a row skipped" in r.stderr and "at step 4;" in r.stderr
     assert checkpoint.latest_tag(run2) == "step00000003"
 
@@ -370,7 +371,7 @@ def test_a_hung_rank_makes_the_job_exit_within_the_timeout(shards, tmp_path):
     run = tmp_path / "run"
     t = time.time()
     r = pretrain(args(shards, run, "train.max_steps=6", "train.global_batch_size=8", "train.dist_timeout_s=8"),
-                 nproc=2, check=False, env={"MEGATOK_FAULT_HANG": "1:3"}, timeout=240, launcher="deepspeed")
+                 nproc=2, check=False, faults={"MEGATOK_FAULT_HANG": "1:3"}, timeout=240, launcher="deepspeed")
     assert r.returncode != 0
     assert time.time() - t < 90
     assert "no training progress" in r.stdout + r.stderr and "a rank died, hung or was killed" in r.stderr
@@ -384,7 +385,7 @@ def test_an_unexpected_error_ends_the_job_at_once_with_its_traceback_and_one_lin
     the workers, which ignore SIGTERM, until the watchdog blamed a lost rank (exit 4 after 2 min)."""
     run = tmp_path / "run"
     r = pretrain(args(shards, run, "train.max_steps=4", "train.global_batch_size=8", "train.save_every=1"),
-                 nproc=2, check=False, env={"MEGATOK_FAULT_OOM": "1:2"}, timeout=150, launcher="deepspeed")
+                 nproc=2, check=False, faults={"MEGATOK_FAULT_OOM": "1:2"}, timeout=150, launcher="deepspeed")
     assert r.returncode != 0 and "Traceback" in r.stderr and "no training progress" not in r.stderr
     (line,) = [ln for ln in r.stderr.splitlines() if ln.startswith("error: rank 1")]
     assert line.startswith("error: rank 1: OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB "
@@ -399,7 +400,7 @@ def test_a_checkpoint_slower_than_the_timeout_is_waited_for_with_save_timeout_s(
     t = time.monotonic()
     r = pretrain(args(shards, run, "train.max_steps=4", "train.global_batch_size=8", "train.save_every=4",
                       "train.dist_timeout_s=8", "train.save_timeout_s=90"),
-                 nproc=2, check=False, env={"MEGATOK_FAULT_SLOW_SAVE": "4:20"}, timeout=240, launcher="deepspeed")
+                 nproc=2, check=False, faults={"MEGATOK_FAULT_SLOW_SAVE": "4:20"}, timeout=240, launcher="deepspeed")
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
     assert time.monotonic() - t >= 20  # the slow save did happen
     assert checkpoint.latest_tag(run) == "step00000004"

@@ -58,7 +58,7 @@ def test_whole_build_is_made_on_the_training_device(strategy):
     import torch
 
     from megatok.dsconfig import deepspeed_config
-    from megatok.train.loop import build
+    from megatok.train.engine import build
 
     cfg = load_config("configs/tiny.json", ["deepspeed.zero_optimization.stage=2", f"boundary.strategy={strategy}"])
     ds = deepspeed_config(cfg, 1)

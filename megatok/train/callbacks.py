@@ -1,0 +1,199 @@
+"""The trainer's side duties, as callbacks: the watchdog, stop requests, the profiler window, the
+metrics rows and the console, evaluation. Each hook gets the Trainer; extra callbacks (``Trainer(callbacks=...)``)
+run after these, in order."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from megatok.train import dist
+from megatok.train.checkpoint import tag_for
+
+if TYPE_CHECKING:
+    from megatok.train.trainer import Trainer
+
+
+class Callback:
+    """Hooks the trainer calls; each does nothing unless overridden."""
+
+    def on_fit_start(self, trainer: Trainer) -> None:
+        """Before the first step (the components are built and resumed)."""
+
+    def on_step_begin(self, trainer: Trainer) -> None:
+        """Before optimizer step ``trainer.step + 1``."""
+
+    def on_step_end(self, trainer: Trainer) -> None:
+        """After optimizer step ``trainer.step``, once the ranks have agreed whether to stop
+        (``trainer.stopping``); before its checkpoint, if one is due."""
+
+    def on_progress(self, trainer: Trainer, doing: str, limit: tuple[float, str] | None) -> None:
+        """The trainer is about to do ``doing``, which may take ``limit`` (seconds, config key) if not None."""
+
+    def on_fit_end(self, trainer: Trainer) -> None:
+        """After the last step (and its checkpoint), before the trainer closes its components."""
+
+    def stop_requested(self, trainer: Trainer) -> bool:
+        """Whether this rank asks the run to checkpoint and stop after the current step."""
+        return False
+
+
+class Watchdog(Callback):
+    """Ends this rank when the trainer makes no progress for train.dist_timeout_s (a checkpoint save:
+    train.save_timeout_s): megatok.train.dist.Watchdog, beaten at every step, evaluation and save."""
+
+    def __init__(self, timeout_s: float):
+        self.timeout_s, self.dog = timeout_s, None
+
+    def on_fit_start(self, trainer):
+        self.dog = dist.Watchdog(self.timeout_s, lambda: f"last good checkpoint: {trainer.checkpointer.last_good()}")
+
+    def on_step_begin(self, trainer):
+        self.dog.beat(f"training step {trainer.step + 1}")
+
+    def on_progress(self, trainer, doing, limit):
+        self.dog.beat(doing, limit)
+
+    def on_fit_end(self, trainer):
+        self.dog.stop()
+
+
+class StopRequest(Callback):
+    """SIGTERM/SIGINT (a scheduler's pre-emption, Ctrl-C), or a file RUN_DIR/STOP (or the file the
+    environment variable MEGATOK_STOP_FILE names: the Slurm template's time-limit trap touches it),
+    asks for a checkpoint and a clean exit at the end of the current step. Ranks may see the request
+    at different times; the trainer agrees on stopping through a collective, so every rank stops at the
+    same step and the checkpoint is complete. The file works with any launcher and from any machine
+    that sees it; rank 0 alone looks for it (the collective tells the others) and removes it once the
+    run has stopped. The handlers are installed at construction and restored at the end of the fit."""
+
+    def __init__(self, run_dir: Path, rank: int):
+        self.signalled, self.rank = False, rank
+        self.files = [Path(run_dir) / "STOP"] + ([Path(os.environ["MEGATOK_STOP_FILE"])]
+                                                 if os.environ.get("MEGATOK_STOP_FILE") else [])
+        self.previous = {sig: signal.signal(sig, self._handle) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+    def _handle(self, signum, frame):
+        self.signalled = True
+
+    def _file(self) -> Path | None:
+        return next((f for f in self.files if f.exists()), None)
+
+    @property
+    def requested(self) -> bool:
+        return self.signalled or (self.rank == 0 and self._file() is not None)
+
+    def reason(self) -> str:
+        found = None if self.signalled else self._file()
+        return f"stopped by {found}" if found else "stopped by signal"
+
+    def remove_files(self) -> None:
+        for f in self.files:
+            f.unlink(missing_ok=True)
+
+    def restore(self):
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+
+    def stop_requested(self, trainer):
+        return self.requested
+
+    def on_fit_end(self, trainer):
+        if trainer.stopping:
+            trainer.stop_reason = self.reason()
+            trainer.logger.log({"step": trainer.step, "split": "event", "event": trainer.stop_reason,
+                                "checkpoint": tag_for(trainer.step)})
+            if self.rank == 0:
+                self.remove_files()  # else the resumed run would stop again at once
+        self.restore()
+
+
+class LogMetrics(Callback):
+    """A training row every train.log_every steps, and at every checkpoint and evaluation step (so the
+    cumulative bytes and FLOPs that a checkpoint saves, and that the head-to-head matches its baseline
+    by, are complete) and at a stop; the console follows the rows (MetricsLogger.progress)."""
+
+    def on_step_end(self, trainer):
+        if not trainer.log_due:
+            return
+        trainer.metrics.add("bad_shards", torch.tensor(float(trainer.data.bad_shards)))  # this rank's count
+        row = trainer.metrics.row(trainer.step, lr=trainer.lr, grad_norm=trainer.engine.grad_norm,
+                                  **trainer.data.epochs())  # rank 0's epochs; the checkpoint's: all ranks'
+        trainer.logger.log(row)
+        trainer.logger.progress(trainer.step, **shown(row))
+
+
+def shown(row: dict) -> dict[str, float]:
+    """A training row's figures on the console: loss, bpb, boundary rate, lr, throughput, MFU (without a
+    known peak: TFLOP/s per device) and peak memory, under its row key (which says what was measured)."""
+    out = {"loss": row["loss"], "bpb": row["bpb"]}
+    if "boundary_rate" in row:
+        out["rate"] = row["boundary_rate"]
+    out.update({"lr": row["lr"], "bytes/s": row["bytes_per_s"]})
+    out.update({"mfu": row["mfu"]} if "mfu" in row else {"tflops/device": row["tflops_per_device"]})
+    out.update({k: v for k, v in row.items() if k.endswith("_peak_allocated_gib") or k.endswith("_peak_rss_gib")})
+    return out
+
+
+class Profile(Callback):
+    """logging.profile_steps [start, stop]: torch.profiler records optimizer steps start to stop - 1 (the
+    CPU, and the GPU where the run is on one); each rank writes its Chrome trace to
+    RUN_DIR/profile/steps<start>-<stop>-rank<r>.json when the window closes (or the run ends in it)."""
+
+    def __init__(self, window: list[int], run_dir: Path, rank: int, device: torch.device):
+        (self.start, self.stop), self.rank, self.device = window, rank, device
+        self.path = Path(run_dir) / "profile" / f"steps{self.start}-{self.stop}-rank{rank}.json"
+        self.profiler = None
+
+    def on_step_begin(self, trainer):
+        if trainer.step + 1 == self.start:
+            from torch.profiler import ProfilerActivity, profile
+
+            activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device.type == "cuda" else [])
+            self.profiler = profile(activities=activities, record_shapes=True)
+            self.profiler.start()
+
+    def on_step_end(self, trainer):
+        if self.profiler is not None and trainer.step == self.stop - 1:
+            self._write(trainer)
+
+    def on_fit_end(self, trainer):
+        if self.profiler is not None:
+            self._write(trainer)
+
+    def _write(self, trainer) -> None:
+        self.profiler.stop()
+        trainer.progress(f"writing the profiler trace {self.path}")
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with trainer.metrics.paused():  # not training time
+            self.profiler.export_chrome_trace(str(self.path))
+        self.profiler = None
+        if self.rank == 0:
+            print(f"megatok: profiler trace of steps {self.start} to {trainer.step}: {self.path} "
+                  f"(and one per other rank)", flush=True)
+
+
+class Evaluate(Callback):
+    """The Evaluator at its steps, unless the run is stopping: then the checkpoint records the evaluation
+    as pending, and the resumed run does it first."""
+
+    def on_fit_start(self, trainer):
+        if trainer.evaluator.pending:
+            trainer.progress(f"evaluating step {trainer.step} (left pending by the stop)")
+            with trainer.metrics.paused():
+                trainer.evaluate()
+            trainer.evaluator.pending = False
+            if trainer.rank == 0:  # once: a rerun of a finished run must not log it again
+                trainer.checkpointer.mark_evaluated(trainer.start.meta["tag"])
+
+    def on_step_end(self, trainer):
+        due = trainer.evaluator.due(trainer.step)
+        trainer.evaluator.pending = due and trainer.stopping
+        if due and not trainer.stopping:
+            trainer.progress(f"evaluating step {trainer.step}")
+            with trainer.metrics.paused():
+                trainer.evaluate()

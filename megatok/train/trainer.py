@@ -1,0 +1,176 @@
+"""The trainer: components that own their state, side duties as callbacks, and fit().
+
+    Trainer(cfg, resume="auto").fit()
+
+Components: the Engine (the model under DeepSpeed, optimizer, schedule), the DataStream (this rank's
+batches and their position), the Checkpointer (resume choice, set-aside, save), the Evaluator
+(validation, head-to-head) and TrainMetrics (the rows' figures, cumulative bytes and FLOPs). A
+checkpoint's megatok.json is the union of their ``state_dict()``s; a resume gives it back to each
+``load_state_dict()``. Callbacks (megatok.train.callbacks) do the rest: watchdog, stop requests,
+profiler window, metrics rows and console, evaluation. It runs the real DeepSpeed engine on any number of ranks (gloo on CPU, nccl on
+GPU). Randomness that matters for the result (boundary sampling) is seeded from (seed, step,
+micro-batch index), so a resumed run and a run with a different rank/accumulation split draw the same
+samples.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+import torch.distributed as tdist
+
+from megatok.config import Config, lr_lambda
+from megatok.data.encoding import encoding_for
+from megatok.dsconfig import builds_partitioned, deepspeed_config
+from megatok.metrics import MetricsLogger
+from megatok.train import dist
+from megatok.train.callbacks import Callback, Evaluate, LogMetrics, Profile, StopRequest, Watchdog
+from megatok.train.checkpointer import Checkpointer
+from megatok.train.engine import Engine, build
+from megatok.train.metrics import TrainMetrics
+from megatok.train.position import DataStream
+from megatok.train.validation import Evaluator
+
+
+def step_seed(seed: int, step: int, index: int) -> int:
+    """The torch seed for micro-batch ``index`` (= micro_step * world + rank) of optimizer step ``step``."""
+    return ((seed * 1_000_003 + step) * 10_007 + index) % (2**63)
+
+
+class Trainer:
+    """Starts the process group, builds the components and resumes them (``resume``: "auto", the latest
+    checkpoint of the run directory, if any; "none"; or a checkpoint tag). ``callbacks`` run after the
+    trainer's own."""
+
+    def __init__(self, cfg: Config, *, resume: str = "auto", callbacks: Sequence[Callback] = ()):
+        t = cfg.train
+        self.cfg, self.max_steps, self.log_every = cfg, t.max_steps, t.log_every
+        self.device = dist.init(t.collective_timeout_s)
+        self.rank, self.world = tdist.get_rank(), tdist.get_world_size()
+        ds_config = deepspeed_config(cfg, self.world)
+        self.checkpointer = Checkpointer(t, self.rank)
+        self.start = self.checkpointer.start(cfg, resume, ds_config)  # collective; may convert the checkpoint
+        torch.manual_seed(t.seed)  # identical initial weights on every rank
+        encoding = encoding_for(cfg)
+        self.engine = Engine(build(cfg, ds_config, self.device), ds_config, t, lr_lambda(cfg))
+        self.data = DataStream(cfg, encoding, self.rank, self.world, self.device)
+        self.evaluator = Evaluator(cfg, self.rank, self.world, encoding, self.device)
+        self.metrics = TrainMetrics(cfg, self.device, self.world)
+        self.step, self.lr, self.stopping, self.stop_reason = 0, 0.0, False, None
+        if self.start.tag:
+            self.checkpointer.load(self.engine, self.start)  # DeepSpeed's states, this rank's generators
+            self.load_state_dict(self.start.meta)
+        self.checkpointer.set_aside(self.start)  # before the logger opens metrics.jsonl, which it rewrites
+        self.data.open()
+        lg = cfg.logging
+        self.logger = MetricsLogger(t.run_dir, enabled=self.rank == 0, total_steps=t.max_steps,
+                                    start_step=self.step, wandb_mode=lg.wandb_mode, wandb_project=lg.wandb_project,
+                                    wandb_entity=lg.wandb_entity, wandb_name=lg.wandb_name, config=cfg.to_dict(),
+                                    progress=lg.progress)
+        profile = [Profile(lg.profile_steps, Path(t.run_dir), self.rank, self.device)] if lg.profile_steps else []
+        self.callbacks = [Watchdog(t.dist_timeout_s), StopRequest(Path(t.run_dir), self.rank), *profile,
+                          LogMetrics(), Evaluate(), *callbacks]
+        if self.rank == 0:
+            self._announce()
+
+    def fit(self) -> dict:
+        """Train to train.max_steps, or until a stop request (checkpointed at that step). Returns the last
+        training row ({} if none was logged), with "stopped": why, when a stop request ended the run."""
+        self._fire("on_fit_start")
+        self.metrics.begin()
+        self.engine.ds.train()
+        while self.step < self.max_steps and not self.stopping:
+            self._fire("on_step_begin")
+            self.lr = self.engine.lr
+            finite = self.train_step()
+            self.step += 1
+            self.stopping = self.agree(finite)
+            self._fire("on_step_end")  # the metrics row, evaluation
+            if self.checkpointer.due(self.step) or self.step == self.max_steps or self.stopping:
+                self.save()
+        self._fire("on_fit_end")
+        self.close()
+        return {**self.metrics.last_row, **({"stopped": self.stop_reason} if self.stop_reason else {})}
+
+    def train_step(self) -> torch.Tensor:
+        """One optimizer step over train.grad_accum micro-batches; whether all their losses were finite."""
+        finite = torch.ones((), dtype=torch.bool, device=self.device)
+        self.engine.begin_step(self.step)
+        for micro in range(self.cfg.train.grad_accum):
+            tokens = self.data.next_batch().to(self.device)
+            torch.manual_seed(step_seed(self.cfg.train.seed, self.step, micro * self.world + self.rank))
+            out = self.engine.forward(tokens)
+            self.engine.backward(out.loss)
+            finite &= self.metrics.add_output(out)
+        return finite
+
+    def agree(self, finite: torch.Tensor) -> bool:
+        """One small collective per step: did any rank see a non-finite loss, or a stop request? The
+        engine counts the updates DeepSpeed skipped (and gives up after too many). Returns whether to stop."""
+        wants_stop = any(cb.stop_requested(self) for cb in self.callbacks)
+        flags = torch.stack([(~finite).float(), torch.tensor(float(wants_stop), device=self.device)])
+        tdist.all_reduce(flags, op=tdist.ReduceOp.MAX)
+        nonfinite, stopping = flags.tolist()
+        try:
+            skipped = self.engine.end_step(self.step, bool(nonfinite))
+        except FloatingPointError as e:
+            raise FloatingPointError(f"{e}; last good checkpoint: {self.checkpointer.last_good()}") from None
+        self.metrics.add("skipped_steps", torch.tensor(float(skipped)))
+        return bool(stopping)
+
+    @property
+    def log_due(self) -> bool:
+        return (self.step % self.log_every == 0 or self.checkpointer.due(self.step)
+                or self.evaluator.due(self.step) or self.stopping)
+
+    def evaluate(self) -> None:
+        self.evaluator.run(self.engine.ds, self.step, self.logger, self.metrics.bytes_seen)
+
+    def save(self) -> None:
+        self.progress(f"writing the step-{self.step} checkpoint", self.checkpointer.limit)
+        with self.metrics.paused():
+            self.checkpointer.save(self.engine, self.step, self.state_dict(), self.data.cursors)
+
+    def progress(self, doing: str, limit: tuple[float, str] | None = None) -> None:
+        """Tell the callbacks (the watchdog) what comes next and how long it may take."""
+        self._fire("on_progress", doing, limit)
+
+    def state_dict(self) -> dict:
+        """Collective (the data position's epochs are agreed over the ranks): megatok.json's fields."""
+        return {"step": self.step, **self.data.state_dict(), **self.engine.state_dict(),
+                **self.metrics.state_dict(), **self.evaluator.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Collective (rank 0 decides the data position for all ranks)."""
+        self.step = state["step"]
+        for part in (self.data, self.engine, self.metrics, self.evaluator):
+            part.load_state_dict(state)
+
+    def close(self) -> None:
+        self.data.close()
+        self.logger.close()
+        dist.finish()
+
+    def _fire(self, hook: str, *args) -> None:
+        for cb in self.callbacks:
+            getattr(cb, hook)(self, *args)
+
+    def _announce(self) -> None:
+        cfg, start, engine = self.cfg, self.start, self.engine
+        built = " (built partitioned)" if builds_partitioned(cfg) else ""
+        precision = "bf16" if engine.ds.bfloat16_enabled() else "fp32"
+        print(f"megatok: {engine.n_params:,} parameters, {self.world} rank(s), device {self.device.type}, "
+              f"ZeRO stage {engine.zero_stage}{built}, {precision}"
+              f"{', torch.compile (the first steps compile)' if cfg.train.compile else ''}, "
+              f"start step {self.step}{f' from {start.tag}' if start.tag else ''}, run dir {cfg.train.run_dir}",
+              flush=True)
+        if self.step >= self.max_steps:
+            print(f"megatok: {start.tag} is at step {self.step} and train.max_steps is {self.max_steps}: nothing "
+                  f"to train (raise train.max_steps to go on)", flush=True)
+
+
+def train(cfg: Config, *, resume: str = "auto") -> dict:
+    """Trainer(cfg, resume=resume).fit(): what launch/pretrain.py runs."""
+    return Trainer(cfg, resume=resume).fit()
