@@ -1,0 +1,276 @@
+"""The replication study in one command: train every method, evaluate, write the evidence table.
+
+    megatok-replicate --preset cpu-small --out docs/replication/cpu-small [--seeds 3] [--work DIR]
+                      [--methods policy,policy-vr,uniform,...] [--set KEY=VALUE ...]
+                      [--shards DIR --heldout FILE... --parallel FILE...]   (data of a "given" preset, or others)
+
+Presets (megatok/replication.py): ``toy`` (a test: minutes), ``cpu-small`` (2 CPU cores, about 2.5 hours a
+seed), ``gpu-18m`` (one GPU), ``node-147m`` (the published run, 8 GPUs). For each seed and method
+(megatok.replication.METHODS: the policy with the published estimator, with the best variance reduction and
+with gamma 1, hnet, gumbel, uniform, fixed, whitespace, and the BPE token model matched in FLOPs per byte)
+it writes a complete config under WORK/configs, trains it (WORK/runs/<method>-seed<seed>), and evaluates the
+final checkpoint on held-out prose (sampled boundaries, seed 0; the policies also by the threshold rule) and
+on the parallel multilingual set. Everything is at equal training bytes (the same steps, batch and window;
+the BPE model's window covers the same bytes) and equal FLOPs per byte at inference.
+
+Outputs in --out: results.json (every figure, per run and aggregated), results.md (tables: held-out prose,
+verdict, threshold rule, time to alignment, per domain, per language with max/min disparity),
+bpb_vs_flops.png, alignment.png, boundaries.png/.html (every method on the same sentences), command.txt.
+
+It resumes: data, tokenizer and configs are reused, finished runs are skipped, an interrupted run resumes
+from its last checkpoint, evaluations already made for a run's final checkpoint are kept. Kill it and
+rerun the same command. Exit status 2 with one error line on bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from megatok.cli.sweep import CHECKOUT, finished, local_command
+from megatok.config import ConfigError, load_config
+from megatok.replication import (METHODS, POLICY_METHODS, PRESETS, SENTENCES, Preset, aggregate, markdown, plots,
+                                 run_name, run_summary)
+
+
+def log(msg: str) -> None:
+    print(f"replicate: {msg}", flush=True)
+
+
+def module(name: str, *args: str, capture: bool = False, **kw) -> subprocess.CompletedProcess:
+    """Run megatok.cli.<name> in a fresh interpreter (its own DeepSpeed and torch state)."""
+    cmd = [sys.executable, "-m", f"megatok.cli.{name}", *args]
+    res = subprocess.run(cmd, capture_output=capture, text=True, **kw)
+    if res.returncode:
+        detail = (res.stderr or "").strip().splitlines()[-1:] if capture else []
+        raise RuntimeError(f"{shlex.join(cmd)} failed (exit {res.returncode}){': ' + detail[0] if detail else ''}")
+    return res
+
+
+# ----------------------------------------------------------------------------- data
+
+def balanced(src: list[str], out: Path, max_bytes: int) -> Path:
+    """Whole held-out documents, about max_bytes in all, an equal share per domain (in file order), so
+    every domain is scored whatever order the file keeps."""
+    from megatok.data.inputs import read_documents
+
+    docs = list(read_documents(src, "val"))
+    domains = sorted({d.domain or "unknown" for d in docs})
+    share, used, keep = max_bytes // max(1, len(domains)), {}, []
+    for d in docs:
+        dom = d.domain or "unknown"
+        if used.get(dom, 0) < share:
+            used[dom] = used.get(dom, 0) + len(d.text)
+            keep.append({"text": d.text.decode("utf-8", "replace"), "lang": d.lang, "domain": dom})
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text("".join(json.dumps(d, ensure_ascii=False) + "\n" for d in keep))
+    os.replace(tmp, out)
+    return out
+
+
+def prepare_data(preset: Preset, work: Path, args) -> dict:
+    """Shards, held-out prose and parallel sets: given on the command line, or built once under WORK/data."""
+    data = work / "data"
+    if args.shards or preset.data == "given":
+        if not (args.shards and args.heldout):
+            raise ConfigError(f"preset {preset.name} takes its data from --shards and --heldout (and --parallel)")
+        shards, heldout, parallel = args.shards, args.heldout, args.parallel
+        if not Path(shards, "manifest.json").is_file():
+            raise ConfigError(f"--shards {shards}: not a shard directory (no manifest.json; build one with "
+                              f"megatok-build-shards)")
+        for f in [*heldout, *(parallel or [])]:
+            if not Path(f).exists():
+                raise ConfigError(f"--heldout/--parallel {f}: no such file")
+    else:
+        shards, heldout, parallel = data / "prose_shards", [str(data / "prose_heldout.jsonl.gz")], [str(data / "heldout_udhr.jsonl")]
+        cache = ["--cache", str(work.parent / ".cache")]
+        if not Path(heldout[0]).is_file():
+            log("building the prose corpus (megatok-make-corpus --preset prose)")
+            module("make_corpus", "--preset", "prose", "--out", str(data / "prose.jsonl.gz"),
+                   "--heldout-out", heldout[0], *cache)
+        if not Path(parallel[0]).is_file():
+            log("building the parallel UDHR held-out set")
+            module("make_corpus", "--sources", "udhr", "--out", str(data / "udhr.jsonl.gz"),
+                   "--heldout-out", parallel[0], *cache)
+        if not (shards / "manifest.json").is_file():
+            log("building shards")
+            module("build_shards", str(data / "prose.jsonl.gz"), "--out", str(shards), "--val-fraction", "0.01",
+                   "--num-shards", "8", "--no-progress")
+        shards = str(shards)
+    eval_prose = data / "eval_prose.jsonl"
+    if not eval_prose.is_file():
+        balanced(heldout, eval_prose, preset.eval_max_bytes)
+    return {"shards": str(shards), "heldout": [str(eval_prose)], "parallel": list(parallel or [])}
+
+
+# ----------------------------------------------------------------------------- configs and training
+
+def write_configs(preset: Preset, work: Path, data: dict, seeds: list[int], methods: list[str],
+                  extra: list[str]) -> list[dict]:
+    """One complete config per (method, seed), validated before anything trains."""
+    runs = []
+    config = str(CHECKOUT / preset.config)
+    tok = work / "bpe-tokenizer"
+    for seed in seeds:
+        for m in methods:
+            name = run_name(m, seed)
+            run_dir, path = work / "runs" / name, work / "configs" / f"{name}.json"
+            common = [f"train.seed={seed}", f"train.run_dir={run_dir}", f"data.shards={data['shards']}",
+                      *preset.overrides, *extra]
+            path.parent.mkdir(parents=True, exist_ok=True)
+            if m == "bpe":
+                if not (tok / "tokenizer.model").is_file():
+                    log(f"training the BPE tokenizer ({preset.bpe_vocab} pieces) on {data['shards']}")
+                    module("train_bpe", "--data", data["shards"], "--vocab-size", str(preset.bpe_vocab),
+                           "--out", str(tok), "--heldout", *data["heldout"], *data["parallel"])
+                if not path.is_file():
+                    module("match_bpe", "--config", config, "--tokenizer", str(tok), "--out", str(path),
+                           "--run-dir", str(run_dir), "--set", *common, capture=True)
+                cfg = load_config(str(path))
+            else:
+                cfg = load_config(config, overrides=common + METHODS[m][0])
+                if not path.is_file():
+                    cfg.dump(path)
+            runs.append({"name": name, "method": m, "seed": seed, "config": str(path), "run_dir": str(run_dir),
+                         "max_steps": cfg.train.max_steps})
+    return runs
+
+
+def train(run: dict, nproc: int) -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))}
+    cmd = local_command(run, nproc)
+    log(f"{run['name']}: {shlex.join(cmd)}")
+    t0 = time.time()
+    rc = subprocess.run(cmd, env=env).returncode
+    timing = Path(run["run_dir"]) / "replicate_timing.json"
+    before = json.loads(timing.read_text())["seconds"] if timing.is_file() else 0.0
+    timing.write_text(json.dumps({"seconds": before + time.time() - t0}) + "\n")
+    if rc:
+        raise RuntimeError(f"{run['name']} failed with exit code {rc}; rerun the same command to resume it")
+
+
+def evaluate(run: dict, data: dict) -> None:
+    """eval-prose-sample.json, eval-parallel-sample.json and, for the policies, eval-prose-threshold.json
+    in the run directory, each for the run's latest checkpoint (made again when that changed)."""
+    run_dir = Path(run["run_dir"])
+    latest = (run_dir / "checkpoints" / "latest").read_text().strip()
+    jobs = [("prose-sample", data["heldout"], "sample")]
+    if data["parallel"]:
+        jobs.append(("parallel-sample", data["parallel"], "sample"))
+    if run["method"] in POLICY_METHODS:
+        jobs.append(("prose-threshold", data["heldout"], "threshold"))
+    for name, files, rule in jobs:
+        out = run_dir / f"eval-{name}.json"
+        if out.is_file() and json.loads(out.read_text()).get("checkpoint") == latest:
+            continue
+        log(f"{run['name']}: evaluating on {name}")
+        res = module("evaluate", "--run", str(run_dir), "--data", *files, "--boundary", rule, "--seed", "0",
+                     capture=True)
+        tmp = out.with_suffix(".tmp")
+        tmp.write_text(res.stdout)
+        os.replace(tmp, out)
+
+
+def boundaries_picture(runs: list[dict], out: Path, tokenizer: Path) -> None:
+    firsts = {}
+    for r in runs:
+        if r["method"] != "bpe" and r["method"] not in firsts and finished(r):
+            firsts[r["method"]] = r["run_dir"]
+    if not firsts:
+        return
+    args = [a for m in firsts for a in ("--run", firsts[m])]
+    if (tokenizer / "tokenizer.model").is_file():
+        args += ["--strategy", f"bpe:model_path={tokenizer / 'tokenizer.model'}"]
+    module("show_boundaries", *args, "--text", SENTENCES, "--out", str(out / "boundaries"),
+           "--title", "chunk starts: " + ", ".join(firsts) + (", BPE tokens" if "--strategy" in args else "")
+           + " (sampled, seed 0)", capture=True)
+
+
+# ----------------------------------------------------------------------------- main
+
+def parse_args(argv):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--preset", required=True, choices=sorted(PRESETS))
+    ap.add_argument("--out", required=True, type=Path, help="results directory (tables, plots, results.json)")
+    ap.add_argument("--work", type=Path, default=None, help="runs, configs and data (default runs/replicate-PRESET)")
+    ap.add_argument("--seeds", type=int, default=1, help="seeds 0..N-1 (default 1)")
+    ap.add_argument("--methods", default=None, help=f"comma-separated subset of {','.join(METHODS)} "
+                                                    "(default: the preset's)")
+    ap.add_argument("--nproc", type=int, default=None, help="ranks per training run (default: the preset's)")
+    ap.add_argument("--set", dest="overrides", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
+                    help="config overrides for every run")
+    ap.add_argument("--shards", default=None, help="shard directory to train on instead of the preset's")
+    ap.add_argument("--heldout", nargs="+", default=None, help="held-out prose documents (.jsonl with domain)")
+    ap.add_argument("--parallel", nargs="+", default=None, help="parallel multilingual documents (.jsonl with lang)")
+    args = ap.parse_args(argv)
+    preset = PRESETS[args.preset]
+    args.methods = args.methods.split(",") if args.methods else list(preset.methods)
+    bad = [m for m in args.methods if m not in METHODS]
+    if bad:
+        ap.error(f"--methods: unknown {','.join(bad)}; choose from {','.join(METHODS)}")
+    if args.seeds < 1:
+        ap.error("--seeds must be at least 1")
+    return args, preset
+
+
+def main(argv=None) -> int:
+    args, preset = parse_args(argv)
+    work = (args.work or Path("runs") / f"replicate-{preset.name}").resolve()
+    out = args.out.resolve()
+    seeds = list(range(args.seeds))
+    nproc = args.nproc or preset.nproc
+    try:
+        data = prepare_data(preset, work, args)
+        runs = write_configs(preset, work, data, seeds, args.methods, args.overrides)
+    except (ConfigError, RuntimeError, OSError) as e:
+        print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
+        return 2
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        for i, run in enumerate(runs, 1):
+            if finished(run):
+                log(f"[{i}/{len(runs)}] {run['name']}: finished already")
+            else:
+                log(f"[{i}/{len(runs)}] {run['name']}: training")
+                train(run, nproc)
+            evaluate(run, data)
+        boundaries_picture(runs, out, work / "bpe-tokenizer")
+    except RuntimeError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    summaries = [run_summary(Path(r["run_dir"]), r["method"], r["seed"]) for r in runs]
+    agg = aggregate(summaries, args.methods)
+    command = "megatok-replicate " + shlex.join(argv if argv is not None else sys.argv[1:])
+    header = (f"# Replication study: preset {preset.name}\n\n{preset.description}. {len(seeds)} seed(s). "
+              f"Command: `{command}`. Date: {time.strftime('%Y-%m-%d')}. Machine: {machine()}.")
+    (out / "results.json").write_text(json.dumps({"preset": preset.name, "seeds": seeds, "command": command,
+                                                  "aggregate": agg, "runs": summaries}, indent=1) + "\n")
+    (out / "results.md").write_text(markdown(agg, preset, header))
+    (out / "command.txt").write_text(command + "\n")
+    written = plots(summaries, agg, out)
+    log(f"wrote {out / 'results.md'}, results.json, {', '.join(written)}")
+    return 0
+
+
+def machine() -> str:
+    cpu = "unknown CPU"
+    try:
+        cpu = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                   if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    import torch
+
+    gpu = f", {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else ""
+    return f"{os.cpu_count()} x {cpu}{gpu}"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

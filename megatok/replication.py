@@ -1,0 +1,294 @@
+"""The replication study: does the score-function policy learn where words start, and what does it buy?
+
+One preset (configs/replication/<preset>.json plus the facts below) trains, at equal training bytes and
+equal FLOPs per byte at inference, every method in METHODS for each seed, evaluates them on held-out
+prose and on parallel multilingual text, and reports (``megatok-replicate``, megatok/cli/replicate.py).
+This module holds the presets and methods, and turns finished runs into the tables and plots.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from megatok.metrics import read_metrics
+
+#: The variance-reduction settings the study found best (docs/replication/README.md has the measurements).
+VR_OPTIONS = {"samples": 2}
+
+#: method -> (--set items for the preset's config, what it is). "bpe" is the sentencepiece BPE token model
+#: matched to the preset in training FLOPs per byte (megatok-match-bpe), not a boundary strategy.
+METHODS: dict[str, tuple[list[str], str]] = {
+    "policy": (["boundary.strategy=policy"], "score function, the published estimator"),
+    "policy-vr": (["boundary.strategy=policy", *(f"boundary.{k}={v}" for k, v in VR_OPTIONS.items())],
+                  "score function with the variance reduction found best"),
+    "policy-gamma1": (["boundary.strategy=policy", "boundary.gamma=1.0"], "score function, undiscounted (gamma 1)"),
+    "hnet": (["boundary.strategy=hnet"], "H-Net cosine router, straight-through, ratio loss"),
+    "gumbel": (["boundary.strategy=gumbel"], "Gumbel-sigmoid, straight-through, binomial prior"),
+    "uniform": (["boundary.strategy=uniform"], "uniform random positions at the target rate"),
+    "fixed": (["boundary.strategy=fixed"], "a chunk every 1/rate bytes"),
+    "whitespace": (["boundary.strategy=whitespace"], "a chunk after whitespace or punctuation"),
+    "bpe": ([], "BPE token model (sentencepiece) at matched FLOPs per byte"),
+}
+POLICY_METHODS = ("policy", "policy-vr", "policy-gamma1")
+#: The sentences every method's boundaries are drawn on (boundaries.png).
+SENTENCES = ("The committee will report on the state of the economy before the end of the year.\n"
+             "Enter the king, attended by his lords, and a messenger with letters from France.")
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    config: str  # path of the byte model's config, relative to the checkout
+    nproc: int  # ranks per training run
+    bpe_vocab: int
+    methods: tuple[str, ...]
+    data: str  # "prose": built by make_corpus --preset prose; "given": --shards/--heldout/--parallel
+    eval_max_bytes: int  # held-out bytes scored per set
+    description: str
+    overrides: tuple[str, ...] = field(default=())
+
+
+ALL = tuple(METHODS)
+PRESETS = {p.name: p for p in (
+    Preset("toy", "configs/replication/toy.json", 1, 512, ALL, "given", 20_000,
+           "a test: every method for a few steps on a tiny model (minutes on 2 CPU cores)"),
+    Preset("cpu-small", "configs/replication/cpu-small.json", 2, 4096, ALL, "prose", 600_000,
+           "2 CPU cores: byte layers 128 x 1+1, main 384 x 4, 1024-byte windows, prose"),
+    Preset("gpu-18m", "configs/replication/gpu-18m.json", 1, 8192,
+           ("policy", "policy-vr", "uniform", "fixed", "whitespace", "bpe"), "prose", 2_000_000,
+           "the research's smallest model (d 384, 2/6/2 layers) on one GPU, about a minute of training each"),
+    Preset("node-147m", "configs/replication/node-147m.json", 8, 32768, ALL, "prose", 4_000_000,
+           "the published run (d 768, 4/12/4 layers, 4096-byte windows, batch 128) on 8 GPUs"),
+)}
+
+
+def run_name(method: str, seed: int) -> str:
+    return f"{method}-seed{seed}"
+
+
+# ----------------------------------------------------------------------------- reading finished runs
+
+def _mean_range(values: list[float]) -> dict:
+    vals = [v for v in values if v is not None and math.isfinite(v)]
+    if not vals:
+        return {"mean": None, "min": None, "max": None, "n": 0}
+    return {"mean": sum(vals) / len(vals), "min": min(vals), "max": max(vals), "n": len(vals)}
+
+
+def alignment_curve(run_dir: Path) -> list[dict]:
+    """The training rows' boundary figures: step, sbw fraction, p at spaces before words and elsewhere, SNR."""
+    keys = ("sbw_boundary_fraction", "p_sbw", "p_other", "snr_sbw", "boundary_rate", "bpb", "bpb_early")
+    return [{"step": r["step"], **{k: r.get(k) for k in keys}}
+            for r in read_metrics(run_dir) if r.get("split") == "train"]
+
+
+def first_step(curve: list[dict], test) -> int | None:
+    return next((r["step"] for r in curve if test(r)), None)
+
+
+def run_summary(run_dir: Path, method: str, seed: int) -> dict:
+    """What the tables need from one finished run: its evaluations, training FLOPs and wall time."""
+    rows = read_metrics(run_dir)
+    train = [r for r in rows if r.get("split") == "train"]
+    last = train[-1] if train else {}
+    out = {"method": method, "seed": seed, "run": str(run_dir), "steps": last.get("step"),
+           "bytes_seen": last.get("bytes_seen"), "flops": last.get("flops"),
+           "realised_rate": _mean([r.get("boundary_rate") for r in train[len(train) // 2:]])}
+    timing = run_dir / "replicate_timing.json"
+    out["wall_s"] = json.loads(timing.read_text())["seconds"] if timing.is_file() else None
+    for name in ("prose-sample", "prose-threshold", "parallel-sample"):
+        f = run_dir / f"eval-{name}.json"
+        if f.is_file():
+            out[name] = json.loads(f.read_text())
+    if method in POLICY_METHODS:
+        curve = alignment_curve(run_dir)
+        out["curve"] = curve
+        out["first_sign_step"] = first_step(curve, lambda r: (r["p_sbw"] or 0) - (r["p_other"] or 0) >= 0.05)
+        out["aligned_step"] = first_step(curve, lambda r: (r["sbw_boundary_fraction"] or 0) >= 0.6)
+    return out
+
+
+def _mean(values):
+    vals = [v for v in values if isinstance(v, (int, float)) and math.isfinite(v)]
+    return sum(vals) / len(vals) if vals else None
+
+
+def aggregate(summaries: list[dict], methods: list[str]) -> dict:
+    """Per method, over seeds: mean and range of every reported figure; per language (parallel set)."""
+    result = {}
+    for m in methods:
+        runs = [s for s in summaries if s["method"] == m]
+        if not runs:
+            continue
+        prose = [s.get("prose-sample", {}) for s in runs]
+        unit = "bytes_per_token" if m == "bpe" else "bytes_per_chunk"
+        entry = {
+            "runs": len(runs),
+            "bpb": _mean_range([p.get("bpb") for p in prose]),
+            "bytes_per_unit": _mean_range([p.get(unit) for p in prose]),
+            "sbw_boundary_fraction": _mean_range([p.get("sbw_boundary_fraction") for p in prose]),
+            "word_start_precision": _mean_range([p.get("word_start_precision") for p in prose]),
+            "word_start_recall": _mean_range([p.get("word_start_recall") for p in prose]),
+            "realised_rate": _mean_range([s.get("realised_rate") for s in runs]),
+            "flops": _mean_range([s.get("flops") for s in runs]),
+            "wall_s": _mean_range([s.get("wall_s") for s in runs]),
+        }
+        thr = [s.get("prose-threshold", {}) for s in runs if "prose-threshold" in s]
+        if thr:
+            entry["threshold"] = {"bpb": _mean_range([p.get("bpb") for p in thr]),
+                                  "sbw_boundary_fraction": _mean_range([p.get("sbw_boundary_fraction") for p in thr]),
+                                  "boundary_rate": _mean_range([p.get("boundary_rate") for p in thr])}
+        domains = sorted({d for p in prose for d in p.get("by_domain", {})})
+        entry["by_domain"] = {d: {"bpb": _mean_range([p.get("by_domain", {}).get(d, {}).get("bpb") for p in prose]),
+                                  "sbw_boundary_fraction": _mean_range(
+                                      [p.get("by_domain", {}).get(d, {}).get("sbw_boundary_fraction") for p in prose])}
+                              for d in domains}
+        par = [s.get("parallel-sample", {}) for s in runs]
+        langs = sorted({lang for p in par for lang in p.get("by_lang", {})})
+        per_lang = {lang: {"bpb": _mean([p.get("by_lang", {}).get(lang, {}).get("bpb") for p in par]),
+                           "bytes_per_unit": _mean([p.get("by_lang", {}).get(lang, {}).get(unit) for p in par])}
+                    for lang in langs}
+        entry["by_lang"] = per_lang
+        for k in ("bpb", "bytes_per_unit"):
+            vals = [v[k] for v in per_lang.values() if v[k]]
+            entry[f"{k}_disparity"] = max(vals) / min(vals) if len(vals) > 1 else None
+        if m in POLICY_METHODS:
+            entry["first_sign_step"] = [s.get("first_sign_step") for s in runs]
+            entry["aligned_step"] = [s.get("aligned_step") for s in runs]
+        result[m] = entry
+    return result
+
+
+def _cell(r: dict, spec: str, scale: float = 1.0) -> str:
+    if not r or r.get("mean") is None:
+        return "n/a"
+    if r["n"] == 1:
+        return format(r["mean"] * scale, spec)
+    return f"{format(r['mean'] * scale, spec)} ({format(r['min'] * scale, spec)}-{format(r['max'] * scale, spec)})"
+
+
+def verdict(agg: dict) -> list[str]:
+    """The goal's two tests, in words, from the aggregate (only where the methods ran)."""
+    lines = []
+    for m in ("policy", "policy-vr"):
+        if m not in agg:
+            continue
+        frac = agg[m]["sbw_boundary_fraction"]["mean"]
+        if frac is not None:
+            lines.append(f"- {m}: {frac:.2f} of the spaces before a word start a chunk on held-out prose "
+                         f"(goal: at least 0.60; uniform at this rate: about {agg.get('uniform', {}).get('sbw_boundary_fraction', {}).get('mean') or 0.2:.2f}): "
+                         f"{'reached' if frac >= 0.6 else 'not reached'}.")
+        for base in ("uniform", "fixed"):
+            if base in agg and agg[m]["bpb"]["mean"] is not None and agg[base]["bpb"]["mean"] is not None:
+                a, b = agg[m]["bpb"], agg[base]["bpb"]
+                gap = b["mean"] - a["mean"]
+                spread = max(a["max"] - a["min"], b["max"] - b["min"])
+                word = "beats" if gap > spread else ("trails" if -gap > spread else "is within the seed spread of")
+                lines.append(f"- {m} {word} {base} on held-out prose bpb: {a['mean']:.4f} against {b['mean']:.4f} "
+                             f"(difference {gap:+.4f}; largest seed spread {spread:.4f}, {a['n']} and {b['n']} seeds).")
+    return lines
+
+
+def markdown(agg: dict, preset: Preset, header: str) -> str:
+    lines = [header, "", "## Held-out prose", "",
+             "bpb: bits per byte on held-out prose documents (sampled boundaries, seed 0), mean and (min-max) over "
+             "seeds. unit: bytes per chunk (bytes per token for bpe). sbw: fraction of spaces before a word that "
+             "start a chunk. P/R: precision and recall of chunk starts against word starts. rate: realised boundary "
+             "rate in training. FLOPs: training FLOPs. wall: training wall time.", "",
+             "| method | bpb | unit | sbw | P | R | rate | FLOPs | wall (min) |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for m, e in agg.items():
+        lines.append(f"| {m} | {_cell(e['bpb'], '.4f')} | {_cell(e['bytes_per_unit'], '.2f')} | "
+                     f"{_cell(e['sbw_boundary_fraction'], '.3f')} | {_cell(e['word_start_precision'], '.3f')} | "
+                     f"{_cell(e['word_start_recall'], '.3f')} | {_cell(e['realised_rate'], '.3f')} | "
+                     f"{_cell(e['flops'], '.2e')} | {_cell(e['wall_s'], '.1f', 1 / 60)} |")
+    lines += ["", "## Verdict", "", *verdict(agg)]
+    thr = {m: e["threshold"] for m, e in agg.items() if "threshold" in e}
+    if thr:
+        lines += ["", "## The policies under the threshold rule (p > 0.5)", "", "| method | bpb | sbw | rate |",
+                  "|---|---|---|---|"]
+        lines += [f"| {m} | {_cell(t['bpb'], '.4f')} | {_cell(t['sbw_boundary_fraction'], '.3f')} | "
+                  f"{_cell(t['boundary_rate'], '.3f')} |" for m, t in thr.items()]
+    pol = {m: e for m, e in agg.items() if m in POLICY_METHODS}
+    if pol:
+        lines += ["", "## Time to alignment (training rows)", "",
+                  "first sign: first logged step where p at spaces before words exceeds p elsewhere by 0.05; "
+                  "aligned: first step where 60% of the spaces before words start a chunk (per seed; - never).", "",
+                  "| method | first sign | aligned |", "|---|---|---|"]
+        lines += [f"| {m} | {', '.join('-' if s is None else str(s) for s in e['first_sign_step'])} | "
+                  f"{', '.join('-' if s is None else str(s) for s in e['aligned_step'])} |" for m, e in pol.items()]
+    domains = sorted({d for e in agg.values() for d in e["by_domain"]})
+    if domains:
+        lines += ["", "## bpb and sbw fraction per domain (held-out prose)", "",
+                  "| method | " + " | ".join(domains) + " |", "|---|" + "---|" * len(domains)]
+        for m, e in agg.items():
+            cells = [f"{_cell(e['by_domain'].get(d, {}).get('bpb'), '.3f')} / "
+                     f"{_cell(e['by_domain'].get(d, {}).get('sbw_boundary_fraction'), '.2f')}" for d in domains]
+            lines.append(f"| {m} | " + " | ".join(cells) + " |")
+    langs = sorted({lang for e in agg.values() for lang in e["by_lang"]})
+    if langs:
+        lines += ["", "## Parallel multilingual text", "",
+                  "bytes per unit / bpb per language (same content in every language), and the disparity "
+                  "max / min over languages.", "",
+                  "| method | " + " | ".join(langs) + " | unit disparity | bpb disparity |",
+                  "|---|" + "---|" * (len(langs) + 2)]
+        for m, e in agg.items():
+            cells = []
+            for lang in langs:
+                v = e["by_lang"].get(lang, {})
+                cells.append("n/a" if v.get("bpb") is None else f"{v['bytes_per_unit'] or float('nan'):.2f} / {v['bpb']:.3f}")
+            d1, d2 = e.get("bytes_per_unit_disparity"), e.get("bpb_disparity")
+            lines.append(f"| {m} | " + " | ".join(cells) + f" | {'n/a' if d1 is None else f'{d1:.2f}'} | "
+                         f"{'n/a' if d2 is None else f'{d2:.2f}'} |")
+    return "\n".join(lines) + "\n"
+
+
+def plots(summaries: list[dict], agg: dict, out: Path) -> list[str]:
+    """bpb_vs_flops.png (held-out prose bpb against training FLOPs, every run) and alignment.png (the
+    policies' spaces-before-words figures over training)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for i, m in enumerate(agg):
+        pts = [(s["flops"], s["prose-sample"]["bpb"]) for s in summaries
+               if s["method"] == m and s.get("flops") and s.get("prose-sample", {}).get("bpb") is not None]
+        if pts:
+            ax.scatter(*zip(*pts), label=m, color=f"C{i % 10}", marker="os^Dv<>p*h"[i % 10])
+    ax.set_xscale("log")
+    ax.set_xlabel("training FLOPs")
+    ax.set_ylabel("held-out prose bits per byte")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "bpb_vs_flops.png", dpi=110)
+    plt.close(fig)
+    written.append("bpb_vs_flops.png")
+    curves = [s for s in summaries if s.get("curve")]
+    if curves:
+        fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+        for s in curves:
+            color = f"C{list(POLICY_METHODS).index(s['method'])}"
+            steps = [r["step"] for r in s["curve"]]
+            label = f"{s['method']} seed {s['seed']}"
+            axes[0].plot(steps, [r["sbw_boundary_fraction"] for r in s["curve"]], color=color, label=label, alpha=0.8)
+            axes[1].plot(steps, [(r["p_sbw"] or 0) - (r["p_other"] or 0) for r in s["curve"]], color=color, alpha=0.8)
+        axes[0].axhline(0.6, ls="--", color="gray", lw=0.8)
+        axes[0].set_title("spaces before a word that start a chunk (training)")
+        axes[1].set_title("p at spaces before words minus p elsewhere")
+        axes[1].axhline(0.0, color="gray", lw=0.8)
+        for ax in axes:
+            ax.set_xlabel("step")
+            ax.grid(alpha=0.3)
+        axes[0].legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(out / "alignment.png", dpi=110)
+        plt.close(fig)
+        written.append("alignment.png")
+    return written

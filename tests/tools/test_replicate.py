@@ -1,0 +1,88 @@
+"""megatok-replicate's toy preset end to end: it trains, evaluates and reports, the outputs parse, and a
+second invocation resumes (finished runs are not trained again; a new method is added to the same table)."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from megatok.replication import METHODS, aggregate, markdown, PRESETS, verdict
+from tests.conftest import PARALLEL, ROOT, TOOL_ENV, stdlib_texts
+
+pytestmark = pytest.mark.dist
+
+
+def replicate(*args, timeout=900):
+    return subprocess.run([sys.executable, "-m", "megatok.cli.replicate", *map(str, args)], capture_output=True,
+                          text=True, env=TOOL_ENV, timeout=timeout, cwd=ROOT)
+
+
+@pytest.fixture(scope="module")
+def study(shards, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("replicate")
+    prose = tmp / "heldout_prose.jsonl"
+    texts = stdlib_texts(6, 3000)
+    prose.write_text("".join(json.dumps({"text": t, "lang": "en", "domain": ("docs", "speech")[i % 2]}) + "\n"
+                             for i, t in enumerate(texts)))
+    parallel = tmp / "parallel.jsonl"
+    parallel.write_text("".join(json.dumps({"text": s, "lang": lang, "domain": "legal"}) + "\n"
+                                for lang, sents in PARALLEL.items() for s in sents))
+    data = ["--shards", shards, "--heldout", prose, "--parallel", parallel]
+    first = replicate("--preset", "toy", "--out", tmp / "out", "--work", tmp / "work", "--methods",
+                      "policy,uniform", *data)
+    second = replicate("--preset", "toy", "--out", tmp / "out", "--work", tmp / "work", "--methods",
+                       "policy,uniform,policy-vr,bpe", *data)
+    return tmp, first, second
+
+
+def test_the_toy_preset_trains_evaluates_and_reports(study):
+    tmp, first, second = study
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    out = tmp / "out"
+    result = json.loads((out / "results.json").read_text())
+    agg = result["aggregate"]
+    assert list(agg) == ["policy", "uniform", "policy-vr", "bpe"]
+    for m, e in agg.items():
+        assert 0 < e["bpb"]["mean"] < 12, m
+        assert e["flops"]["mean"] > 0 and e["wall_s"]["mean"] > 0
+        assert e["by_lang"].keys() == PARALLEL.keys()
+        assert set(e["by_domain"]) == {"docs", "speech"}
+    assert agg["bpe"]["bytes_per_unit"]["mean"] > 1  # bytes per token
+    assert "threshold" in agg["policy"] and "threshold" not in agg["uniform"]
+    # the same bytes for every method; policy-vr's two samples per sequence cost more FLOPs
+    runs = {r["method"]: r for r in result["runs"]}
+    assert len({r["bytes_seen"] for r in runs.values() if r["method"] != "bpe"}) == 1
+    assert runs["policy-vr"]["flops"] > 1.3 * runs["policy"]["flops"]
+    text = (out / "results.md").read_text()
+    assert "| policy-vr |" in text and "## Parallel multilingual text" in text and "## Verdict" in text
+    for f in ("bpb_vs_flops.png", "alignment.png", "boundaries.png", "boundaries.html", "command.txt"):
+        assert (out / f).stat().st_size > 0, f
+
+
+def test_a_second_invocation_resumes_without_retraining(study):
+    tmp, first, second = study
+    assert "policy-seed0: training" in first.stdout and "uniform-seed0: training" in first.stdout
+    assert "policy-seed0: finished already" in second.stdout
+    assert "uniform-seed0: finished already" in second.stdout
+    assert "bpe-seed0: training" in second.stdout
+    assert "policy-seed0: evaluating" not in second.stdout  # its evaluations were kept
+    bad = replicate("--preset", "toy", "--out", tmp / "out2", "--work", tmp / "work2", "--shards", tmp / "x",
+                    "--heldout", "y")
+    assert bad.returncode == 2 and bad.stderr.startswith("error: --shards") and bad.stderr.count("\n") == 1
+    assert not (tmp / "work2" / "runs").exists()
+
+
+def test_the_verdict_says_what_the_figures_say():
+    def agg(frac, bpb):
+        return {"sbw_boundary_fraction": {"mean": frac}, "bpb": {"mean": sum(bpb) / len(bpb), "min": min(bpb),
+                                                               "max": max(bpb), "n": len(bpb)}}
+
+    lines = verdict({"policy": agg(0.7, [3.0, 3.02]), "uniform": agg(0.2, [3.2, 3.21]),
+                     "fixed": agg(0.2, [3.01, 3.03])})
+    assert "0.70 of the spaces" in lines[0] and "reached" in lines[0] and "not reached" not in lines[0]
+    assert "policy beats uniform" in lines[1]
+    assert "within the seed spread of fixed" in lines[2]
+    assert markdown(aggregate([], ["policy"]), PRESETS["toy"], "# t").startswith("# t")
+    assert set(PRESETS["cpu-small"].methods) == set(METHODS)
