@@ -1,23 +1,29 @@
-"""The score-function estimator's variance, per discount gamma: is the policy gradient usable?
+"""The score-function estimator's variance, per discount gamma or per estimator variant: is the policy
+gradient usable, and what does each variance-reduction option do to it?
 
     megatok-estimator-variance --run runs/strat-policy [--gammas 0.9,0.95,0.99,1.0] [--samples 32]
+    megatok-estimator-variance --run runs/x --variant published= --variant pairs=samples:2 \
+        --variant loo=leave_one_out:true --variant g0.9=gamma:0.9 [--samples 32]
 
 For a policy checkpoint (boundary.strategy = "policy") and one fixed batch of held-out sequences,
 draws ``--samples`` boundary samples (sampling seeds seed, seed+1, ...). For every sample it runs the
 model once (rewards CE_early - CE_full come from that forward pass, as in training) and, for every
-gamma, takes the gradient of the policy loss L_policy = -lambda_policy mean_t G_t log pi(b_t) (the
-run's own lambda_policy, batch baseline and reward settings; only gamma changes) with respect to
-the parameters it reaches: the policy head (``boundary``), the byte encoder (``encoder``) and the
-byte embedding (``embed``). The samples are shared by all gammas, so the comparison is paired.
+variant, takes the gradient of the policy loss L_policy = -lambda_policy mean_t G_t log pi(b_t) with
+respect to the parameters it reaches: the policy head (``boundary``), the byte encoder (``encoder``)
+and the byte embedding (``embed``). A variant is the run's own estimator options with some replaced
+(``--variant NAME=KEY:VALUE,...``, any boundary.* option of the policy; ``--gammas`` is shorthand for one
+variant per gamma). Variants with the same ``samples`` share the forward pass of each draw, so their
+comparison is paired; a variant with ``samples: K`` runs each sequence K times per draw (``forwards``).
 
-Per gamma and parameter group (and ``all``), over the S samples g_1..g_S of the flattened gradient:
+Per variant and parameter group (and ``all``), over the S draws g_1..g_S of the flattened gradient:
 
 - ``mean_norm``: ||mean_s g_s||;
 - ``variance``: tr Cov(g), the summed per-parameter variance (unbiased, S - 1), and
   ``variance_per_param`` = tr Cov(g) / parameters;
-- ``snr``: signal-to-noise ratio of one sample, sqrt(max(0, ||mean g||^2 - tr Cov / S)) / sqrt(tr Cov)
+- ``snr``: signal-to-noise ratio of one draw, sqrt(max(0, ||mean g||^2 - tr Cov / S)) / sqrt(tr Cov)
   (the squared mean norm corrected for its own sampling noise; 0 when no signal is measurable,
-  about 1 means one sample's noise is as large as the gradient itself).
+  about 1 means one draw's noise is as large as the gradient itself); ``snr_per_forward`` divides it by
+  sqrt(forwards), the figure to compare at equal compute.
 
 Writes RUN/estimator_variance.json and .png (or ``--out PREFIX``) and prints the JSON.
 """
@@ -63,40 +69,68 @@ class Moments:
                 "snr": signal / math.sqrt(trace) if trace > 0 else float("nan")}
 
 
-def estimate(model, tokens: torch.Tensor, gammas: list[float], samples: int, seed: int) -> dict:
+def estimate(model, tokens: torch.Tensor, variants: dict[str, dict], samples: int, seed: int) -> dict:
     from megatok.vocab import PAD
 
     strat = model.boundary
-    base_options = strat.options
+    base_options, base_samples = strat.options, strat.samples
     groups = {g: [(n, p) for n, p in model.named_parameters() if n.split(".")[0] == g] for g in GROUPS}
     params = [p for g in GROUPS for _, p in groups[g]]
-    moments = {gamma: Moments() for gamma in gammas}
+    moments = {name: Moments() for name in variants}
     x, y = tokens[:, :-1], tokens[:, 1:]
-    tmask = y != PAD
+    by_samples: dict[int, list[str]] = {}
+    for name, update in variants.items():
+        by_samples.setdefault(int(update.get("samples", base_samples)), []).append(name)
     model.train()  # sample boundaries as in training
     try:
         for s in range(samples):
-            torch.manual_seed(seed + s)
-            out = model(x, y)
-            for gamma in gammas:
-                strat.options = base_options.model_copy(update={"gamma": gamma})
-                loss = strat.loss(out.boundaries, out.ce_full, out.ce_early, tmask)["policy_loss"]
-                grads = torch.autograd.grad(loss, params, retain_graph=True, allow_unused=True)
-                flat, i = {}, 0
-                for g in GROUPS:
-                    parts = []
-                    for _, p in groups[g]:
-                        gr = grads[i]
-                        parts.append((gr if gr is not None else torch.zeros_like(p)).reshape(-1))
-                        i += 1
-                    flat[g] = torch.cat(parts)
-                flat["all"] = torch.cat([flat[g] for g in GROUPS])
-                moments[gamma].add(flat)
+            for k, names in by_samples.items():
+                strat.samples = k
+                torch.manual_seed(seed + s)
+                out = model(x, y)
+                tmask = y.repeat_interleave(k, 0) != PAD
+                for name in names:
+                    strat.options = base_options.model_copy(update=variants[name])
+                    loss = strat.loss(out.boundaries, out.ce_full, out.ce_early, tmask)["policy_loss"]
+                    grads = torch.autograd.grad(loss, params, retain_graph=True, allow_unused=True)
+                    flat, i = {}, 0
+                    for g in GROUPS:
+                        parts = []
+                        for _, p in groups[g]:
+                            gr = grads[i]
+                            parts.append((gr if gr is not None else torch.zeros_like(p)).reshape(-1))
+                            i += 1
+                        flat[g] = torch.cat(parts)
+                    flat["all"] = torch.cat([flat[g] for g in GROUPS])
+                    moments[name].add(flat)
             print(f"sample {s + 1}/{samples}", file=sys.stderr, flush=True)
     finally:
-        strat.options = base_options
+        strat.options, strat.samples = base_options, base_samples
         model.eval()
-    return {f"{gamma:g}": {k: moments[gamma].report(k) for k in (*GROUPS, "all")} for gamma in gammas}
+    result = {}
+    for name, update in variants.items():
+        k = int(update.get("samples", base_samples))
+        result[name] = {g: {**moments[name].report(g), "forwards": k} for g in (*GROUPS, "all")}
+        for r in result[name].values():
+            r["snr_per_forward"] = r["snr"] / math.sqrt(k)
+    return result
+
+
+def parse_variant(text: str) -> tuple[str, dict]:
+    """NAME=KEY:VALUE,KEY:VALUE -> (NAME, {KEY: VALUE}) with JSON values (true, 2, 0.9); NAME= is the run's own."""
+    name, _, rest = text.partition("=")
+    if not name:
+        raise ValueError(f"--variant {text!r}: expected NAME=KEY:VALUE,...")
+    update = {}
+    for item in filter(None, rest.split(",")):
+        key, sep, value = item.partition(":")
+        if not sep:
+            raise ValueError(f"--variant {text!r}: {item!r} is not KEY:VALUE")
+        try:
+            update[key] = json.loads(value)
+        except json.JSONDecodeError:
+            update[key] = value
+    return name, update
 
 
 def plot(result: dict, path: Path) -> None:
@@ -105,17 +139,17 @@ def plot(result: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    gammas = list(result["gammas"])
+    gammas = list(result["variants"])
     groups = [*GROUPS, "all"]
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     width = 0.8 / len(gammas)
     for j, gamma in enumerate(gammas):
         xs = [i + (j - (len(gammas) - 1) / 2) * width for i in range(len(groups))]
-        var = [result["gammas"][gamma][g]["variance_per_param"] for g in groups]
-        snr = [result["gammas"][gamma][g]["snr"] for g in groups]
-        axes[0].bar(xs, var, width, label=f"gamma = {gamma}")
-        axes[1].bar(xs, snr, width, label=f"gamma = {gamma}")
-    for ax, title in zip(axes, ("gradient variance per parameter (log)", "signal-to-noise ratio of one sample")):
+        var = [result["variants"][gamma][g]["variance_per_param"] for g in groups]
+        snr = [result["variants"][gamma][g]["snr_per_forward"] for g in groups]
+        axes[0].bar(xs, var, width, label=gamma)
+        axes[1].bar(xs, snr, width, label=gamma)
+    for ax, title in zip(axes, ("gradient variance per parameter (log)", "signal-to-noise ratio per forward pass")):
         ax.set_xticks(range(len(groups)), groups)
         ax.set_title(title)
         ax.grid(axis="y", alpha=0.3)
@@ -132,7 +166,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--run", required=True, help="run directory of a policy run")
     ap.add_argument("--checkpoint", default=None, help="checkpoint tag (default: latest)")
-    ap.add_argument("--gammas", default="0.9,0.95,0.99,1.0")
+    ap.add_argument("--gammas", default="0.9,0.95,0.99,1.0", help="one variant per gamma (without --variant)")
+    ap.add_argument("--variant", action="append", default=[], metavar="NAME=KEY:VALUE,...",
+                    help="an estimator variant: the run's policy options with these replaced (repeatable)")
     ap.add_argument("--samples", type=int, default=32)
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--seq-len", type=int, default=None, help="default: the run's data.seq_len")
@@ -148,6 +184,10 @@ def main(argv=None) -> int:
         ap.error(f"--gammas {args.gammas}: expected numbers like 0.99,1.0")
     if not gammas or not all(0 <= g <= 1 for g in gammas):
         ap.error("--gammas: values in [0, 1]")
+    try:
+        variants = dict(map(parse_variant, args.variant)) or {f"{g:g}": {"gamma": g} for g in gammas}
+    except ValueError as e:
+        ap.error(str(e))
 
     try:
         from megatok.run.reader import load_model
@@ -160,6 +200,18 @@ def main(argv=None) -> int:
         print(f"error: {args.run}: strategy {cfg.boundary.strategy!r} has no score-function estimator "
               f"(needs boundary.strategy = \"policy\")", file=sys.stderr)
         return 2
+    from pydantic import ValidationError
+
+    try:
+        for update in variants.values():
+            model.boundary.options.model_validate({**model.boundary.options.model_dump(), **update})
+    except ValidationError as e:
+        err = e.errors()[0]
+        print(f"error: --variant: {'.'.join(map(str, err['loc']))}: {err['msg']}", file=sys.stderr)
+        return 2
+    if any(u.get("value_baseline") for u in variants.values()):
+        print("error: --variant: value_baseline needs a trained value head (measure it in training)", file=sys.stderr)
+        return 2
     seq_len = args.seq_len or cfg.data.seq_len
     tokens = fixed_batch(cfg, args.data, args.batch_size, seq_len)
     result = {"run": str(args.run), "checkpoint": tag, "samples": args.samples, "batch": list(tokens[:, 1:].shape),
@@ -167,7 +219,7 @@ def main(argv=None) -> int:
               "batch_baseline": cfg.boundary.options["batch_baseline"],
               "early_exit_reward": cfg.boundary.options["early_exit_reward"],
               "trained_gamma": cfg.boundary.options["gamma"],
-              "gammas": estimate(model, tokens, gammas, args.samples, args.seed)}
+              "variants": estimate(model, tokens, variants, args.samples, args.seed)}
     out = Path(args.out) if args.out else Path(args.run) / "estimator_variance"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")

@@ -76,9 +76,9 @@ def test_estimator_variance_reports_every_gamma(policy_run, tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     result = json.loads(out.with_suffix(".json").read_text())
     assert json.loads(r.stdout[:r.stdout.rindex("}") + 1]) == result
-    assert list(result["gammas"]) == ["0.99", "1"] and result["batch"] == [2, 64]
+    assert list(result["variants"]) == ["0.99", "1"] and result["batch"] == [2, 64]
     for gamma in ("0.99", "1"):
-        groups = result["gammas"][gamma]
+        groups = result["variants"][gamma]
         assert set(groups) == {"boundary", "encoder", "embed", "all"}
         assert groups["boundary"]["parameters"] == 33 + 33  # the linear head and the window head (w = 2)
         for g in groups.values():
@@ -87,6 +87,21 @@ def test_estimator_variance_reports_every_gamma(policy_run, tmp_path):
         assert groups["all"]["variance"] == pytest.approx(sum(groups[k]["variance"] for k in
                                                               ("boundary", "encoder", "embed")), rel=1e-9)
     assert out.with_suffix(".png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_estimator_variance_compares_estimator_variants(policy_run, tmp_path):
+    out = tmp_path / "ev"
+    r = tool("estimator_variance", "--run", policy_run, "--samples", 3, "--batch-size", 2, "--variant", "published=",
+             "--variant", "pairs=samples:2", "--variant", "loo=leave_one_out:true,gamma:0.9", "--out", out)
+    assert r.returncode == 0, r.stderr[-2000:]
+    v = json.loads(out.with_suffix(".json").read_text())["variants"]
+    assert list(v) == ["published", "pairs", "loo"]
+    assert v["pairs"]["all"]["forwards"] == 2 and v["published"]["all"]["forwards"] == 1
+    assert v["pairs"]["all"]["snr_per_forward"] == pytest.approx(v["pairs"]["all"]["snr"] / math.sqrt(2))
+    # the same draws, another estimator: the gradients differ
+    assert v["loo"]["boundary"]["mean_norm"] != pytest.approx(v["published"]["boundary"]["mean_norm"], rel=1e-6)
+    bad = tool("estimator_variance", "--run", policy_run, "--variant", "x=samples:0")
+    assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1].startswith("error: --variant: samples")
 
 
 def test_estimator_moments_by_hand():
