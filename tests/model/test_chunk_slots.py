@@ -1,0 +1,63 @@
+"""The main network's length K (megatok.model.chunking.chunk_slots): rounded up to a few sizes, the pad
+chunks change no output; with a capacity it is known without reading the starts (no host sync), and
+a row with more starts than that stays causal."""
+
+import torch
+
+from megatok.model.chunking import bucket, chunk_slots, downsample, upsample
+from tests.model.test_causality import make_model
+
+
+def test_buckets_cover_the_count_with_little_padding_and_few_sizes():
+    sizes = [bucket(n) for n in range(1, 5000)]
+    assert all(b >= n for n, b in zip(range(1, 5000), sizes))
+    assert all(b <= max(64, 1.125 * n) for n, b in zip(range(1, 5000), sizes))
+    for lo in (64, 128, 256, 512, 1024, 2048):  # 8 sizes per octave
+        assert len({bucket(n) for n in range(lo + 1, 2 * lo + 1)}) == 8
+    starts = torch.zeros(3, 300, dtype=torch.bool)
+    starts[:, ::4] = True
+    starts[1, 1::4] = True  # 150 starts in row 1
+    assert chunk_slots(starts) == bucket(150) == 160
+
+
+def test_a_capacity_needs_no_look_at_the_starts():
+    meta = torch.empty(2, 1000, dtype=torch.bool, device="meta")  # no data to read: a sync would fail
+    assert chunk_slots(meta, capacity=0.25) == bucket(250) == 256
+    assert chunk_slots(torch.ones(1, 10, dtype=torch.bool), capacity=0.9) == 10  # never more than T
+
+
+def test_pad_chunks_change_nothing():
+    """The same model with K = the bucket and K = T (capacity 1): the same outputs."""
+    model = make_model("policy")
+    x = torch.randint(0, 256, (3, 70))
+    outs = []
+    with torch.no_grad():
+        for capacity in (None, 1.0):
+            model.chunk_capacity = capacity
+            torch.manual_seed(0)
+            outs.append(model(x))
+        model.chunk_capacity = None
+        assert int(outs[0].boundaries.starts.sum(1).max()) < 70  # capacity 1: K = 70, pad chunks in every row
+    for out in outs[1:]:
+        assert torch.equal(out.boundaries.starts, outs[0].boundaries.starts)
+        torch.testing.assert_close(out.logits, outs[0].logits, rtol=0, atol=1e-5)
+
+
+def test_past_the_capacity_later_starts_join_the_chunk_before_and_stay_causal():
+    starts = torch.tensor([[1, 0, 1, 1, 0, 1, 1, 0]], dtype=torch.bool)
+    h = torch.arange(8.0).view(1, 8, 1)
+    chunks, pos, real = downsample(h, starts, 3)
+    assert pos.tolist() == [[0, 2, 3]] and real.all()
+    assert upsample(chunks, starts)[0, :, 0].tolist() == [0, 0, 2, 3, 3, 3, 3, 3]
+    model = make_model("policy")
+    model.chunk_capacity = 0.05  # 8 chunks for 100 bytes: most rows have more starts
+    x = torch.randint(0, 256, (2, 100))
+    with torch.no_grad():
+        base = model(x)
+        assert base.boundaries.starts.sum(1).min() > 8
+        t = 60
+        x2 = x.clone()
+        x2[:, t + 1:] = torch.randint(0, 256, x2[:, t + 1:].shape)
+        out = model(x2, starts=base.boundaries.starts)
+    torch.testing.assert_close(out.logits[:, :t + 1], base.logits[:, :t + 1], rtol=0, atol=1e-5)
+    assert not torch.allclose(out.logits[:, t + 1:], base.logits[:, t + 1:])
