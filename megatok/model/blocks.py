@@ -3,15 +3,18 @@
 All attention goes through :func:`attention`: flash-attn when it is installed, the tensors are on a
 GPU and in half precision; otherwise torch's scaled_dot_product_attention (whose CUDA flash
 backend is FlashAttention-2). With document masking (a ``segments`` tensor: the document each
-position belongs to) attention is causal within a document only; that takes an explicit additive
-mask, built once per stack in the activations' dtype and shared by its layers (a boolean one would
-be converted, and kept for the backward, in every layer), which SDPA's memory-efficient backend
-(GPU) or math backend (CPU) computes.
+position belongs to) attention is causal within a document only. The mask is built once per stack
+and shared by its layers (:func:`document_attention_mask`): on a GPU a FlexAttention block mask
+(block-sparse: no [B, T, T] tensor, and the blocks wholly outside a document are skipped) for
+torch's compiled flex_attention kernel; on a CPU, where FlexAttention has no backward, or where it
+fails its one-time check on the device, an explicit additive mask in the activations' dtype (a
+boolean one would be converted, and kept for the backward, in every layer) for SDPA's math backend.
 """
 
 from __future__ import annotations
 
 import math
+import warnings
 
 import torch
 import torch.nn.functional as F
@@ -22,6 +25,16 @@ try:  # optional GPU extra (requirements-gpu.txt)
     from flash_attn import flash_attn_func
 except ImportError:  # pragma: no cover - depends on the machine
     flash_attn_func = None
+
+try:
+    from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
+except ImportError:  # pragma: no cover - torch before 2.5
+    BlockMask = create_block_mask = flex_attention = None
+
+#: Document masking through FlexAttention on a GPU (False: the dense mask everywhere, e.g. to compare).
+FLEX_ATTENTION = True
+_FLEX_OK: dict = {}  # device -> whether flex_attention passed its check there
+_compiled_flex = None
 
 
 def attention_backend(q: torch.Tensor) -> str:
@@ -40,11 +53,64 @@ def document_mask(segments: torch.Tensor, dtype: torch.dtype = torch.float32) ->
     return torch.zeros(allowed.shape, dtype=dtype, device=segments.device).masked_fill_(~allowed, float("-inf"))
 
 
+def document_block_mask(segments: torch.Tensor, compile: bool = False):
+    """[B, T] document ids -> FlexAttention BlockMask: position i attends to j <= i in its document."""
+
+    def same_document_causal(b, h, q_idx, kv_idx):
+        return (segments[b, q_idx] == segments[b, kv_idx]) & (kv_idx <= q_idx)
+
+    B, T = segments.shape
+    return create_block_mask(same_document_causal, B, None, T, T, device=segments.device, _compile=compile)
+
+
+def _flex(q, k, v, block_mask):
+    global _compiled_flex
+    if _compiled_flex is None:
+        _compiled_flex = torch.compile(flex_attention)
+    return _compiled_flex(q, k, v, block_mask=block_mask)
+
+
+def flex_usable(device: torch.device) -> bool:
+    """Whether document masking uses FlexAttention on ``device``: on a GPU (FlexAttention has no backward
+    on a CPU), once it has matched the dense mask there, forward and backward, on a small case. A failure
+    (no Triton, an unsupported GPU) is reported once and the dense mask is used instead."""
+    if not FLEX_ATTENTION or flex_attention is None or device.type != "cuda":
+        return False
+    if device not in _FLEX_OK:
+        try:
+            g = torch.Generator(device=device).manual_seed(0)
+            q, k, v = (torch.randn(2, 2, 256, 64, device=device, generator=g, requires_grad=True) for _ in range(3))
+            segments = torch.tensor([[0] * 100 + [1] * 156, [0] * 256], device=device)
+            dout = torch.randn(2, 2, 256, 64, device=device, generator=g)
+            outs = [_flex(q, k, v, document_block_mask(segments, compile=True)),
+                    F.scaled_dot_product_attention(q, k, v, attn_mask=document_mask(segments)[:, None])]
+            (got, *got_grads), (want, *want_grads) = ([o, *torch.autograd.grad(o, (q, k, v), dout)] for o in outs)
+            diff = max(float((a - b).abs().max()) for a, b in zip([got, *got_grads], [want, *want_grads]))
+            if not diff < 1e-2:
+                raise RuntimeError(f"largest difference from the dense mask {diff:.2e}")
+            _FLEX_OK[device] = True
+        except Exception as e:  # noqa: BLE001 - any failure means: use the dense mask
+            warnings.warn(f"megatok: FlexAttention failed its check on {device} ({type(e).__name__}: "
+                          f"{str(e)[:200]}); document masking uses a dense [B, T, T] mask", stacklevel=2)
+            _FLEX_OK[device] = False
+    return _FLEX_OK[device]
+
+
+def document_attention_mask(segments: torch.Tensor, dtype: torch.dtype):
+    """The mask a stack's layers share for documents ``segments`` [B, T]: a FlexAttention BlockMask
+    where :func:`flex_usable`, else the dense additive [B, 1, T, T] mask of ``dtype``."""
+    if flex_usable(segments.device):
+        return document_block_mask(segments, compile=True)
+    return document_mask(segments, dtype)[:, None]
+
+
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend: str | None = None,
-              mask: torch.Tensor | None = None, causal: bool = True) -> torch.Tensor:
-    """Causal attention over [B, H, T, Dh] tensors; ``mask`` (from :func:`document_mask`) replaces
-    the plain causal mask. ``causal=False``: every query sees every key (one new query against a
-    cache of earlier keys)."""
+              mask=None, causal: bool = True) -> torch.Tensor:
+    """Causal attention over [B, H, T, Dh] tensors; ``mask`` (from :func:`document_attention_mask`, a
+    BlockMask or a dense additive mask) replaces the plain causal mask. ``causal=False``: every query
+    sees every key (one new query against a cache of earlier keys)."""
+    if BlockMask is not None and isinstance(mask, BlockMask):
+        return _flex(q, k, v, mask)
     if mask is not None:  # (autocast may compute q in another dtype than the mask's)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask.to(q.dtype))
     if (backend or attention_backend(q)) == "flash_attn":
@@ -173,7 +239,7 @@ class Stack(nn.Module):
         ``cache``: for generation, one dict per layer (see Attention); a filled cache takes one new
         position (and no ``segments``: generation reads one document)."""
         cos, sin = rotary_tables(positions, self.head_dim, self.theta)
-        mask = None if segments is None else document_mask(segments, x.dtype)[:, None]
+        mask = None if segments is None else document_attention_mask(segments, x.dtype)
         for i, layer in enumerate(self.layers):
             if self.checkpointing and self.training and torch.is_grad_enabled():
                 x = checkpoint(layer, x, cos, sin, mask, use_reentrant=False)
