@@ -5,9 +5,11 @@
     python -m megatok.cli.bench --json-out bench.json --reps 7 --threads 1
     python -m megatok.cli.bench --profile small/policy   # torch.profiler's top operators of one variant
 
-The timed variants are built once and then run in turns (interleaved, in a rotating order, ``--reps``
-rounds of ``--steps`` steps each), because the machine may be shared: a ratio is taken within each
-round, and the table gives its median and its spread (min-max over the rounds). Figures:
+The timed variants are built once and then run in turns, because the machine may be shared: ``--reps``
+rounds, each of ``--steps`` steps of every training variant one step at a time (in a rotating order),
+then everything else once. A ratio is taken within each round, and the table gives its median and its
+spread (min-max over the rounds). On a CPU with one thread the clock is the process's CPU time, so
+time spent waiting for a core that others use is not counted; elsewhere it is wall time. Figures:
 
 - **policy share**: (step time with the policy - with fixed boundaries) / step time with the policy,
   same shape and data: what the learned boundaries' machinery (the head, the draw, the losses) costs.
@@ -57,7 +59,11 @@ SHAPES = {
     # the 1b config's proportions at a CPU's size: byte layers narrower than the main network
     "small": ["model.d_model=128", "model.n_heads=4", "model.n_encoder_layers=1", "model.n_decoder_layers=1",
               "model.d_main=384", "model.n_main_heads=6", "model.n_main_layers=6"],
+    # configs/100m.json's model at its window, 8 sequences a step (a GPU's shape)
+    "100m": ["model.d_model=768", "model.n_heads=12", "model.n_encoder_layers=4", "model.n_main_layers=12",
+             "model.n_decoder_layers=4", "data.seq_len=4096", "train.micro_batch_size=8"],
 }
+DEFAULT_SHAPES = {"cpu": ["tiny", "small"], "cuda": ["tiny", "small", "100m"]}
 #: The boundary variants of every shape: --set items.
 VARIANTS = {
     "policy": ["boundary.strategy=policy"],
@@ -65,11 +71,23 @@ VARIANTS = {
     "every-byte": ["boundary.strategy=fixed", "boundary.target_rate=0.999"],  # stride round(1/0.999) = 1
     "policy-w3": ["boundary.strategy=policy", "boundary.window=3"],
 }
+#: With --hot-path (the default on a GPU), on the last shape: what the GPU hot path's choices cost. Each
+#: is (--set items, ByteUNet attributes, megatok.model.blocks.FLEX_ATTENTION).
+HOT_PATH = {
+    "policy-docmask": (["boundary.strategy=policy", "model.document_mask=true"], {}, True),
+    "policy-docmask-dense": (["boundary.strategy=policy", "model.document_mask=true"], {}, False),
+    "policy-nosync": (["boundary.strategy=policy"], {"chunk_capacity": 0.3}, True),
+}
 TARGETS = {  # issue 24's targets: (figure, comparison, value)
     "policy_share/small": ("<=", 0.02), "policy_share/tiny": ("<=", 0.02),
     "megatok_vs_every_byte/small": ("<=", 0.3),
     "data_vs_step": (">=", 20.0), "eval_vs_train": (">=", 3.0), "mfu/small": (">=", 0.5),
 }
+
+
+#: The clock of every timing: the process's CPU time on a CPU with one thread (time waiting for a core
+#: on a shared machine is not counted), else wall time (a GPU's work is not the process's CPU time).
+clock = time.perf_counter
 
 
 def sync(device: torch.device) -> None:
@@ -107,13 +125,15 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
 class Trainee:
     """One variant: its config, model, optimizer and data; ``run(n)`` times n training steps."""
 
-    def __init__(self, name: str, cfg, device: torch.device):
+    def __init__(self, name: str, cfg, device: torch.device, attrs: dict | None = None, flex: bool = True):
         from megatok.model import build_model
 
-        self.name, self.cfg, self.device = name, cfg, device
+        self.name, self.cfg, self.device, self.flex = name, cfg, device, flex
         torch.manual_seed(cfg.train.seed)
         with torch.device(device):
             self.model = build_model(cfg).train()
+        for k, v in (attrs or {}).items():
+            setattr(self.model, k, v)
         t = cfg.train
         self.opt = torch.optim.AdamW(param_groups(self.model, t.weight_decay), lr=t.lr, betas=t.betas, eps=t.eps,
                                      fused=device.type == "cuda")
@@ -123,6 +143,9 @@ class Trainee:
         self.sums = {"chunks": 0.0, "positions": 0.0, "targets": 0.0, "steps": 0}
 
     def step(self) -> dict:
+        from megatok.model import blocks
+
+        blocks.FLEX_ATTENTION = self.flex
         x = self.data[self.i % len(self.data)].to(self.device, non_blocking=True)
         torch.manual_seed(self.i)
         self.i += 1
@@ -137,10 +160,10 @@ class Trainee:
     def run(self, n: int) -> float:
         """Seconds per step over n steps (the boundary statistics are read after the clock stops)."""
         sync(self.device)
-        t0 = time.perf_counter()
+        t0 = clock()
         stats = [self.step() for _ in range(n)]
         sync(self.device)
-        dt = (time.perf_counter() - t0) / n
+        dt = (clock() - t0) / n
         for s in stats:
             for k in ("chunks", "positions", "targets"):
                 self.sums[k] += float(s.get(k, 0.0))
@@ -165,11 +188,11 @@ def matmul_peak(device: torch.device, n: int) -> callable:
 
     def run() -> float:
         sync(device)
-        t0 = time.perf_counter()
+        t0 = clock()
         for _ in range(reps):
             torch.mm(a, b)
         sync(device)
-        return 2 * n ** 3 * reps / (time.perf_counter() - t0)
+        return 2 * n ** 3 * reps / (clock() - t0)
 
     run()  # warm-up
     return run
@@ -196,7 +219,8 @@ class NullLogger:
 
 def environment(device: torch.device, threads: int) -> dict:
     env = {"python": platform.python_version(), "torch": torch.__version__, "device": str(device),
-           "threads": threads, "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "command": " ".join(sys.argv)}
+           "threads": threads, "clock": "process CPU time" if clock is time.process_time else "wall",
+           "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "command": " ".join(sys.argv)}
     if device.type == "cuda":
         env["gpu"] = torch.cuda.get_device_name(device)
     else:
@@ -214,7 +238,12 @@ def main(argv=None) -> int:
     ap.add_argument("--config", default=str(ROOT / "configs" / "tiny.json"), help="base config (default configs/tiny.json)")
     ap.add_argument("--set", dest="overrides", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
                     help="applied to every variant")
-    ap.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
+    ap.add_argument("--shapes", nargs="+", default=None, choices=list(SHAPES),
+                    help="default: tiny small on a CPU, tiny small 100m on a GPU; the first one also serves the data, "
+                         "evaluation, generation and head-to-head figures")
+    ap.add_argument("--hot-path", action=argparse.BooleanOptionalAction, default=None,
+                    help="also time document masking (FlexAttention and the dense mask) and a fixed chunk capacity "
+                         "(no host sync) on the last shape (default: on a GPU)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--threads", type=int, default=1, help="CPU threads (default 1: the machine may be shared)")
     ap.add_argument("--reps", type=int, default=5, help="rounds of the interleaved timings")
@@ -234,14 +263,22 @@ def main(argv=None) -> int:
     if args.reps < 1 or args.steps < 1:
         ap.error("--reps and --steps must be >= 1")
     device = torch.device(args.device)
+    if args.shapes is None:
+        args.shapes = DEFAULT_SHAPES.get(device.type, DEFAULT_SHAPES["cpu"])
+    if args.hot_path is None:
+        args.hot_path = device.type == "cuda"
+    global clock
     if device.type == "cpu":
         torch.set_num_threads(args.threads)
+        if args.threads == 1:
+            clock = time.process_time
     os.environ.setdefault("WANDB_MODE", "disabled")
 
     from megatok.config import ConfigError, load_config
 
     def config(shape: str, variant: str, extra=()):
-        return load_config(args.config, [*SHAPES[shape], *VARIANTS[variant], *args.overrides, *extra], world_size=1)
+        sets = VARIANTS[variant] if variant in VARIANTS else HOT_PATH[variant][0]
+        return load_config(args.config, [*SHAPES[shape], *sets, *args.overrides, *extra], world_size=1)
 
     try:
         base = config(args.shapes[0], "policy")
@@ -256,6 +293,11 @@ def main(argv=None) -> int:
         k: getattr(args, k) for k in ("config", "overrides", "shapes", "reps", "steps", "eval_bytes", "gen_bytes",
                                       "h2h_bytes", "quick")}, "figures": {}, "measured": {}}
     trainees = {f"{s}/{v}": Trainee(f"{s}/{v}", config(s, v), device) for s in args.shapes for v in VARIANTS}
+    if args.hot_path:
+        s = args.shapes[-1]
+        trainees.update({f"{s}/{v}": Trainee(f"{s}/{v}", config(s, v), device, attrs, flex)
+                         for v, (_, attrs, flex) in HOT_PATH.items()})
+        report["checks"] = {"flex_attention": flex_check(trainees[f"{s}/policy-docmask"], device)}
     peak = matmul_peak(device, args.matmul or (8192 if device.type == "cuda" else 1024))
     tiny = trainees[f"{args.shapes[0]}/policy"]
 
@@ -272,28 +314,28 @@ def main(argv=None) -> int:
     n_data = 16
 
     def data_rate() -> float:
-        t0 = time.perf_counter()
+        t0 = clock()
         n = sum(next(batches)["tokens"][:, 1:].lt(256).sum().item() for _ in range(n_data))
-        return n / (time.perf_counter() - t0)
+        return n / (clock() - t0)
 
     eval_docs = text_documents(args.eval_bytes)
     eval_model = tiny.model
 
     def eval_rate() -> float:
         sync(device)
-        t0 = time.perf_counter()
+        t0 = clock()
         r = evaluate_documents(eval_model, iter(eval_docs_as_documents(eval_docs)), seq_len=base.data.seq_len,
                                batch_size=base.train.micro_batch_size, mode="sample", seed=0, device=device)
         sync(device)
         eval_model.train()
-        return r["bytes"] / (time.perf_counter() - t0)
+        return r["bytes"] / (clock() - t0)
 
     def gen_rate(model) -> float:
-        t0 = time.perf_counter()
+        t0 = clock()
         g = generate(model, b"def main(", seq_len=base.data.seq_len, max_bytes=args.gen_bytes, seed=0,
                      stop_at_separator=False, boundary_mode="threshold")
         model.train()
-        return len(g.text) / (time.perf_counter() - t0)
+        return len(g.text) / (clock() - t0)
 
     # the head-to-head as the trainer runs it, on --h2h-bytes of held-out text
     from megatok.eval.head_to_head import HeadToHead
@@ -307,10 +349,10 @@ def main(argv=None) -> int:
     h2h_bytes = sum(len(d.text) for d in h2h.docs)
 
     def h2h_seconds_per_byte() -> float:
-        t0 = time.perf_counter()
+        t0 = clock()
         h2h.run(tiny.model, 0, device, NullLogger())
         tiny.model.train()
-        return (time.perf_counter() - t0) / h2h_bytes
+        return (clock() - t0) / h2h_bytes
 
     # warm-up: one step of every variant, one of everything else
     for tr in trainees.values():
@@ -319,18 +361,24 @@ def main(argv=None) -> int:
     print(f"bench: {len(trainees)} variants, {args.reps} rounds of {args.steps} steps, device {device}, "
           f"{args.threads if device.type == 'cpu' else '-'} thread(s)", file=sys.stderr, flush=True)
 
-    tasks = {name: (lambda tr=tr: tr.run(args.steps)) for name, tr in trainees.items()}
-    tasks.update({"matmul": peak, "data": data_rate, "eval": eval_rate, "generate": lambda: gen_rate(tiny.model),
-                  "generate-w3": lambda: gen_rate(trainees[f"{args.shapes[0]}/policy-w3"].model),
-                  "h2h": h2h_seconds_per_byte})
+    # A round: every training variant one step at a time, in turns (so that a change of the machine's
+    # load reaches them all alike), then everything else once; each round starts at another variant.
+    others = {"matmul": peak, "data": data_rate, "eval": eval_rate, "generate": lambda: gen_rate(tiny.model),
+              "generate-w3": lambda: gen_rate(trainees[f"{args.shapes[0]}/policy-w3"].model),
+              "h2h": h2h_seconds_per_byte}
     rounds: list[dict[str, float]] = []
-    names = list(tasks)
     t_start = time.perf_counter()
+
+    def rotated(names: list[str], k: int) -> list[str]:
+        return names[k % len(names):] + names[:k % len(names)]
+
     for r in range(args.reps):
-        order = names[r % len(names):] + names[:r % len(names)]  # rotate: no variant always runs first
-        got = {}
-        for name in order:
-            got[name] = tasks[name]()
+        got = dict.fromkeys(trainees, 0.0)
+        for i in range(args.steps):
+            for name in rotated(list(trainees), r * args.steps + i):
+                got[name] += trainees[name].run(1) / args.steps
+        for name in rotated(list(others), r):
+            got[name] = others[name]()
         rounds.append(got)
         print(f"bench: round {r + 1}/{args.reps} done ({time.perf_counter() - t_start:.0f} s)", file=sys.stderr,
               flush=True)
@@ -364,6 +412,16 @@ def main(argv=None) -> int:
             v: {"step_s": summary(t[v]), "bytes_per_step": trainees[f"{s}/{v}"].bytes_per_step,
                 "realised_rate": trainees[f"{s}/{v}"].rate,
                 "params": sum(p.numel() for p in trainees[f"{s}/{v}"].model.parameters())} for v in VARIANTS}
+    if args.hot_path:
+        s = args.shapes[-1]
+        t = {v: [g[f"{s}/{v}"] for g in rounds] for v in ["policy", *HOT_PATH]}
+        figure(f"docmask_cost/{s}", [(d - p) / p for d, p in zip(t["policy-docmask"], t["policy"])],
+               "(document mask - none) / none, step time, FlexAttention where usable")
+        figure(f"docmask_dense_cost/{s}", [(d - p) / p for d, p in zip(t["policy-docmask-dense"], t["policy"])],
+               "(document mask - none) / none, step time, the dense [B, T, T] mask")
+        figure(f"sync_share/{s}", [(p - n) / p for p, n in zip(t["policy"], t["policy-nosync"])],
+               "(K from the batch's count - K from chunk_capacity 0.3, no host sync) / the first, step time")
+        report["measured"][f"{s}/hot_path"] = {v: {"step_s": summary(t[v])} for v in HOT_PATH}
     s0 = args.shapes[0]
     train_bps = [tiny.bytes_per_step / g[f"{s0}/policy"] for g in rounds]
     figure("data_vs_step", [g["data"] / b for g, b in zip(rounds, train_bps)],
@@ -399,6 +457,28 @@ def main(argv=None) -> int:
     return 0
 
 
+def flex_check(tr: Trainee, device: torch.device) -> dict:
+    """One forward and backward of a document-masked model with FlexAttention (where usable) and with the
+    dense mask, on the same batch and boundary draws: the largest differences of the loss and gradients."""
+    from megatok.model import blocks
+
+    x = tr.data[0].to(device)
+    runs = []
+    for flex in (True, False):
+        blocks.FLEX_ATTENTION = flex
+        tr.model.zero_grad(set_to_none=True)
+        torch.manual_seed(0)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=tr.bf16):
+            out = tr.model(x[:, :-1], x[:, 1:])
+        out.loss.backward()
+        runs.append((float(out.loss.detach()), [p.grad.float().clone() for p in tr.model.parameters() if p.grad is not None]))
+    tr.model.zero_grad(set_to_none=True)
+    (a, ga), (b, gb) = runs
+    rel = max(float((x - y).norm() / y.norm().clamp(min=1e-12)) for x, y in zip(ga, gb))
+    return {"flex_usable": blocks.flex_usable(device), "loss_flex": a, "loss_dense": b,
+            "loss_abs_diff": abs(a - b), "grad_max_rel_diff": rel}
+
+
 def eval_docs_as_documents(docs: list[bytes]):
     from megatok.data.documents import Document
 
@@ -421,6 +501,9 @@ def show(report: dict) -> str:
         for v, m in variants.items():
             lines.append(f"{shape + '/' + v:<22} {m['step_s']['median']:>16.4f} {m['bytes_per_step']:>11.0f} "
                          f"{m['realised_rate']:>7.3f} {m['params']:>10,}")
+    for name, check in report.get("checks", {}).items():
+        lines.append(f"check {name}: " + ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}"
+                                                  for k, v in check.items()))
     m = report["measured"]
     lines.append(f"\nmatmul {m['matmul_flops']['median'] / 1e9:.1f} GFLOP/s; train {m['train_bytes_per_s']['median']:,.0f}"
                  f" B/s; data {m['data_bytes_per_s']['median']:,.0f} B/s; eval {m['eval_bytes_per_s']['median']:,.0f}"
@@ -432,11 +515,12 @@ def profile(args, device: torch.device, config) -> int:
     from torch.profiler import ProfilerActivity, profile as torch_profile
 
     shape, _, variant = args.profile.partition("/")
-    if shape not in SHAPES or variant not in VARIANTS:
+    if shape not in SHAPES or (variant not in VARIANTS and variant not in HOT_PATH):
         print(f"error: --profile {args.profile}: want SHAPE/VARIANT with SHAPE in {list(SHAPES)} and VARIANT in "
               f"{list(VARIANTS)}", file=sys.stderr)
         return 2
-    tr = Trainee(args.profile, config(shape, variant), device)
+    _, attrs, flex = HOT_PATH.get(variant, (None, {}, True))
+    tr = Trainee(args.profile, config(shape, variant), device, attrs, flex)
     tr.run(1)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with torch_profile(activities=activities) as prof:
