@@ -119,10 +119,16 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend: str | 
     return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
 
+_INV_FREQ: dict = {}
+
+
 def rotary_tables(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
     """cos/sin for integer positions [T] or [B, T] -> broadcastable to [B, H, T, head_dim // 2]."""
-    inv_freq = theta ** (-torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim)
-    angles = positions.float()[..., None] * inv_freq
+    key = (head_dim, theta, positions.device)
+    if key not in _INV_FREQ:  # the same few tables at every call (generation makes one per byte and stack)
+        _INV_FREQ[key] = theta ** (-torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32)
+                                   / head_dim)
+    angles = positions.float()[..., None] * _INV_FREQ[key]
     if angles.dim() == 3:  # [B, T, D/2] -> [B, 1, T, D/2]
         angles = angles[:, None]
     return angles.cos(), angles.sin()
@@ -144,8 +150,11 @@ class Attention(nn.Module):
         """``kv``: a generation cache (a dict, empty at first) that keeps this layer's keys and values;
         with earlier ones in it, ``x`` must be one new position."""
         B, T, D = x.shape
-        q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, D // self.n_heads).permute(2, 0, 3, 1, 4)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        qkv = self.qkv(x).view(B, T, 3, self.n_heads, D // self.n_heads)
+        # q and k rotated together, in the projection's layout (one pass over contiguous rows, not two
+        # over strided [B, H, T, Dh] views): ``cos``/``sin`` come from Stack in [(B,) T, 1, 1, Dh/2]
+        q, k = apply_rotary(qkv[:, :, :2], cos, sin).transpose(1, 3).unbind(2)
+        v = qkv[:, :, 2].transpose(1, 2)
         causal = True
         if kv is not None:
             if kv:
@@ -238,7 +247,9 @@ class Stack(nn.Module):
         """``segments`` [B, T]: the document of each position (document masking), or None (causal).
         ``cache``: for generation, one dict per layer (see Attention); a filled cache takes one new
         position (and no ``segments``: generation reads one document)."""
-        cos, sin = rotary_tables(positions, self.head_dim, self.theta)
+        # [T, Dh/2] or [B, 1, T, Dh/2] -> [(B,) T, 1, 1, Dh/2]: the layout of Attention's [B, T, 2, H, Dh] q and k
+        cos, sin = (t[..., None, None, :] if t.dim() == 2 else t[:, 0, :, None, None, :]
+                    for t in rotary_tables(positions, self.head_dim, self.theta))
         mask = None if segments is None else document_attention_mask(segments, x.dtype)
         for i, layer in enumerate(self.layers):
             if self.checkpointing and self.training and torch.is_grad_enabled():
