@@ -254,6 +254,8 @@ def main(argv=None) -> int:
     ap.add_argument("--matmul", type=int, default=None, help="matmul size (default 1024 on a CPU, 8192 on a GPU)")
     ap.add_argument("--quick", action="store_true", help="3 rounds of 2 steps, fewer bytes: a smoke run")
     ap.add_argument("--json-out", default=None, help="write the report as JSON here")
+    ap.add_argument("--budget-s", type=float, default=None,
+                    help="start no round after this many seconds (the rounds done are reported; at least one runs)")
     ap.add_argument("--profile", default=None, metavar="SHAPE/VARIANT",
                     help="instead: torch.profiler's top operators over --steps steps of one variant, e.g. small/policy")
     args = ap.parse_args(argv)
@@ -289,6 +291,7 @@ def main(argv=None) -> int:
     if args.profile:
         return profile(args, device, config)
 
+    t_wall = time.perf_counter()
     report: dict = {"environment": environment(device, args.threads), "settings": {
         k: getattr(args, k) for k in ("config", "overrides", "shapes", "reps", "steps", "eval_bytes", "gen_bytes",
                                       "h2h_bytes", "quick")}, "figures": {}, "measured": {}}
@@ -354,9 +357,9 @@ def main(argv=None) -> int:
         tiny.model.train()
         return (clock() - t0) / h2h_bytes
 
-    # warm-up: one step of every variant, one of everything else
+    # warm-up: a step of every variant (on a GPU three: compiling FlexAttention for a few chunk counts)
     for tr in trainees.values():
-        tr.run(1)
+        tr.run(3 if device.type == "cuda" else 1)
         tr.sums = {"chunks": 0.0, "positions": 0.0, "targets": 0.0, "steps": 0}
     print(f"bench: {len(trainees)} variants, {args.reps} rounds of {args.steps} steps, device {device}, "
           f"{args.threads if device.type == 'cpu' else '-'} thread(s)", file=sys.stderr, flush=True)
@@ -372,7 +375,80 @@ def main(argv=None) -> int:
     def rotated(names: list[str], k: int) -> list[str]:
         return names[k % len(names):] + names[:k % len(names)]
 
+    from megatok.flops import flops_per_byte
+
+    def summarise() -> None:
+        """The figures of the rounds so far, into ``report`` (and --json-out: a run cut short keeps them)."""
+        figures = report["figures"]
+
+        def figure(key: str, per_round: list[float], what: str) -> None:
+            figures[key] = {**summary(per_round), "what": what}
+            if key in TARGETS:
+                op, value = TARGETS[key]
+                figures[key]["target"] = f"{op} {value:g}"
+                figures[key]["met"] = figures[key]["median"] <= value if op == "<=" else figures[key]["median"] >= value
+
+        for s in args.shapes:
+            t = {v: [g[f"{s}/{v}"] for g in rounds] for v in VARIANTS}
+            figure(f"policy_share/{s}", [(p - f) / p for p, f in zip(t["policy"], t["fixed"])],
+                   "(policy - fixed) / policy, step time")
+            figure(f"policy_w3_share/{s}", [(p - f) / p for p, f in zip(t["policy-w3"], t["fixed"])],
+                   "(policy window 3 - fixed) / policy window 3, step time")
+            per_byte = {v: [x / trainees[f"{s}/{v}"].bytes_per_step for x in t[v]] for v in VARIANTS}
+            figure(f"megatok_vs_every_byte/{s}", [p / e for p, e in zip(per_byte["policy"], per_byte["every-byte"])],
+                   "time per byte, policy / a chunk at every byte")
+            tr = trainees[f"{s}/policy"]
+            fpb = flops_per_byte(tr.cfg, rate=tr.rate)["training"]
+            figure(f"mfu/{s}", [fpb * tr.cfg.train.micro_batch_size * tr.cfg.data.seq_len / x / g["matmul"]
+                                for x, g in zip(t["policy"], rounds)],
+                   f"model FLOP/s / matmul FLOP/s ({'bf16' if device.type == 'cuda' else 'fp32'})")
+            report["measured"][s] = {
+                v: {"step_s": summary(t[v]), "bytes_per_step": trainees[f"{s}/{v}"].bytes_per_step,
+                    "realised_rate": trainees[f"{s}/{v}"].rate,
+                    "params": sum(p.numel() for p in trainees[f"{s}/{v}"].model.parameters())} for v in VARIANTS}
+        if args.hot_path:
+            s = args.shapes[-1]
+            t = {v: [g[f"{s}/{v}"] for g in rounds] for v in ["policy", *HOT_PATH]}
+            figure(f"docmask_cost/{s}", [(d - p) / p for d, p in zip(t["policy-docmask"], t["policy"])],
+                   "(document mask - none) / none, step time, FlexAttention where usable")
+            figure(f"docmask_dense_cost/{s}", [(d - p) / p for d, p in zip(t["policy-docmask-dense"], t["policy"])],
+                   "(document mask - none) / none, step time, the dense [B, T, T] mask")
+            figure(f"sync_share/{s}", [(p - n) / p for p, n in zip(t["policy"], t["policy-nosync"])],
+                   "(K from the batch's count - K from chunk_capacity 0.3, no host sync) / the first, step time")
+            report["measured"][f"{s}/hot_path"] = {v: {"step_s": summary(t[v])} for v in HOT_PATH}
+        s0 = args.shapes[0]
+        train_bps = [tiny.bytes_per_step / g[f"{s0}/policy"] for g in rounds]
+        figure("data_vs_step", [g["data"] / b for g, b in zip(rounds, train_bps)],
+               "one data reader's bytes/s / a training step's bytes/s (tiny shape, one rank)")
+        figure("eval_vs_train", [g["eval"] / b for g, b in zip(rounds, train_bps)],
+               "evaluate_documents bytes/s / training bytes/s (same model)")
+        figure("generate_vs_train", [g["generate"] / b for g, b in zip(rounds, train_bps)],
+               "generate (cache, window 1) bytes/s / training bytes/s (same model)")
+        train_w3 = [trainees[f"{s0}/policy-w3"].bytes_per_step / g[f"{s0}/policy-w3"] for g in rounds]
+        figure("generate_w3_vs_train", [g["generate-w3"] / b for g, b in zip(rounds, train_w3)],
+               "generate (cache, policy window 3, threshold) bytes/s / training bytes/s (same model)")
+        c = base
+        accum = c.train.grad_accum or 1
+        figure("h2h_share", [g["h2h"] * c.eval.heldout_max_bytes /
+                             (g["h2h"] * c.eval.heldout_max_bytes + c.eval.every * accum * g[f"{s0}/policy"])
+                             for g in rounds],
+               f"head-to-head time / (it + {c.eval.every} steps x {accum} micro-batches), "
+               f"{c.eval.heldout_max_bytes} held-out bytes, no baseline")
+        report["measured"]["matmul_flops"] = summary([g["matmul"] for g in rounds])
+        report["measured"]["data_bytes_per_s"] = summary([g["data"] for g in rounds])
+        report["measured"]["eval_bytes_per_s"] = summary([g["eval"] for g in rounds])
+        report["measured"]["generate_bytes_per_s"] = summary([g["generate"] for g in rounds])
+        report["measured"]["train_bytes_per_s"] = summary(train_bps)
+        report["measured"]["h2h_s_per_mb"] = summary([g["h2h"] * 2**20 for g in rounds])
+        report["measured"]["wall_s"] = time.perf_counter() - t_wall
+        report["measured"]["rounds"] = len(rounds)
+        if args.json_out:
+            Path(args.json_out).write_text(json.dumps(report, indent=2) + "\n")
+
     for r in range(args.reps):
+        if args.budget_s is not None and rounds and time.perf_counter() - t_wall > args.budget_s:
+            print(f"bench: --budget-s {args.budget_s:g} spent: {len(rounds)} round(s)", file=sys.stderr, flush=True)
+            break
         got = dict.fromkeys(trainees, 0.0)
         for i in range(args.steps):
             for name in rotated(list(trainees), r * args.steps + i):
@@ -380,77 +456,12 @@ def main(argv=None) -> int:
         for name in rotated(list(others), r):
             got[name] = others[name]()
         rounds.append(got)
+        summarise()
         print(f"bench: round {r + 1}/{args.reps} done ({time.perf_counter() - t_start:.0f} s)", file=sys.stderr,
               flush=True)
 
-    from megatok.flops import flops_per_byte
-
-    figures = report["figures"]
-
-    def figure(key: str, per_round: list[float], what: str) -> None:
-        figures[key] = {**summary(per_round), "what": what}
-        if key in TARGETS:
-            op, value = TARGETS[key]
-            figures[key]["target"] = f"{op} {value:g}"
-            figures[key]["met"] = figures[key]["median"] <= value if op == "<=" else figures[key]["median"] >= value
-
-    for s in args.shapes:
-        t = {v: [g[f"{s}/{v}"] for g in rounds] for v in VARIANTS}
-        figure(f"policy_share/{s}", [(p - f) / p for p, f in zip(t["policy"], t["fixed"])],
-               "(policy - fixed) / policy, step time")
-        figure(f"policy_w3_share/{s}", [(p - f) / p for p, f in zip(t["policy-w3"], t["fixed"])],
-               "(policy window 3 - fixed) / policy window 3, step time")
-        per_byte = {v: [x / trainees[f"{s}/{v}"].bytes_per_step for x in t[v]] for v in VARIANTS}
-        figure(f"megatok_vs_every_byte/{s}", [p / e for p, e in zip(per_byte["policy"], per_byte["every-byte"])],
-               "time per byte, policy / a chunk at every byte")
-        tr = trainees[f"{s}/policy"]
-        fpb = flops_per_byte(tr.cfg, rate=tr.rate)["training"]
-        figure(f"mfu/{s}", [fpb * tr.cfg.train.micro_batch_size * tr.cfg.data.seq_len / x / g["matmul"]
-                            for x, g in zip(t["policy"], rounds)],
-               f"model FLOP/s / matmul FLOP/s ({'bf16' if device.type == 'cuda' else 'fp32'})")
-        report["measured"][s] = {
-            v: {"step_s": summary(t[v]), "bytes_per_step": trainees[f"{s}/{v}"].bytes_per_step,
-                "realised_rate": trainees[f"{s}/{v}"].rate,
-                "params": sum(p.numel() for p in trainees[f"{s}/{v}"].model.parameters())} for v in VARIANTS}
-    if args.hot_path:
-        s = args.shapes[-1]
-        t = {v: [g[f"{s}/{v}"] for g in rounds] for v in ["policy", *HOT_PATH]}
-        figure(f"docmask_cost/{s}", [(d - p) / p for d, p in zip(t["policy-docmask"], t["policy"])],
-               "(document mask - none) / none, step time, FlexAttention where usable")
-        figure(f"docmask_dense_cost/{s}", [(d - p) / p for d, p in zip(t["policy-docmask-dense"], t["policy"])],
-               "(document mask - none) / none, step time, the dense [B, T, T] mask")
-        figure(f"sync_share/{s}", [(p - n) / p for p, n in zip(t["policy"], t["policy-nosync"])],
-               "(K from the batch's count - K from chunk_capacity 0.3, no host sync) / the first, step time")
-        report["measured"][f"{s}/hot_path"] = {v: {"step_s": summary(t[v])} for v in HOT_PATH}
-    s0 = args.shapes[0]
-    train_bps = [tiny.bytes_per_step / g[f"{s0}/policy"] for g in rounds]
-    figure("data_vs_step", [g["data"] / b for g, b in zip(rounds, train_bps)],
-           "one data reader's bytes/s / a training step's bytes/s (tiny shape, one rank)")
-    figure("eval_vs_train", [g["eval"] / b for g, b in zip(rounds, train_bps)],
-           "evaluate_documents bytes/s / training bytes/s (same model)")
-    figure("generate_vs_train", [g["generate"] / b for g, b in zip(rounds, train_bps)],
-           "generate (cache, window 1) bytes/s / training bytes/s (same model)")
-    train_w3 = [trainees[f"{s0}/policy-w3"].bytes_per_step / g[f"{s0}/policy-w3"] for g in rounds]
-    figure("generate_w3_vs_train", [g["generate-w3"] / b for g, b in zip(rounds, train_w3)],
-           "generate (cache, policy window 3, threshold) bytes/s / training bytes/s (same model)")
-    c = base
-    accum = c.train.grad_accum or 1
-    figure("h2h_share", [g["h2h"] * c.eval.heldout_max_bytes /
-                         (g["h2h"] * c.eval.heldout_max_bytes + c.eval.every * accum * g[f"{s0}/policy"])
-                         for g in rounds],
-           f"head-to-head time / (it + {c.eval.every} steps x {accum} micro-batches), "
-           f"{c.eval.heldout_max_bytes} held-out bytes, no baseline")
-    report["measured"]["matmul_flops"] = summary([g["matmul"] for g in rounds])
-    report["measured"]["data_bytes_per_s"] = summary([g["data"] for g in rounds])
-    report["measured"]["eval_bytes_per_s"] = summary([g["eval"] for g in rounds])
-    report["measured"]["generate_bytes_per_s"] = summary([g["generate"] for g in rounds])
-    report["measured"]["train_bytes_per_s"] = summary(train_bps)
-    report["measured"]["h2h_s_per_mb"] = summary([g["h2h"] * 2**20 for g in rounds])
-    report["measured"]["wall_s"] = time.perf_counter() - t_start
 
     print(show(report))
-    if args.json_out:
-        Path(args.json_out).write_text(json.dumps(report, indent=2) + "\n")
     import shutil
 
     shutil.rmtree(tmp, ignore_errors=True)
