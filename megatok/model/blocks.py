@@ -146,11 +146,11 @@ class Attention(nn.Module):
         self.qkv = nn.Linear(d, 3 * d, bias=False)
         self.out = nn.Linear(d, d, bias=False)
 
-    def forward(self, x, cos, sin, mask=None, kv: dict | None = None):
+    def forward(self, x, cos, sin, mask=None, kv: dict | None = None, rows: torch.Tensor | None = None):
         """``kv``: a generation cache (a dict, empty at first) that keeps this layer's keys and values;
-        with earlier ones in it, ``x`` must be one new position."""
+        with earlier ones in it, ``x`` must be one new position. ``rows``: see :func:`rowwise`."""
         B, T, D = x.shape
-        qkv = self.qkv(x).view(B, T, 3, self.n_heads, D // self.n_heads)
+        qkv = rowwise(self.qkv, x, rows).view(B, T, 3, self.n_heads, D // self.n_heads)
         # q and k rotated together, in the projection's layout (one pass over contiguous rows, not two
         # over strided [B, H, T, Dh] views): ``cos``/``sin`` come from Stack in [(B,) T, 1, 1, Dh/2]
         q, k = apply_rotary(qkv[:, :, :2], cos, sin).transpose(1, 3).unbind(2)
@@ -163,7 +163,7 @@ class Attention(nn.Module):
                 k, v, causal = torch.cat([kv["k"], k], 2), torch.cat([kv["v"], v], 2), False
             kv["k"], kv["v"] = k, v
         y = attention(q, k, v, mask=mask, causal=causal)
-        return self.out(y.transpose(1, 2).reshape(B, T, D))
+        return rowwise(self.out, y.transpose(1, 2).reshape(B, T, D), rows)
 
 
 class SwiGLU(nn.Module):
@@ -185,9 +185,22 @@ class Block(nn.Module):
         self.mlp_norm = nn.RMSNorm(d, eps=eps)
         self.mlp = SwiGLU(d, hidden)
 
-    def forward(self, x, cos, sin, mask=None, kv=None):
-        x = x + self.attn(self.attn_norm(x), cos, sin, mask, kv)
-        return x + self.mlp(self.mlp_norm(x))
+    def forward(self, x, cos, sin, mask=None, kv=None, rows=None):
+        x = x + self.attn(self.attn_norm(x), cos, sin, mask, kv, rows)
+        return x + rowwise(lambda t: self.mlp(self.mlp_norm(t)), x, rows)
+
+
+def rowwise(fn, x: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
+    """``fn`` (a row-wise layer) over the positions of x [B, T, D] that ``rows`` lists (flat indices into
+    B * T), zeros at the others; None: over all of them. The main network runs its projections and MLPs
+    on the real chunks only, not on the pad chunks that fill each row up to the batch's chunk count; a
+    pad chunk then has zero queries, keys and values and adds nothing to the residual stream, and since
+    pads come after every real chunk of their row, causal attention never lets a real chunk see one."""
+    if rows is None:
+        return fn(x)
+    B, T, D = x.shape
+    y = fn(x.reshape(B * T, D).index_select(0, rows))
+    return y.new_zeros(B * T, y.shape[-1]).index_copy(0, rows, y).view(B, T, -1)
 
 
 def compile_blocks(model: nn.Module) -> int:
@@ -243,17 +256,18 @@ class Stack(nn.Module):
         self.head_dim, self.theta, self.checkpointing = d // n_heads, theta, checkpointing
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, segments: torch.Tensor | None = None,
-                cache: list[dict] | None = None) -> torch.Tensor:
+                cache: list[dict] | None = None, rows: torch.Tensor | None = None) -> torch.Tensor:
         """``segments`` [B, T]: the document of each position (document masking), or None (causal).
         ``cache``: for generation, one dict per layer (see Attention); a filled cache takes one new
-        position (and no ``segments``: generation reads one document)."""
+        position (and no ``segments``: generation reads one document). ``rows``: the positions that
+        carry data (see :func:`rowwise`; the others must come after them in their row), None: all."""
         # [T, Dh/2] or [B, 1, T, Dh/2] -> [(B,) T, 1, 1, Dh/2]: the layout of Attention's [B, T, 2, H, Dh] q and k
         cos, sin = (t[..., None, None, :] if t.dim() == 2 else t[:, 0, :, None, None, :]
                     for t in rotary_tables(positions, self.head_dim, self.theta))
         mask = None if segments is None else document_attention_mask(segments, x.dtype)
         for i, layer in enumerate(self.layers):
             if self.checkpointing and self.training and torch.is_grad_enabled():
-                x = checkpoint(layer, x, cos, sin, mask, use_reentrant=False)
+                x = checkpoint(layer, x, cos, sin, mask, None, rows, use_reentrant=False)
             else:
-                x = layer(x, cos, sin, mask, None if cache is None else cache[i])
+                x = layer(x, cos, sin, mask, None if cache is None else cache[i], rows)
         return x

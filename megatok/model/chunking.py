@@ -44,6 +44,23 @@ def chunk_slots(starts: torch.Tensor, capacity: float | None = None) -> int:
     return min(T, bucket(n))
 
 
+def chunk_layout(starts: torch.Tensor, capacity: float | None = None, waste: float = 0.05
+                 ) -> tuple[int, torch.Tensor | None]:
+    """(K, rows) for a batch of starts [B, T]: K as :func:`chunk_slots`, from the same single host sync,
+    and the flat indices (into B * K) of the real chunks when the pad chunks would be more than ``waste``
+    of the B * K, for the main network's row-wise layers (megatok.model.blocks.rowwise); else None (all
+    rows: the gathers would cost more than the pads). With a ``capacity``: (its K, None), no sync."""
+    if capacity is not None:
+        return chunk_slots(starts, capacity), None
+    B, T = starts.shape
+    counts = torch.tensor(starts.sum(1).tolist())  # the one host sync, on the host from here
+    K = min(T, bucket(int(counts.max())))
+    real = (torch.arange(K)[None, :] < counts[:, None]).flatten()
+    if real.sum() >= (1 - waste) * B * K:
+        return K, None
+    return K, real.nonzero().squeeze(1).to(starts.device, non_blocking=True)
+
+
 def downsample(h: torch.Tensor, starts: torch.Tensor, K: int | None = None
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """[B, T, D] states -> ([B, K, D] chunk states, [B, K] start positions, [B, K] bool real-chunk mask).

@@ -61,3 +61,33 @@ def test_past_the_capacity_later_starts_join_the_chunk_before_and_stay_causal():
         out = model(x2, starts=base.boundaries.starts)
     torch.testing.assert_close(out.logits[:, :t + 1], base.logits[:, :t + 1], rtol=0, atol=1e-5)
     assert not torch.allclose(out.logits[:, t + 1:], base.logits[:, t + 1:])
+
+
+def test_the_main_networks_row_wise_layers_skip_the_pads():
+    """chunk_layout lists the real chunks when the pads are more than 5% of the rows; a stack run on those
+    rows only gives the real positions what the whole stack gives them, values and gradients."""
+    from megatok.model.blocks import Stack
+    from megatok.model.chunking import chunk_layout
+
+    starts = torch.zeros(3, 40, dtype=torch.bool)
+    starts[0, ::4], starts[1, ::8], starts[2, ::5] = True, True, True  # 10, 5 and 8 chunks
+    K, rows = chunk_layout(starts)
+    assert K == 16 and rows.tolist() == [*range(10), *range(16, 21), *range(32, 40)]
+    few = torch.zeros(1, 100, dtype=torch.bool)
+    few[0, :62] = True
+    assert chunk_layout(few) == (64, None)  # 2 pads in 64: all rows
+    assert chunk_layout(torch.ones(2, 16, dtype=torch.bool)) == (16, None)  # no pads
+    assert chunk_layout(starts, capacity=0.2) == (8, None)  # a capacity: no sync, no rows
+    torch.manual_seed(0)
+    stack = Stack(2, 16, 2, 48, eps=1e-5, theta=10000.0)
+    x = torch.randn(3, K, 16, requires_grad=True)
+    real = torch.zeros(3 * K, dtype=torch.bool)
+    real[rows] = True
+    real = real.view(3, K)
+    whole = stack(x, torch.arange(K))
+    (gw,) = torch.autograd.grad(whole[real].square().sum(), x)
+    packed = stack(x, torch.arange(K), rows=rows)
+    (gp,) = torch.autograd.grad(packed[real].square().sum(), x)
+    torch.testing.assert_close(packed[real], whole[real], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(gp, gw, rtol=1e-4, atol=1e-6)
+    assert not torch.allclose(packed[~real], whole[~real])  # the pads did go another way
