@@ -146,11 +146,15 @@ class Attention(nn.Module):
         self.qkv = nn.Linear(d, 3 * d, bias=False)
         self.out = nn.Linear(d, d, bias=False)
 
-    def forward(self, x, cos, sin, mask=None, kv: dict | None = None, rows: torch.Tensor | None = None):
+    def forward(self, x, cos, sin, mask=None, kv: dict | None = None, packed: "Packed | None" = None):
         """``kv``: a generation cache (a dict, empty at first) that keeps this layer's keys and values;
-        with earlier ones in it, ``x`` must be one new position. ``rows``: see :func:`rowwise`."""
-        B, T, D = x.shape
-        qkv = rowwise(self.qkv, x, rows).view(B, T, 3, self.n_heads, D // self.n_heads)
+        with earlier ones in it, ``x`` must be one new position. ``packed``: x holds only the real
+        positions of a [B, T] batch (see :class:`Packed`); attention runs on the whole [B, T] layout."""
+        qkv = self.qkv(x)
+        if packed is not None:
+            qkv = packed.unpack(qkv)
+        B, T, D = qkv.shape[0], qkv.shape[1], qkv.shape[2] // 3
+        qkv = qkv.view(B, T, 3, self.n_heads, D // self.n_heads)
         # q and k rotated together, in the projection's layout (one pass over contiguous rows, not two
         # over strided [B, H, T, Dh] views): ``cos``/``sin`` come from Stack in [(B,) T, 1, 1, Dh/2]
         q, k = apply_rotary(qkv[:, :, :2], cos, sin).transpose(1, 3).unbind(2)
@@ -162,8 +166,8 @@ class Attention(nn.Module):
                     raise ValueError("a filled cache takes one position at a time")
                 k, v, causal = torch.cat([kv["k"], k], 2), torch.cat([kv["v"], v], 2), False
             kv["k"], kv["v"] = k, v
-        y = attention(q, k, v, mask=mask, causal=causal)
-        return rowwise(self.out, y.transpose(1, 2).reshape(B, T, D), rows)
+        y = attention(q, k, v, mask=mask, causal=causal).transpose(1, 2).reshape(B, T, D)
+        return self.out(y if packed is None else packed.pack(y))
 
 
 class SwiGLU(nn.Module):
@@ -185,22 +189,28 @@ class Block(nn.Module):
         self.mlp_norm = nn.RMSNorm(d, eps=eps)
         self.mlp = SwiGLU(d, hidden)
 
-    def forward(self, x, cos, sin, mask=None, kv=None, rows=None):
-        x = x + self.attn(self.attn_norm(x), cos, sin, mask, kv, rows)
-        return x + rowwise(lambda t: self.mlp(self.mlp_norm(t)), x, rows)
+    def forward(self, x, cos, sin, mask=None, kv=None, packed=None):
+        x = x + self.attn(self.attn_norm(x), cos, sin, mask, kv, packed)
+        return x + self.mlp(self.mlp_norm(x))
 
 
-def rowwise(fn, x: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
-    """``fn`` (a row-wise layer) over the positions of x [B, T, D] that ``rows`` lists (flat indices into
-    B * T), zeros at the others; None: over all of them. The main network runs its projections and MLPs
-    on the real chunks only, not on the pad chunks that fill each row up to the batch's chunk count; a
-    pad chunk then has zero queries, keys and values and adds nothing to the residual stream, and since
-    pads come after every real chunk of their row, causal attention never lets a real chunk see one."""
-    if rows is None:
-        return fn(x)
-    B, T, D = x.shape
-    y = fn(x.reshape(B * T, D).index_select(0, rows))
-    return y.new_zeros(B * T, y.shape[-1]).index_copy(0, rows, y).view(B, T, -1)
+class Packed:
+    """The real positions of a [B, T] batch, ``rows`` (flat indices into B * T). A Stack given one keeps
+    its residual stream as those rows only, [N, D]: the projections, MLPs and norms (which act on each
+    position alone) skip the rest, and attention alone sees the whole [B, T] layout, zeros elsewhere. The
+    main network uses it to skip the pad chunks that fill each row up to the batch's chunk count: they
+    come after every real chunk of their row, so causal attention never lets a real chunk see one."""
+
+    def __init__(self, rows: torch.Tensor, B: int, T: int):
+        self.rows, self.B, self.T = rows, B, T
+
+    def pack(self, x: torch.Tensor) -> torch.Tensor:
+        """[B, T, D] -> [N, D]."""
+        return x.reshape(self.B * self.T, x.shape[-1]).index_select(0, self.rows)
+
+    def unpack(self, x: torch.Tensor) -> torch.Tensor:
+        """[N, D] -> [B, T, D], zeros at the positions not in ``rows``."""
+        return x.new_zeros(self.B * self.T, x.shape[-1]).index_copy(0, self.rows, x).view(self.B, self.T, -1)
 
 
 def compile_blocks(model: nn.Module) -> int:
@@ -260,14 +270,18 @@ class Stack(nn.Module):
         """``segments`` [B, T]: the document of each position (document masking), or None (causal).
         ``cache``: for generation, one dict per layer (see Attention); a filled cache takes one new
         position (and no ``segments``: generation reads one document). ``rows``: the positions that
-        carry data (see :func:`rowwise`; the others must come after them in their row), None: all."""
+        carry data (flat indices into B * T; the others must come after them in their row), None: all;
+        the layers run on those only (:class:`Packed`) and the others' outputs are zeros."""
         # [T, Dh/2] or [B, 1, T, Dh/2] -> [(B,) T, 1, 1, Dh/2]: the layout of Attention's [B, T, 2, H, Dh] q and k
         cos, sin = (t[..., None, None, :] if t.dim() == 2 else t[:, 0, :, None, None, :]
                     for t in rotary_tables(positions, self.head_dim, self.theta))
         mask = None if segments is None else document_attention_mask(segments, x.dtype)
+        packed = None if rows is None else Packed(rows, x.shape[0], x.shape[1])
+        if packed is not None:
+            x = packed.pack(x)
         for i, layer in enumerate(self.layers):
             if self.checkpointing and self.training and torch.is_grad_enabled():
-                x = checkpoint(layer, x, cos, sin, mask, None, rows, use_reentrant=False)
+                x = checkpoint(layer, x, cos, sin, mask, None, packed, use_reentrant=False)
             else:
-                x = layer(x, cos, sin, mask, None if cache is None else cache[i], rows)
-        return x
+                x = layer(x, cos, sin, mask, None if cache is None else cache[i], packed)
+        return x if packed is None else packed.unpack(x)

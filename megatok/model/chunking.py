@@ -6,9 +6,9 @@ causal main network never lets a pad chunk reach a real one. Upsampling gives by
 network's output for the latest chunk that starts at or before t: that chunk summarises bytes
 <= its start <= t, so nothing from the future leaks. Indices come from integer cumulative sums.
 
-How many chunks a batch keeps (K, the main network's length) is :func:`chunk_slots`: the batch's
-largest count rounded up to one of a few sizes (:func:`bucket`), so that compiled code sees a handful
-of lengths rather than a new one every batch; the rounding adds pad chunks at the end only. Reading
+How many chunks a batch keeps (K, the main network's length) is :func:`chunk_layout`: on a GPU the
+batch's largest count rounded up to one of a few sizes (:func:`bucket`), so that compiled code sees a
+handful of lengths rather than a new one every batch; the rounding adds pad chunks at the end only. Reading
 the largest count is a device-to-host sync per forward; with a ``capacity`` (chunks per byte) K is
 fixed from the window's length alone, with no sync, and the starts past it in a row join the chunk
 before them (upsampling clamps to the last kept chunk, which started earlier: still causal).
@@ -44,17 +44,20 @@ def chunk_slots(starts: torch.Tensor, capacity: float | None = None) -> int:
     return min(T, bucket(n))
 
 
-def chunk_layout(starts: torch.Tensor, capacity: float | None = None, waste: float = 0.05
-                 ) -> tuple[int, torch.Tensor | None]:
-    """(K, rows) for a batch of starts [B, T]: K as :func:`chunk_slots`, from the same single host sync,
-    and the flat indices (into B * K) of the real chunks when the pad chunks would be more than ``waste``
-    of the B * K, for the main network's row-wise layers (megatok.model.blocks.rowwise); else None (all
-    rows: the gathers would cost more than the pads). With a ``capacity``: (its K, None), no sync."""
+def chunk_layout(starts: torch.Tensor, capacity: float | None = None, waste: float = 0.05,
+                 bucketed: bool | None = None) -> tuple[int, torch.Tensor | None]:
+    """(K, rows) for a batch of starts [B, T]: K as :func:`chunk_slots` (``bucketed``, the default on a
+    GPU, where compiled code wants few lengths; else the largest count itself: on a CPU, eager, the
+    rounding's pads only cost), from the same single host sync, and the flat indices (into B * K) of the
+    real chunks when the pad chunks would be more than ``waste`` of the B * K, for the main network to
+    skip the pads (megatok.model.blocks.Packed); else None (all rows: the gathers would cost more than
+    the pads). With a ``capacity``: (its K, None), no sync."""
     if capacity is not None:
         return chunk_slots(starts, capacity), None
     B, T = starts.shape
     counts = torch.tensor(starts.sum(1).tolist())  # the one host sync, on the host from here
-    K = min(T, bucket(int(counts.max())))
+    n = int(counts.max())
+    K = min(T, bucket(n)) if (starts.is_cuda if bucketed is None else bucketed) else n
     real = (torch.arange(K)[None, :] < counts[:, None]).flatten()
     if real.sum() >= (1 - waste) * B * K:
         return K, None

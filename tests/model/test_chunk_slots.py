@@ -5,6 +5,7 @@ a row with more starts than that stays causal."""
 import torch
 
 from megatok.model.chunking import bucket, chunk_slots, downsample, upsample
+from megatok.vocab import PAD
 from tests.model.test_causality import make_model
 
 
@@ -26,18 +27,27 @@ def test_a_capacity_needs_no_look_at_the_starts():
     assert chunk_slots(torch.ones(1, 10, dtype=torch.bool), capacity=0.9) == 10  # never more than T
 
 
-def test_pad_chunks_change_nothing():
-    """The same model with K = the bucket and K = T (capacity 1): the same outputs."""
+def test_pad_chunks_change_nothing(monkeypatch):
+    """The same model with K = the largest count (a CPU's), its bucket (a GPU's) and T (capacity 1), the
+    main network skipping the pads or not: the same outputs."""
+    import functools
+
+    from megatok.model import chunking, unet
+
     model = make_model("policy")
-    x = torch.randint(0, 256, (3, 70))
+    x = torch.randint(0, 256, (3, 70), generator=torch.Generator().manual_seed(0))
+    x[1, 40:] = PAD  # a shorter row: fewer chunks
     outs = []
     with torch.no_grad():
-        for capacity in (None, 1.0):
+        for layout, capacity in [(chunking.chunk_layout, None), (functools.partial(chunking.chunk_layout, bucketed=True),
+                                                                 None), (chunking.chunk_layout, 1.0)]:
+            monkeypatch.setattr(unet, "chunk_layout", layout)
             model.chunk_capacity = capacity
             torch.manual_seed(0)
             outs.append(model(x))
         model.chunk_capacity = None
         assert int(outs[0].boundaries.starts.sum(1).max()) < 70  # capacity 1: K = 70, pad chunks in every row
+        assert chunking.chunk_layout(outs[0].boundaries.starts)[1] is not None  # the first skipped the pads
     for out in outs[1:]:
         assert torch.equal(out.boundaries.starts, outs[0].boundaries.starts)
         torch.testing.assert_close(out.logits, outs[0].logits, rtol=0, atol=1e-5)
@@ -71,11 +81,12 @@ def test_the_main_networks_row_wise_layers_skip_the_pads():
 
     starts = torch.zeros(3, 40, dtype=torch.bool)
     starts[0, ::4], starts[1, ::8], starts[2, ::5] = True, True, True  # 10, 5 and 8 chunks
-    K, rows = chunk_layout(starts)
+    assert chunk_layout(starts)[0] == 10  # on a CPU: the largest count
+    K, rows = chunk_layout(starts, bucketed=True)  # on a GPU: its bucket
     assert K == 16 and rows.tolist() == [*range(10), *range(16, 21), *range(32, 40)]
     few = torch.zeros(1, 100, dtype=torch.bool)
     few[0, :62] = True
-    assert chunk_layout(few) == (64, None)  # 2 pads in 64: all rows
+    assert chunk_layout(few, bucketed=True) == (64, None)  # 2 pads in 64: all rows
     assert chunk_layout(torch.ones(2, 16, dtype=torch.bool)) == (16, None)  # no pads
     assert chunk_layout(starts, capacity=0.2) == (8, None)  # a capacity: no sync, no rows
     torch.manual_seed(0)
