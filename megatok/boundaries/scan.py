@@ -21,15 +21,18 @@ block's tables hold at most ``budget`` elements: O(B T S (w + log L)) work, T / 
 It computes the same numbers as the loop, in the same order (the window's sum over the same w - 1
 products, then the same elementwise ops), so the decisions are the loop's exactly
 (tests/boundaries/test_scan.py). :func:`draw` takes the scan up to ``MAX_SCAN_WINDOW`` (S = 4096
-states), the loop beyond.
+states; on a CPU ``MAX_SCAN_WINDOW_CPU``), the loop beyond.
 """
 
 from __future__ import annotations
 
 import torch
 
-#: The largest window drawn by the scan (2^(w-1) states per position); longer windows use the loop.
+#: The largest window drawn by the scan (2^(w-1) states per position); longer windows use the loop. On a
+#: CPU, where the loop's steps are cheap, the scan's work (2^(w-1) states) outgrows them sooner: at 16 x
+#: 4096 bytes, one thread, w = 3: 169 -> 24 ms, w = 6: 185 -> 145 ms, w = 8: 183 -> 524 ms.
 MAX_SCAN_WINDOW = 13
+MAX_SCAN_WINDOW_CPU = 6
 
 
 def _decide(logit: torch.Tensor, noise: torch.Tensor, cap: float, mode: str) -> torch.Tensor:
@@ -91,9 +94,10 @@ def draw_scan(base: torch.Tensor, weights: torch.Tensor, noise: torch.Tensor, ma
 
 def draw(base: torch.Tensor, weights: torch.Tensor, noise: torch.Tensor, mask: torch.Tensor,
          forced: torch.Tensor, cap: float, mode: str) -> torch.Tensor:
-    """Decisions [B, T] bool: :func:`draw_scan` for windows up to MAX_SCAN_WINDOW, else :func:`draw_loop`."""
+    """Decisions [B, T] bool: :func:`draw_scan` for windows up to MAX_SCAN_WINDOW (a CPU's: MAX_SCAN_WINDOW_CPU),
+    else :func:`draw_loop`."""
     if mode not in ("sample", "threshold"):
         raise ValueError(f"mode must be 'sample' or 'threshold', got {mode!r}")
-    if weights.shape[-1] + 1 <= MAX_SCAN_WINDOW:
+    if weights.shape[-1] + 1 <= (MAX_SCAN_WINDOW if base.is_cuda else MAX_SCAN_WINDOW_CPU):
         return draw_scan(base, weights, noise, mask, forced, cap, mode)
     return draw_loop(base, weights, noise, mask, forced, cap, mode)
