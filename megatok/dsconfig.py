@@ -144,11 +144,24 @@ def uses_bf16(cfg: Config) -> bool:
     return bool(cfg.deepspeed.get("bf16", {}).get("enabled", False))
 
 
-def deepspeed_config(cfg: Config, world_size: int) -> dict[str, Any]:
-    """The dict handed to ``deepspeed.initialize``: the user's section plus the derived keys."""
+def on_cuda() -> bool:
+    """Whether DeepSpeed runs on CUDA: its accelerator as DS_ACCELERATOR names it, else CUDA when torch sees
+    a GPU (DeepSpeed's own detection, without importing DeepSpeed)."""
+    import os
+
+    import torch
+
+    return os.environ.get("DS_ACCELERATOR", "cuda") == "cuda" and torch.cuda.is_available()
+
+
+def deepspeed_config(cfg: Config, world_size: int, fused_adam: bool | None = None) -> dict[str, Any]:
+    """The dict handed to ``deepspeed.initialize``: the user's section plus the derived keys. ``fused_adam``
+    (default: on CUDA, :func:`on_cuda`) makes torch's AdamW take its fused step (one kernel for all
+    parameters instead of several per parameter); the CPU keeps the default step."""
     t = cfg.train
     ds = json.loads(json.dumps(cfg.deepspeed))
     offload = ds.get("zero_optimization", {}).get("offload_optimizer", {}).get("device", "none") == "cpu"
+    fused = (on_cuda() if fused_adam is None else fused_adam) and not offload
     ds.update(
         train_batch_size=t.micro_batch_size * t.grad_accum * world_size,
         train_micro_batch_size_per_gpu=t.micro_batch_size,
@@ -159,7 +172,7 @@ def deepspeed_config(cfg: Config, world_size: int) -> dict[str, Any]:
             # torch's AdamW, except with the optimizer offloaded to the CPU, where DeepSpeed's CPU Adam is far
             # faster (it compiles a C++ op once; on a CPU-only machine torch's needs no compiler).
             "params": {"lr": t.lr, "betas": list(t.betas), "eps": t.eps, "weight_decay": t.weight_decay,
-                       "torch_adam": not offload},
+                       "torch_adam": not offload, **({"fused": True} if fused else {})},
         },
     )
     ds.setdefault("steps_per_print", 10**9)

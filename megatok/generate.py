@@ -5,8 +5,8 @@ The prompt is read like an evaluation document (a separator first, then its byte
 model reads the prompt once and keeps every layer's keys and values (``cache=True``, the default):
 each new id then runs the encoder and decoder on that id only and the main network only when the id
 starts a chunk (ByteUNet.step, TokenLM.step); the strategy still decides the new byte's boundary over
-the whole window (cheap for the learned heads and the vectorised rules; the window > 1 policy's draw
-and the bpe rule loop in Python over the window at every byte, so they gain little). When the window reaches ``seq_len`` ids the cache is
+the whole window (cheap for the learned heads, the vectorised rules and the window > 1 policy's scan;
+the bpe rule walks the window in Python at every byte, so it gains little). When the window reaches ``seq_len`` ids the cache is
 rebuilt from the last ``seq_len // 2``. ``cache=False`` runs the model over the last ``seq_len`` ids
 at every step instead (a window that slides by one id). The next id is sampled from the last
 position's distribution, at a temperature, optionally among the top k; a separator ends the text.

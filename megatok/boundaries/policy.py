@@ -120,23 +120,15 @@ class Strategy(BoundaryStrategy):
         return torch.stack([F.pad(b, (k, 0))[:, :T] * (age >= k) for k in range(1, w)], -1)
 
     def _draw(self, h: torch.Tensor, mask: torch.Tensor, mode: str, forced: torch.Tensor) -> torch.Tensor:
-        """Decisions for window > 1, one position at a time (each reads the ones before it)."""
-        c, w = self.options.logit_cap, self.options.window
+        """Decisions for window > 1, each reading the ones before it: a parallel scan over positions
+        (megatok.boundaries.scan.draw; its per-position loop, draw_loop, is the reference)."""
+        from megatok.boundaries import scan
+
         with torch.no_grad():
             base = self.head(h).squeeze(-1).float()
             weights = self.window_head(h).float()
             noise = uniform_noise(base, self.window)  # drawn at once: the same random stream as w = 1
-            B, T = base.shape
-            starts = torch.zeros(B, T, dtype=torch.bool, device=h.device)
-            prev = torch.zeros(B, w - 1, device=h.device)  # b_{t-1}, ..., b_{t-w+1}
-            for t in range(T):
-                prev = prev * ~forced[:, t, None]  # a forced start forgets the decisions before it
-                p = torch.sigmoid(c * torch.tanh((base[:, t] + (weights[:, t] * prev).sum(-1)) / c))
-                b = (noise[:, t] < p) if mode == "sample" else (p > 0.5)
-                b = (b | forced[:, t]) & mask[:, t]
-                starts[:, t] = b
-                prev = torch.cat([b.float()[:, None], prev[:, :-1]], 1)
-        return starts
+            return scan.draw(base, weights, noise, mask, forced, self.options.logit_cap, mode)
 
     def forward(self, h, x, mask, forced) -> Boundaries:
         mode = "sample" if self.training else self.eval_mode

@@ -3,15 +3,18 @@
 All attention goes through :func:`attention`: flash-attn when it is installed, the tensors are on a
 GPU and in half precision; otherwise torch's scaled_dot_product_attention (whose CUDA flash
 backend is FlashAttention-2). With document masking (a ``segments`` tensor: the document each
-position belongs to) attention is causal within a document only; that takes an explicit additive
-mask, built once per stack in the activations' dtype and shared by its layers (a boolean one would
-be converted, and kept for the backward, in every layer), which SDPA's memory-efficient backend
-(GPU) or math backend (CPU) computes.
+position belongs to) attention is causal within a document only. The mask is built once per stack
+and shared by its layers (:func:`document_attention_mask`): on a GPU a FlexAttention block mask
+(block-sparse: no [B, T, T] tensor, and the blocks wholly outside a document are skipped) for
+torch's compiled flex_attention kernel; on a CPU, where FlexAttention has no backward, or where it
+fails its one-time check on the device, an explicit additive mask in the activations' dtype (a
+boolean one would be converted, and kept for the backward, in every layer) for SDPA's math backend.
 """
 
 from __future__ import annotations
 
 import math
+import warnings
 
 import torch
 import torch.nn.functional as F
@@ -22,6 +25,16 @@ try:  # optional GPU extra (requirements-gpu.txt)
     from flash_attn import flash_attn_func
 except ImportError:  # pragma: no cover - depends on the machine
     flash_attn_func = None
+
+try:
+    from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
+except ImportError:  # pragma: no cover - torch before 2.5
+    BlockMask = create_block_mask = flex_attention = None
+
+#: Document masking through FlexAttention on a GPU (False: the dense mask everywhere, e.g. to compare).
+FLEX_ATTENTION = True
+_FLEX_OK: dict = {}  # device -> whether flex_attention passed its check there
+_compiled_flex = None
 
 
 def attention_backend(q: torch.Tensor) -> str:
@@ -40,11 +53,64 @@ def document_mask(segments: torch.Tensor, dtype: torch.dtype = torch.float32) ->
     return torch.zeros(allowed.shape, dtype=dtype, device=segments.device).masked_fill_(~allowed, float("-inf"))
 
 
+def document_block_mask(segments: torch.Tensor, compile: bool = False):
+    """[B, T] document ids -> FlexAttention BlockMask: position i attends to j <= i in its document."""
+
+    def same_document_causal(b, h, q_idx, kv_idx):
+        return (segments[b, q_idx] == segments[b, kv_idx]) & (kv_idx <= q_idx)
+
+    B, T = segments.shape
+    return create_block_mask(same_document_causal, B, None, T, T, device=segments.device, _compile=compile)
+
+
+def _flex(q, k, v, block_mask):
+    global _compiled_flex
+    if _compiled_flex is None:
+        _compiled_flex = torch.compile(flex_attention)
+    return _compiled_flex(q, k, v, block_mask=block_mask)
+
+
+def flex_usable(device: torch.device) -> bool:
+    """Whether document masking uses FlexAttention on ``device``: on a GPU (FlexAttention has no backward
+    on a CPU), once it has matched the dense mask there, forward and backward, on a small case. A failure
+    (no Triton, an unsupported GPU) is reported once and the dense mask is used instead."""
+    if not FLEX_ATTENTION or flex_attention is None or device.type != "cuda":
+        return False
+    if device not in _FLEX_OK:
+        try:
+            g = torch.Generator(device=device).manual_seed(0)
+            q, k, v = (torch.randn(2, 2, 256, 64, device=device, generator=g, requires_grad=True) for _ in range(3))
+            segments = torch.tensor([[0] * 100 + [1] * 156, [0] * 256], device=device)
+            dout = torch.randn(2, 2, 256, 64, device=device, generator=g)
+            outs = [_flex(q, k, v, document_block_mask(segments, compile=True)),
+                    F.scaled_dot_product_attention(q, k, v, attn_mask=document_mask(segments)[:, None])]
+            (got, *got_grads), (want, *want_grads) = ([o, *torch.autograd.grad(o, (q, k, v), dout)] for o in outs)
+            diff = max(float((a - b).abs().max()) for a, b in zip([got, *got_grads], [want, *want_grads]))
+            if not diff < 1e-2:
+                raise RuntimeError(f"largest difference from the dense mask {diff:.2e}")
+            _FLEX_OK[device] = True
+        except Exception as e:  # noqa: BLE001 - any failure means: use the dense mask
+            warnings.warn(f"megatok: FlexAttention failed its check on {device} ({type(e).__name__}: "
+                          f"{str(e)[:200]}); document masking uses a dense [B, T, T] mask", stacklevel=2)
+            _FLEX_OK[device] = False
+    return _FLEX_OK[device]
+
+
+def document_attention_mask(segments: torch.Tensor, dtype: torch.dtype):
+    """The mask a stack's layers share for documents ``segments`` [B, T]: a FlexAttention BlockMask
+    where :func:`flex_usable`, else the dense additive [B, 1, T, T] mask of ``dtype``."""
+    if flex_usable(segments.device):
+        return document_block_mask(segments, compile=True)
+    return document_mask(segments, dtype)[:, None]
+
+
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend: str | None = None,
-              mask: torch.Tensor | None = None, causal: bool = True) -> torch.Tensor:
-    """Causal attention over [B, H, T, Dh] tensors; ``mask`` (from :func:`document_mask`) replaces
-    the plain causal mask. ``causal=False``: every query sees every key (one new query against a
-    cache of earlier keys)."""
+              mask=None, causal: bool = True) -> torch.Tensor:
+    """Causal attention over [B, H, T, Dh] tensors; ``mask`` (from :func:`document_attention_mask`, a
+    BlockMask or a dense additive mask) replaces the plain causal mask. ``causal=False``: every query
+    sees every key (one new query against a cache of earlier keys)."""
+    if BlockMask is not None and isinstance(mask, BlockMask):
+        return _flex(q, k, v, mask)
     if mask is not None:  # (autocast may compute q in another dtype than the mask's)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask.to(q.dtype))
     if (backend or attention_backend(q)) == "flash_attn":
@@ -53,10 +119,16 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend: str | 
     return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
 
+_INV_FREQ: dict = {}
+
+
 def rotary_tables(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
     """cos/sin for integer positions [T] or [B, T] -> broadcastable to [B, H, T, head_dim // 2]."""
-    inv_freq = theta ** (-torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim)
-    angles = positions.float()[..., None] * inv_freq
+    key = (head_dim, theta, positions.device)
+    if key not in _INV_FREQ:  # the same few tables at every call (generation makes one per byte and stack)
+        _INV_FREQ[key] = theta ** (-torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32)
+                                   / head_dim)
+    angles = positions.float()[..., None] * _INV_FREQ[key]
     if angles.dim() == 3:  # [B, T, D/2] -> [B, 1, T, D/2]
         angles = angles[:, None]
     return angles.cos(), angles.sin()
@@ -74,12 +146,19 @@ class Attention(nn.Module):
         self.qkv = nn.Linear(d, 3 * d, bias=False)
         self.out = nn.Linear(d, d, bias=False)
 
-    def forward(self, x, cos, sin, mask=None, kv: dict | None = None):
+    def forward(self, x, cos, sin, mask=None, kv: dict | None = None, packed: "Packed | None" = None):
         """``kv``: a generation cache (a dict, empty at first) that keeps this layer's keys and values;
-        with earlier ones in it, ``x`` must be one new position."""
-        B, T, D = x.shape
-        q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, D // self.n_heads).permute(2, 0, 3, 1, 4)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        with earlier ones in it, ``x`` must be one new position. ``packed``: x holds only the real
+        positions of a [B, T] batch (see :class:`Packed`); attention runs on the whole [B, T] layout."""
+        qkv = self.qkv(x)
+        if packed is not None:
+            qkv = packed.unpack(qkv)
+        B, T, D = qkv.shape[0], qkv.shape[1], qkv.shape[2] // 3
+        qkv = qkv.view(B, T, 3, self.n_heads, D // self.n_heads)
+        # q and k rotated together, in the projection's layout (one pass over contiguous rows, not two
+        # over strided [B, H, T, Dh] views): ``cos``/``sin`` come from Stack in [(B,) T, 1, 1, Dh/2]
+        q, k = apply_rotary(qkv[:, :, :2], cos, sin).transpose(1, 3).unbind(2)
+        v = qkv[:, :, 2].transpose(1, 2)
         causal = True
         if kv is not None:
             if kv:
@@ -87,8 +166,8 @@ class Attention(nn.Module):
                     raise ValueError("a filled cache takes one position at a time")
                 k, v, causal = torch.cat([kv["k"], k], 2), torch.cat([kv["v"], v], 2), False
             kv["k"], kv["v"] = k, v
-        y = attention(q, k, v, mask=mask, causal=causal)
-        return self.out(y.transpose(1, 2).reshape(B, T, D))
+        y = attention(q, k, v, mask=mask, causal=causal).transpose(1, 2).reshape(B, T, D)
+        return self.out(y if packed is None else packed.pack(y))
 
 
 class SwiGLU(nn.Module):
@@ -110,9 +189,28 @@ class Block(nn.Module):
         self.mlp_norm = nn.RMSNorm(d, eps=eps)
         self.mlp = SwiGLU(d, hidden)
 
-    def forward(self, x, cos, sin, mask=None, kv=None):
-        x = x + self.attn(self.attn_norm(x), cos, sin, mask, kv)
+    def forward(self, x, cos, sin, mask=None, kv=None, packed=None):
+        x = x + self.attn(self.attn_norm(x), cos, sin, mask, kv, packed)
         return x + self.mlp(self.mlp_norm(x))
+
+
+class Packed:
+    """The real positions of a [B, T] batch, ``rows`` (flat indices into B * T). A Stack given one keeps
+    its residual stream as those rows only, [N, D]: the projections, MLPs and norms (which act on each
+    position alone) skip the rest, and attention alone sees the whole [B, T] layout, zeros elsewhere. The
+    main network uses it to skip the pad chunks that fill each row up to the batch's chunk count: they
+    come after every real chunk of their row, so causal attention never lets a real chunk see one."""
+
+    def __init__(self, rows: torch.Tensor, B: int, T: int):
+        self.rows, self.B, self.T = rows, B, T
+
+    def pack(self, x: torch.Tensor) -> torch.Tensor:
+        """[B, T, D] -> [N, D]."""
+        return x.reshape(self.B * self.T, x.shape[-1]).index_select(0, self.rows)
+
+    def unpack(self, x: torch.Tensor) -> torch.Tensor:
+        """[N, D] -> [B, T, D], zeros at the positions not in ``rows``."""
+        return x.new_zeros(self.B * self.T, x.shape[-1]).index_copy(0, self.rows, x).view(self.B, self.T, -1)
 
 
 def compile_blocks(model: nn.Module) -> int:
@@ -168,15 +266,22 @@ class Stack(nn.Module):
         self.head_dim, self.theta, self.checkpointing = d // n_heads, theta, checkpointing
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, segments: torch.Tensor | None = None,
-                cache: list[dict] | None = None) -> torch.Tensor:
+                cache: list[dict] | None = None, rows: torch.Tensor | None = None) -> torch.Tensor:
         """``segments`` [B, T]: the document of each position (document masking), or None (causal).
         ``cache``: for generation, one dict per layer (see Attention); a filled cache takes one new
-        position (and no ``segments``: generation reads one document)."""
-        cos, sin = rotary_tables(positions, self.head_dim, self.theta)
-        mask = None if segments is None else document_mask(segments, x.dtype)[:, None]
+        position (and no ``segments``: generation reads one document). ``rows``: the positions that
+        carry data (flat indices into B * T; the others must come after them in their row), None: all;
+        the layers run on those only (:class:`Packed`) and the others' outputs are zeros."""
+        # [T, Dh/2] or [B, 1, T, Dh/2] -> [(B,) T, 1, 1, Dh/2]: the layout of Attention's [B, T, 2, H, Dh] q and k
+        cos, sin = (t[..., None, None, :] if t.dim() == 2 else t[:, 0, :, None, None, :]
+                    for t in rotary_tables(positions, self.head_dim, self.theta))
+        mask = None if segments is None else document_attention_mask(segments, x.dtype)
+        packed = None if rows is None else Packed(rows, x.shape[0], x.shape[1])
+        if packed is not None:
+            x = packed.pack(x)
         for i, layer in enumerate(self.layers):
             if self.checkpointing and self.training and torch.is_grad_enabled():
-                x = checkpoint(layer, x, cos, sin, mask, use_reentrant=False)
+                x = checkpoint(layer, x, cos, sin, mask, None, packed, use_reentrant=False)
             else:
-                x = layer(x, cos, sin, mask, None if cache is None else cache[i])
-        return x
+                x = layer(x, cos, sin, mask, None if cache is None else cache[i], packed)
+        return x if packed is None else packed.unpack(x)

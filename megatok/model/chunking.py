@@ -5,9 +5,18 @@ the encoder state at each start, in order; sequences with fewer chunks are padde
 causal main network never lets a pad chunk reach a real one. Upsampling gives byte t the main
 network's output for the latest chunk that starts at or before t: that chunk summarises bytes
 <= its start <= t, so nothing from the future leaks. Indices come from integer cumulative sums.
+
+How many chunks a batch keeps (K, the main network's length) is :func:`chunk_layout`: on a GPU the
+batch's largest count rounded up to one of a few sizes (:func:`bucket`), so that compiled code sees a
+handful of lengths rather than a new one every batch; the rounding adds pad chunks at the end only. Reading
+the largest count is a device-to-host sync per forward; with a ``capacity`` (chunks per byte) K is
+fixed from the window's length alone, with no sync, and the starts past it in a row join the chunk
+before them (upsampling clamps to the last kept chunk, which started earlier: still causal).
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -17,22 +26,67 @@ def chunk_index(starts: torch.Tensor) -> torch.Tensor:
     return starts.long().cumsum(1) - 1
 
 
-def downsample(h: torch.Tensor, starts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """[B, T, D] states -> ([B, K, D] chunk states, [B, K] start positions, [B, K] bool real-chunk mask)."""
+def bucket(n: int) -> int:
+    """``n`` rounded up to one of 8 sizes per octave: a multiple of 8 up to 64, then of 2^(floor(log2 n) - 3)
+    (at most 12.5% more)."""
+    if n <= 64:
+        return max(8, -(-n // 8) * 8)
+    step = 1 << (n.bit_length() - 4)
+    return -(-n // step) * step
+
+
+def chunk_slots(starts: torch.Tensor, capacity: float | None = None) -> int:
+    """K for a batch of starts [B, T]: the largest count of starts in a row, rounded up by :func:`bucket`
+    (one device-to-host sync), or with ``capacity`` bucket(ceil(capacity x T)) (no sync; rows with more
+    starts lose their last ones to the chunk before them). Never more than T."""
+    T = starts.shape[1]
+    n = int(starts.sum(1).max()) if capacity is None else math.ceil(capacity * T)
+    return min(T, bucket(n))
+
+
+def chunk_layout(starts: torch.Tensor, capacity: float | None = None, waste: float = 0.05,
+                 bucketed: bool | None = None) -> tuple[int, torch.Tensor | None]:
+    """(K, rows) for a batch of starts [B, T]: K as :func:`chunk_slots` (``bucketed``, the default on a
+    GPU, where compiled code wants few lengths; else the largest count itself: on a CPU, eager, the
+    rounding's pads only cost), from the same single host sync, and the flat indices (into B * K) of the
+    real chunks when the pad chunks would be more than ``waste`` of the B * K, for the main network to
+    skip the pads (megatok.model.blocks.Packed); else None (all rows: the gathers would cost more than
+    the pads). With a ``capacity``: (its K, None), no sync."""
+    if capacity is not None:
+        return chunk_slots(starts, capacity), None
+    B, T = starts.shape
+    counts = torch.tensor(starts.sum(1).tolist())  # the one host sync, on the host from here
+    n = int(counts.max())
+    K = min(T, bucket(n)) if (starts.is_cuda if bucketed is None else bucketed) else n
+    real = (torch.arange(K)[None, :] < counts[:, None]).flatten()
+    if real.sum() >= (1 - waste) * B * K:
+        return K, None
+    return K, real.nonzero().squeeze(1).to(starts.device, non_blocking=True)
+
+
+def downsample(h: torch.Tensor, starts: torch.Tensor, K: int | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """[B, T, D] states -> ([B, K, D] chunk states, [B, K] start positions, [B, K] bool real-chunk mask).
+
+    ``K`` (see :func:`chunk_slots`) defaults to the largest count of starts in a row. Pad chunks (past a
+    row's count) hold the state at T - 1 and come after every real chunk; a row with more than K starts
+    keeps its first K."""
     B, T, D = h.shape
     counts = starts.sum(1)
-    K = int(counts.max())
-    t = torch.arange(T, device=h.device)
-    key = torch.where(starts, t, t + T)  # starts first, in order; the rest after
-    positions = key.argsort(1)[:, :K]
+    if K is None:
+        K = int(counts.max())
+    # the k-th start (k = 1..K) is the first position where the running count of starts reaches k
+    running = starts.long().cumsum(1)
+    k = torch.arange(1, K + 1, device=h.device).expand(B, K).contiguous()
+    positions = torch.searchsorted(running, k).clamp_(max=T - 1)
     chunks = h.gather(1, positions[..., None].expand(B, K, D))
-    real = torch.arange(K, device=h.device)[None, :] < counts[:, None]
+    real = k <= counts[:, None]
     return chunks, positions, real
 
 
 def upsample(z: torch.Tensor, starts: torch.Tensor) -> torch.Tensor:
-    """[B, K, D] chunk outputs -> [B, T, D]: byte t gets its chunk's output."""
-    idx = chunk_index(starts)
+    """[B, K, D] chunk outputs -> [B, T, D]: byte t gets its chunk's output (past the K-th chunk: the K-th's)."""
+    idx = chunk_index(starts).clamp(max=z.shape[1] - 1)
     return z.gather(1, idx[..., None].expand(-1, -1, z.shape[-1]))
 
 

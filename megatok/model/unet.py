@@ -31,7 +31,7 @@ from megatok.boundaries import build_strategy
 from megatok.boundaries.base import Record, finalize_starts, forced_starts
 from megatok.config import BoundaryConfig, ModelConfig
 from megatok.model.blocks import Stack, ffn_hidden, init_matrices
-from megatok.model.chunking import downsample, ema_over_chunks, upsample
+from megatok.model.chunking import chunk_layout, downsample, ema_over_chunks, upsample
 from megatok.rl import masked_mean
 from megatok.stats import row_stats
 from megatok.vocab import PAD, SEP, VOCAB_SIZE
@@ -51,6 +51,12 @@ class Output(Record):
 
 
 class ByteUNet(nn.Module):
+    #: Chunks per byte the main network has room for (megatok.model.chunking.chunk_slots): its length is
+    #: then fixed by the window's length, with no device-to-host sync per forward, and a row with more
+    #: starts than that joins its last ones to the chunk before them (the math changes for that row).
+    #: None (the default): room for the batch's largest count, rounded up to one of a few sizes.
+    chunk_capacity: float | None = None
+
     def __init__(self, cfg: ModelConfig, boundary: BoundaryConfig):
         super().__init__()
         self.cfg = cfg
@@ -113,9 +119,12 @@ class ByteUNet(nn.Module):
             pinned[:, :starts.shape[1]] = starts
             b.starts = finalize_starts(pinned, real, forced)
 
-        chunks, chunk_pos, _ = downsample(h, b.starts)
+        # K chunks a row (the last ones pads); the main network's row-wise layers skip the pads (rows).
+        # Generation's cache keeps the main network's keys: no pad chunk may enter it.
+        K, rows = (None, None) if cache is not None else chunk_layout(b.starts, self.chunk_capacity)
+        chunks, chunk_pos, _ = downsample(h, b.starts, K)
         chunk_docs = None if docs is None else docs.gather(1, chunk_pos)
-        z = self.main_norm(self.main(self.down_proj(chunks), chunk_pos, chunk_docs, kv.get("main")))
+        z = self.main_norm(self.main(self.down_proj(chunks), chunk_pos, chunk_docs, kv.get("main"), rows=rows))
         if b.get("smooth") is not None:  # generic hook: the strategy's P at each chunk's start
             z = ema_over_chunks(z, b.smooth.masked_fill(forced, 1.0).gather(1, chunk_pos))  # P = 1: a fresh start
         up = upsample(self.up_proj(z), b.starts)  # project per chunk, before copying to every byte

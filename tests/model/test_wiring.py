@@ -25,7 +25,8 @@ def test_main_network_gets_the_byte_positions_of_the_chunk_starts():
     model = make_model("fixed")  # every 5th byte (target rate 0.2)
     seen = []
     forward = model.main.forward
-    model.main.forward = lambda h, positions, docs, cache: seen.append(positions) or forward(h, positions, docs, cache)
+    model.main.forward = lambda h, positions, docs, cache, **kw: seen.append(positions) or forward(h, positions, docs,
+                                                                                              cache, **kw)
     x = torch.randint(0, 256, (2, 23))
     starts = model(x).boundaries.starts
     (positions,) = seen

@@ -1,0 +1,42 @@
+"""The benchmark command (python -m megatok.cli.bench) runs end to end on the CPU and writes every figure,
+each a median with its spread and, where issue 24 sets one, its target; bad input is one clear line.
+(Its figures are measurements, not asserted here: a benchmark is a tool.)"""
+
+import json
+import math
+import subprocess
+import sys
+
+from tests.conftest import ROOT, TOOL_ENV
+
+
+def bench(*args, timeout=600):
+    return subprocess.run([sys.executable, "-m", "megatok.cli.bench", *map(str, args)], capture_output=True, text=True,
+                          cwd=ROOT, env=TOOL_ENV, timeout=timeout)
+
+
+def test_the_bench_writes_every_figure(tmp_path):
+    out = tmp_path / "bench.json"
+    r = bench("--quick", "--shapes", "tiny", "--reps", 1, "--steps", 1, "--hot-path", "--json-out", out)
+    assert r.returncode == 0, r.stderr[-3000:]
+    report = json.loads(out.read_text())
+    figures = report["figures"]
+    want = {"policy_share/tiny", "policy_w3_share/tiny", "megatok_vs_every_byte/tiny", "mfu/tiny", "data_vs_step",
+            "eval_vs_train", "generate_vs_train", "generate_w3_vs_train", "h2h_share", "docmask_cost/tiny",
+            "docmask_dense_cost/tiny", "sync_share/tiny"}
+    assert want <= set(figures)
+    for key, f in figures.items():
+        assert f["n"] == 1 and f["min"] <= f["median"] <= f["max"] and math.isfinite(f["median"]), key
+    assert figures["policy_share/tiny"]["target"] == "<= 0.02" and isinstance(figures["policy_share/tiny"]["met"], bool)
+    assert report["measured"]["tiny"]["every-byte"]["realised_rate"] == 1.0  # a chunk at every byte indeed
+    assert report["environment"]["clock"] == "process CPU time"
+    check = report["checks"]["flex_attention"]
+    assert check["flex_usable"] is False and check["loss_abs_diff"] == 0.0  # the CPU: the dense mask both times
+    assert "megatok_vs_every_byte/tiny" in r.stdout and "eval_vs_train" in r.stdout  # the table
+
+
+def test_a_bad_profile_name_is_one_clear_line():
+    r = bench("--profile", "tiny/nonsense", timeout=120)
+    assert r.returncode == 2
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip() and "[WARNING]" not in ln]
+    assert len(lines) == 1 and "--profile tiny/nonsense" in lines[0]
