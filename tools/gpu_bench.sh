@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Issue 24's GPU figures in one call on a lent GPU, within about 8 minutes: tools/gpu_check.py (bf16 MFU of
+# The GPU figures in one call on a lent GPU, within about 8 minutes: megatok-gpu-check (bf16 MFU of
 # 100m and 1b under DeepSpeed, the document mask's cost, compile's gain, the trainer's resume check) and
-# the benchmark (python -m megatok.cli.bench: its ratios on the GPU, FlexAttention against the dense
+# the benchmark (megatok-bench: its ratios on the GPU, FlexAttention against the dense
 # document mask, the chunk capacity without a host sync), each writing JSON and a log to $OUT.
 #
 #   here, once (the GPU image has torch but not pydantic, webdataset, deepspeed):
-#       PY=/work/main/.venv/bin/python bash tools/gpu_wheels.sh                      # -> .whl/
+#       PY=.venv/bin/python bash tools/gpu_wheels.sh                      # -> .whl/
 #   the call (the device tool):
 #       run  command: bash tools/gpu_bench.sh   carry: [".whl"]   timeout_s: 590
 #   what comes back: $OUT/gpu_check.json, gpu_check.log, bench.json, bench.log, environment.txt
@@ -30,9 +30,7 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 WANDB_MODE=
 } > "$OUT/environment.txt" 2>&1
 cat "$OUT/environment.txt"
 
-# tools/gpu_check.py, or its megatok/cli module once the tools have moved there
-check=(tools/gpu_check.py)
-[ -f megatok/cli/gpu_check.py ] && check=(-m megatok.cli.gpu_check)
+check=(-m megatok.cli.gpu_check)
 echo "== gpu_check (budget 290 s)"
 timeout -s TERM 320 python3 "${check[@]}" --configs configs/100m.json configs/1b.json --steps 8 --warmup 3 \
   --trainer-steps 4 --budget-s 290 --json-out "$OUT/gpu_check.json" > "$OUT/gpu_check.log" 2>&1
