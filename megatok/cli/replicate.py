@@ -113,8 +113,8 @@ def prepare_data(preset: Preset, work: Path, args) -> dict:
 # ----------------------------------------------------------------------------- configs and training
 
 def write_configs(preset: Preset, work: Path, data: dict, seeds: list[int], methods: list[str],
-                  extra: list[str]) -> list[dict]:
-    """One complete config per (method, seed), validated before anything trains."""
+                  extra: list[str], nproc: int) -> list[dict]:
+    """One complete config per (method, seed), validated for ``nproc`` ranks before anything trains."""
     runs = []
     config = str(CHECKOUT / preset.config)
     tok = work / "bpe-tokenizer"
@@ -133,11 +133,15 @@ def write_configs(preset: Preset, work: Path, data: dict, seeds: list[int], meth
                 if not path.is_file():
                     module("match_bpe", "--config", config, "--tokenizer", str(tok), "--out", str(path),
                            "--run-dir", str(run_dir), "--set", *common, capture=True)
-                cfg = load_config(str(path))
+                cfg = load_config(str(path), world_size=nproc)
             else:
-                cfg = load_config(config, overrides=common + METHODS[m][0])
+                cfg = load_config(config, overrides=common + METHODS[m][0], world_size=nproc)
                 if not path.is_file():
-                    cfg.dump(path)
+                    raw = cfg.to_dict()
+                    raw["train"]["grad_accum"] = None  # derived again by the launched ranks
+                    tmp = path.with_suffix(".tmp")
+                    tmp.write_text(json.dumps(raw, indent=2) + "\n")
+                    os.replace(tmp, path)
             runs.append({"name": name, "method": m, "seed": seed, "config": str(path), "run_dir": str(run_dir),
                          "max_steps": cfg.train.max_steps})
     return runs
@@ -150,6 +154,7 @@ def train(run: dict, nproc: int) -> None:
     t0 = time.time()
     rc = subprocess.run(cmd, env=env).returncode
     timing = Path(run["run_dir"]) / "replicate_timing.json"
+    timing.parent.mkdir(parents=True, exist_ok=True)
     before = json.loads(timing.read_text())["seconds"] if timing.is_file() else 0.0
     timing.write_text(json.dumps({"seconds": before + time.time() - t0}) + "\n")
     if rc:
@@ -228,7 +233,7 @@ def main(argv=None) -> int:
     nproc = args.nproc or preset.nproc
     try:
         data = prepare_data(preset, work, args)
-        runs = write_configs(preset, work, data, seeds, args.methods, args.overrides)
+        runs = write_configs(preset, work, data, seeds, args.methods, args.overrides, nproc)
     except (ConfigError, RuntimeError, OSError) as e:
         print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2

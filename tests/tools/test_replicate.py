@@ -86,3 +86,20 @@ def test_the_verdict_says_what_the_figures_say():
     assert "within the seed spread of fixed" in lines[2]
     assert markdown(aggregate([], ["policy"]), PRESETS["toy"], "# t").startswith("# t")
     assert set(PRESETS["cpu-small"].methods) == set(METHODS)
+
+
+def test_configs_are_written_for_the_ranks_that_train_them(tmp_path):
+    """cpu-small trains on 2 ranks: every config loads for 2 ranks (train.grad_accum is derived, not frozen
+    at the world size of the process that wrote it), differs only where the method does, and keeps the bytes."""
+    from megatok.cli.replicate import write_configs
+    from megatok.config import load_config
+
+    data = {"shards": str(tmp_path / "shards"), "heldout": [], "parallel": []}
+    runs = write_configs(PRESETS["cpu-small"], tmp_path, data, [0, 1], ["policy", "policy-vr", "hnet"], [], 2)
+    assert [r["name"] for r in runs] == ["policy-seed0", "policy-vr-seed0", "hnet-seed0", "policy-seed1",
+                                         "policy-vr-seed1", "hnet-seed1"]
+    cfgs = {r["name"]: load_config(r["config"], world_size=2) for r in runs}
+    assert {c.train.grad_accum for c in cfgs.values()} == {1} and {c.train.seed for c in cfgs.values()} == {0, 1}
+    assert cfgs["policy-vr-seed0"].boundary.options["samples"] == 2
+    assert cfgs["hnet-seed1"].boundary.strategy == "hnet"
+    assert len({(c.train.max_steps, c.train.global_batch_size, c.data.seq_len) for c in cfgs.values()}) == 1
