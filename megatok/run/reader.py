@@ -139,28 +139,23 @@ def parameters_on_meta():
         torch.nn.Module.register_parameter = register
 
 
-def materialise(cfg: Config, weights: dict[str, LazyTensor], device, dtype: torch.dtype | None,
-                where: str, rename=None):
-    """The config's model with ``weights`` (name -> LazyTensor, or a tensor) loaded one at a time: built
-    with its parameters on the meta device, each then set from its tensor converted to ``dtype`` (default
-    fp32: floating tensors only) on ``device``. ``rename`` maps a weight's name to the model's (an
-    export's layout). Missing, unexpected or misshapen weights are a ValueError naming them."""
+def materialise(cfg: Config, weights: dict[str, LazyTensor], device, dtype: torch.dtype | None, where: str):
+    """The config's model with ``weights`` (name -> LazyTensor) loaded one at a time: built with its
+    parameters on the meta device, each then set from its tensor converted to ``dtype`` (default fp32;
+    floating tensors only) on ``device``. Missing, unexpected or misshapen weights are a ValueError
+    naming them."""
     dtype = dtype or torch.float32
     with parameters_on_meta():
         model = build_model(cfg)
     slots = {**dict(model.named_parameters()), **dict(model.named_buffers())}
     seen, problems = set(), []
-    for name, lazy in weights.items():
-        key = rename(name) if rename else name
+    for key, lazy in weights.items():
         if key not in slots:
-            problems.append(f"unexpected {name}")
+            problems.append(f"unexpected {key}")
             continue
-        if isinstance(lazy, dict):  # several stored tensors make one (an export's q, k, v projections)
-            value = torch.cat([v.load() if isinstance(v, LazyTensor) else v for v in lazy.values()])
-        else:
-            value = lazy.load() if isinstance(lazy, LazyTensor) else lazy
+        value = lazy.load()
         if tuple(value.shape) != tuple(slots[key].shape):
-            problems.append(f"{name} has shape {list(value.shape)}, the model's is {list(slots[key].shape)}")
+            problems.append(f"{key} has shape {list(value.shape)}, the model's is {list(slots[key].shape)}")
             continue
         value = value.to(device=device, dtype=dtype if value.is_floating_point() else value.dtype)
         owner, _, attr = key.rpartition(".")
