@@ -125,9 +125,9 @@ def export(run_dir: str | Path, out_dir: str | Path, *, dtype: str = "fp32", tag
         for dst in names:
             src, lo, n = where[dst]
             if held is None or held[0] != src:
-                held = (src, weights[src].load())
+                held = (src, weights[src].load(stored_dtype(src)))
             value = held[1] if n < 0 else held[1][lo:lo + n]
-            shard[dst] = value.to(stored_dtype(src)).contiguous()
+            shard[dst] = value.contiguous()
         save_file(shard, str(tmp / filename), metadata={"format": "pt", "megatok_tag": tag})
         del shard
     held = None
@@ -227,7 +227,7 @@ def exported_weights(path: str | Path, cfg: Config) -> dict[str, LazyTensor]:
                 dtype = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}.get(sl.get_dtype(),
                                                                                                     torch.int64)
                 stored[key] = LazyTensor(torch.Size(sl.get_shape()), dtype,
-                                         (lambda file=str(path / name), key=key: _read(file, key)))
+                                         (lambda to, file=str(path / name), key=key: _read(file, key).to(to)))
     info = json.loads((path / INFO).read_text())
     if info.get("format", "megatok") == "megatok":
         return stored
@@ -241,7 +241,7 @@ def exported_weights(path: str | Path, cfg: Config) -> dict[str, LazyTensor]:
             out[src] = pieces[0]
         else:
             out[src] = LazyTensor(torch.Size([sum(p.shape[0] for p in pieces), *pieces[0].shape[1:]]), pieces[0].dtype,
-                                  (lambda pieces=pieces: torch.cat([p.load() for p in pieces])))
+                                  (lambda to, pieces=pieces: torch.cat([p.load(to) for p in pieces])))
     return out
 
 

@@ -153,11 +153,10 @@ def materialise(cfg: Config, weights: dict[str, LazyTensor], device, dtype: torc
         if key not in slots:
             problems.append(f"unexpected {key}")
             continue
-        value = lazy.load()
-        if tuple(value.shape) != tuple(slots[key].shape):
-            problems.append(f"{key} has shape {list(value.shape)}, the model's is {list(slots[key].shape)}")
+        if tuple(lazy.shape) != tuple(slots[key].shape):
+            problems.append(f"{key} has shape {list(lazy.shape)}, the model's is {list(slots[key].shape)}")
             continue
-        value = value.to(device=device, dtype=dtype if value.is_floating_point() else value.dtype)
+        value = lazy.load(dtype).to(device)  # converted as it is read: never a float32 copy of a bf16 model
         owner, _, attr = key.rpartition(".")
         module = model.get_submodule(owner)
         if attr in module._parameters:
