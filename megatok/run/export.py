@@ -162,6 +162,7 @@ def _write_llama_files(cfg: Config, out: Path, dtype: str) -> None:
     (out / "generation_config.json").write_text(json.dumps(
         {"bos_token_id": enc.sep, "eos_token_id": enc.sep, "pad_token_id": enc.pad}, indent=2) + "\n")
     sp = enc._processor()
+    # converted from tokenizer.model (transformers reads sentencepiece's protobuf: protobuf is a requirement);
     # megatok's sentencepiece contract: no dummy prefix, byte fallback; every document starts with </s>
     tok = LlamaTokenizer.from_pretrained(str(out), add_prefix_space=False, legacy=False,
                                          bos_token=sp.id_to_piece(enc.sep), eos_token=sp.id_to_piece(enc.sep),
