@@ -1,0 +1,19 @@
+"""megatok: byte-level language models that learn their own token boundaries.
+
+    import megatok
+    model = megatok.load("runs/my-run")     # a run directory (any checkpoint) or an export
+    model.score("Hello, world").bits_per_byte
+
+``megatok.load`` and its types live in megatok.api (docs/api.md). They are imported on first use, so that
+``import megatok.config`` (every command does) does not pull in torch and the model code.
+"""
+
+import importlib
+
+__all__ = ["load", "Model", "Score", "Completion"]
+
+
+def __getattr__(name: str):
+    if name in __all__:
+        return getattr(importlib.import_module("megatok.api"), name)
+    raise AttributeError(f"module 'megatok' has no attribute {name!r}")

@@ -24,10 +24,14 @@ def boundary_rule(mode: str, seed: int) -> str:
     return f"sample(seed={seed})" if mode == "sample" else mode
 
 
-def row_sums(model, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
+def row_sums(model, tokens: torch.Tensor, outputs: list | None = None) -> dict[str, torch.Tensor]:
     """Forward one [B, T+1] batch; statistics per row (megatok.stats.row_stats, or
-    megatok.model.token_lm.token_row_stats for the BPE token model)."""
-    return model(tokens[:, :-1], tokens[:, 1:]).rows
+    megatok.model.token_lm.token_row_stats for the BPE token model). ``outputs``: a list the model's
+    whole Output is appended to (per-position losses, logits, boundaries)."""
+    out = model(tokens[:, :-1], tokens[:, 1:])
+    if outputs is not None:
+        outputs.append(out)
+    return out.rows
 
 
 def _set_eval_mode(module, mode: str) -> None:
@@ -106,7 +110,7 @@ def document_windows(text: bytes, seq_len: int, encoding=BYTES) -> list[torch.Te
 @torch.no_grad()
 def evaluate_documents(model, docs: Iterator, *, seq_len: int, batch_size: int, mode: str, seed: int,
                        device, progress=None, encoding=BYTES, share: tuple[int, int] | None = None,
-                       gather=None) -> dict:
+                       gather=None, per_window=None) -> dict:
     """Per-document evaluation with breakdowns by the documents' ``lang`` and ``domain``. ``encoding``
     turns documents into the model's ids (megatok.data.encoding.encoding_for(cfg)); for every model,
     "bytes" and bpb are over the documents' UTF-8 bytes.
@@ -117,7 +121,11 @@ def evaluate_documents(model, docs: Iterator, *, seq_len: int, batch_size: int, 
 
     Sampled boundaries: each window draws its own (:func:`window_seed`: the seed, the document's bytes,
     the window's index), so a document's figures do not depend on the batch size, the order of the
-    documents or what else is evaluated with it."""
+    documents or what else is evaluated with it.
+
+    ``per_window(doc_no, window_index, window, output, row)`` is called for every window after its
+    batch's forward, with the model's Output for the batch and the window's row in it (megatok.api
+    reads per-position log-probabilities and boundaries there)."""
     module = getattr(model, "module", model)
     was_training = module.training
     module.eval()
@@ -143,9 +151,13 @@ def evaluate_documents(model, docs: Iterator, *, seq_len: int, batch_size: int, 
         for row, (_, w, _, _) in enumerate(pending):
             tokens[row, :len(w)] = w
         seeds = row_seeds([window_seed(seed, text, i) for _, _, text, i in pending]) if sampled else nullcontext()
+        outputs = [] if per_window is not None else None
         with _Seeded(seed * 1_000_003 + batch_no), seeds:
-            cols = {k: v.cpu().tolist() for k, v in row_sums(model, tokens.to(device)).items()}
+            cols = {k: v.cpu().tolist() for k, v in row_sums(model, tokens.to(device), outputs).items()}
         batch_no += 1
+        if per_window is not None:
+            for row, (doc_no, w, _, i) in enumerate(pending):
+                per_window(doc_no, i, w, outputs[0], row)
         for i, (doc_no, _, _, _) in enumerate(pending):
             row = {k: cols[k][i] for k in cols}
             for key in _keys(meta[doc_no]):

@@ -188,9 +188,8 @@ class HeadToHead:
             return None  # no checkpoint yet (the baseline may still be starting)
         if self.baseline is None or self.baseline[0] != tag:
             try:
-                model, bcfg, tag = load_model(run, tag, device)
-                if uses_bf16(self.cfg):
-                    model = model.to(torch.bfloat16)
+                # built in the run's precision, one tensor at a time: never a whole fp32 copy beside it
+                model, bcfg, tag = load_model(run, tag, device, dtype=torch.bfloat16 if uses_bf16(self.cfg) else None)
             except (OSError, ValueError, RuntimeError) as e:
                 # e.g. a baseline still training rotated it out (train.keep_checkpoints) while it was
                 # read: a missing file, or DeepSpeed's "fewer optimizer partitions than expected"

@@ -1,7 +1,7 @@
 """A run directory read after (or while) training, by the tools: no engine, no process group.
 
 ``run_config`` is the config a run wrote, ``load_model`` its model with a checkpoint's weights merged
-from any ZeRO stage and world size (``consolidated_state_dict``). A run records its tokenizer paths as
+from any ZeRO stage and world size one tensor at a time (``checkpoint_weights``, megatok.run.merge). A run records its tokenizer paths as
 it was given them, often relative to the directory it was started from; they are looked up from
 there (``launch_dir``), so a run can be read from any directory. Exports (megatok.run.export) read their
 config the same way (``written_config``).
@@ -12,16 +12,15 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import sys
 from pathlib import Path
 
 import torch
 
 from megatok.config import Config, ConfigError, load_config
-from megatok.dsconfig import zero_stage
 from megatok.model import build_model
 from megatok.run.checkpoints import (META, CheckpointError, checkpoint_dir, damage, latest_tag, published_tags,
                                      restorable)
+from megatok.run.merge import LazyTensor, checkpoint_tensors
 from megatok.run.same_model import check_model_files
 
 # Files a model needs to be built (a tokenizer).
@@ -75,9 +74,11 @@ def run_config(run_dir: str | Path) -> Config:
     return written_config(path, launch_dir(run_dir, recorded), base_first=True)
 
 
-def consolidated_state_dict(run_dir: str | Path, tag: str, cfg: Config) -> dict[str, torch.Tensor]:
-    """Full fp32 weights of a checkpoint, merging ZeRO partitions; no engine or process group needed.
-    Refuses a tokenizer the config names that is not the one the checkpoint was trained with."""
+def checkpoint_weights(run_dir: str | Path, tag: str, cfg: Config) -> dict[str, LazyTensor]:
+    """A checkpoint's full weights, merged from any ZeRO stage and world size, one tensor at a time
+    (megatok.run.merge: nothing is read until a tensor is loaded); no engine or process group needed.
+    Refuses a damaged checkpoint, and a tokenizer the config names that is not the one the checkpoint
+    was trained with."""
     ckpt = checkpoint_dir(run_dir) / tag
     if not ckpt.is_dir():
         aside = restorable(run_dir, tag)
@@ -88,14 +89,12 @@ def consolidated_state_dict(run_dir: str | Path, tag: str, cfg: Config) -> dict[
     if problem := damage(run_dir, tag):
         raise CheckpointError(f"{ckpt}: cannot be read: {problem}")
     check_model_files(json.loads((ckpt / META).read_text()), ckpt, cfg)  # before the merge, which can be slow
-    if zero_stage(cfg) >= 1:
-        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+    return checkpoint_tensors(ckpt)
 
-        with contextlib.redirect_stdout(sys.stderr):  # DeepSpeed prints progress; stdout stays the tools' own
-            state = get_fp32_state_dict_from_zero_checkpoint(str(checkpoint_dir(run_dir)), tag=tag)
-    else:
-        state = torch.load(ckpt / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=True)["module"]
-    return {k: v.float() for k, v in state.items()}
+
+def consolidated_state_dict(run_dir: str | Path, tag: str, cfg: Config) -> dict[str, torch.Tensor]:
+    """Full fp32 weights of a checkpoint, all in memory (see checkpoint_weights for one at a time)."""
+    return {k: v.load().float() for k, v in checkpoint_weights(run_dir, tag, cfg).items()}
 
 
 def checkpoint_to_read(run_dir: str | Path, tag: str | None) -> str:
@@ -110,14 +109,64 @@ def checkpoint_to_read(run_dir: str | Path, tag: str | None) -> str:
                             + (f"its checkpoints: {', '.join(tags)} (name one)" if tags else "no checkpoint"))
 
 
-def load_model(run_dir: str | Path, tag: str | None = None, device: str | torch.device = "cpu"):
-    """The model of a run's checkpoint, in fp32, without DeepSpeed's engine or a process group.
-
-    Returns (model, config, tag). Works for every ZeRO stage (the ZeRO-2/3 partitions are merged).
-    """
+def load_model(run_dir: str | Path, tag: str | None = None, device: str | torch.device = "cpu",
+               dtype: torch.dtype | None = None):
+    """The model of a run's checkpoint (``dtype``, default fp32), without DeepSpeed's engine or a process
+    group, in eval mode. Returns (model, config, tag). Works for every ZeRO stage (the partitions are
+    merged). Host memory: one copy of the weights in ``dtype`` (built on ``device``), plus one tensor."""
     cfg = run_config(run_dir)
     tag = checkpoint_to_read(run_dir, tag)
-    state = consolidated_state_dict(run_dir, tag, cfg)  # first: it checks the tokenizer the model would read
-    model = build_model(cfg)
-    model.load_state_dict(state)
-    return model.to(device).eval(), cfg, tag
+    weights = checkpoint_weights(run_dir, tag, cfg)  # first: it checks the tokenizer the model would read
+    model = materialise(cfg, weights, device, dtype, where=str(checkpoint_dir(run_dir) / tag))
+    return model, cfg, tag
+
+
+@contextlib.contextmanager
+def parameters_on_meta():
+    """Parameters registered in this block live on the meta device (no memory, and their initialisation
+    does nothing); buffers are built as usual (a token model's byte lengths come from its tokenizer)."""
+    register = torch.nn.Module.register_parameter
+
+    def on_meta(module, name, param):
+        if param is not None and param.device.type != "meta":
+            param = torch.nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
+        register(module, name, param)
+
+    torch.nn.Module.register_parameter = on_meta
+    try:
+        yield
+    finally:
+        torch.nn.Module.register_parameter = register
+
+
+def materialise(cfg: Config, weights: dict[str, LazyTensor], device, dtype: torch.dtype | None, where: str):
+    """The config's model with ``weights`` (name -> LazyTensor) loaded one at a time: built with its
+    parameters on the meta device, each then set from its tensor converted to ``dtype`` (default fp32;
+    floating tensors only) on ``device``. Missing, unexpected or misshapen weights are a ValueError
+    naming them."""
+    dtype = dtype or torch.float32
+    with parameters_on_meta():
+        model = build_model(cfg)
+    slots = {**dict(model.named_parameters()), **dict(model.named_buffers())}
+    seen, problems = set(), []
+    for key, lazy in weights.items():
+        if key not in slots:
+            problems.append(f"unexpected {key}")
+            continue
+        if tuple(lazy.shape) != tuple(slots[key].shape):
+            problems.append(f"{key} has shape {list(lazy.shape)}, the model's is {list(slots[key].shape)}")
+            continue
+        value = lazy.load(dtype).to(device)  # converted as it is read: never a float32 copy of a bf16 model
+        owner, _, attr = key.rpartition(".")
+        module = model.get_submodule(owner)
+        if attr in module._parameters:
+            module._parameters[attr] = torch.nn.Parameter(value, requires_grad=slots[key].requires_grad)
+        else:
+            module._buffers[attr] = value
+        seen.add(key)
+        del value
+    missing = [n for n, p in model.named_parameters() if n not in seen]
+    if missing or problems:
+        raise ValueError(f"{where}: not the weights of the model its config builds: "
+                         + "; ".join(problems + [f"missing {n}" for n in missing][:8]))
+    return model.to(device=device, dtype=dtype).eval()

@@ -346,7 +346,8 @@ def test_the_baseline_is_scored_in_the_runs_precision(tmp_path, monkeypatch, bf1
 
     h2h, run = bare_head_to_head(tmp_path, f"deepspeed.bf16.enabled={str(bf16).lower()}")
     bcfg = load_config(ROOT / "configs/tiny.json", [f"train.run_dir={run}", *TINY], world_size=1)
-    monkeypatch.setattr("megatok.eval.head_to_head.load_model", lambda r, tag, device: (build_model(bcfg), bcfg, tag))
+    monkeypatch.setattr("megatok.eval.head_to_head.load_model",
+                        lambda r, tag, device, dtype=None: (build_model(bcfg).to(dtype or torch.float32), bcfg, tag))
     scored = []
     monkeypatch.setattr(head_to_head, "evaluate_documents",
                         lambda model, docs, **kw: scored.append({p.dtype for p in model.parameters()}) or {"bpb": 1.0})

@@ -60,7 +60,7 @@ def test_export_replaces_only_an_earlier_export(tiny_run, tmp_path):
     (notes / "keep.txt").write_text("mine")
     r = run_tool("export", "--run", tiny_run, "--out", notes)
     assert r.returncode == 2 and r.stderr.strip() == (f"error: {notes}: exists and is not a megatok export (no "
-                                                      f"export.json, model.safetensors and config.json); choose "
+                                                      f"export.json, model.safetensors and megatok.json); choose "
                                                       f"another --out or remove it")
     (notes / "export.json").write_text("{}")  # a file of that name alone does not make it an export
     assert run_tool("export", "--run", tiny_run, "--out", notes).returncode == 2
@@ -74,12 +74,12 @@ def test_export_replaces_only_an_earlier_export(tiny_run, tmp_path):
         r = run_tool("export", "--run", tiny_run, "--out", out)
         assert r.returncode == 0, r.stderr[-2000:]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "export", "notes"]
-    assert sorted(p.name for p in out.iterdir()) == ["config.json", "export.json", "model.safetensors"]
+    assert sorted(p.name for p in out.iterdir()) == ["export.json", "megatok.json", "model.safetensors"]
     here = tmp_path / "here"  # --out . in an empty directory fills it (the same directory, not a new one)
     here.mkdir()
     inode = here.stat().st_ino
     r = run_tool("export", "--run", tiny_run, "--out", ".", cwd=here)
     assert r.returncode == 0, r.stderr[-2000:]
-    assert sorted(p.name for p in here.iterdir()) == ["config.json", "export.json", "model.safetensors"]
+    assert sorted(p.name for p in here.iterdir()) == ["export.json", "megatok.json", "model.safetensors"]
     assert here.stat().st_ino == inode and sorted(p.name for p in tmp_path.iterdir()) == [
         "afile", "export", "here", "notes"]

@@ -55,6 +55,15 @@ def test_two_ranks_match_one_rank_and_resume_continues(stage, one_rank, shards, 
         for key in ("loss", "grad_norm", "bpb", "boundary_rate"):
             assert rows[step][key] == pytest.approx(one_rank[step][key], rel=REL_TOL), (step, key)
     assert two[STEPS] < two[1]
+    # the streamed merge reads 2 ranks' partitions (a parameter may straddle them) as DeepSpeed's zero_to_fp32
+    import torch
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    from megatok.run.merge import checkpoint_tensors
+
+    want = get_fp32_state_dict_from_zero_checkpoint(str(run / "checkpoints"), tag=f"step{STEPS:08d}")
+    got = checkpoint_tensors(run / "checkpoints" / f"step{STEPS:08d}")
+    assert sorted(got) == sorted(want) and all(torch.equal(got[k].load(), want[k]) for k in want)
     # FLOP/s per device: the job's model FLOPs over the interval, divided by the 2 ranks
     seconds = (rows[2]["bytes_seen"] - rows[1]["bytes_seen"]) / rows[2]["bytes_per_s"]
     assert rows[2]["tflops_per_device"] == pytest.approx((rows[2]["flops"] - rows[1]["flops"]) / seconds / 2 / 1e12,

@@ -1,0 +1,308 @@
+"""The Python API: a trained model loaded in one line, to score, segment and continue text.
+
+    import megatok
+    model = megatok.load("runs/my-run")                  # a run (latest checkpoint, or checkpoint=TAG) or an export
+    s = model.score("The quick brown fox")               # s.logprob, s.byte_logprobs, s.bits_per_byte
+    model.segment("The quick brown fox")                 # the byte model's chunks (a BPE model's tokens)
+    model.generate("def ", max_bytes=64, stop=["\\n\\n"]).text
+
+Both model kinds: megatok's byte U-net and the BPE token model. Everything here is built on the evaluator
+(megatok.eval.bpb.evaluate_documents: documents cut into windows of the run's ``data.seq_len``, every
+byte predicted once) and on megatok.generate, so ``score(text).bits_per_byte`` is exactly the bits per
+byte ``megatok-evaluate`` reports for that text under the same boundary rule.
+
+Deterministic by default. A byte model's boundaries follow a rule fixed at load time: ``"threshold"``
+(the default: a chunk starts where the strategy's boundary probability exceeds 0.5) or ``"sample"``
+(drawn from the strategy, each window from its own seed derived from ``seed``, the text and the
+window's place in it, as megatok-evaluate's ``--boundary sample --seed``). Every random draw comes
+from a generator seeded for that call; the caller's global torch RNG state is left as it was. The
+loaded module (``model.module``) keeps the rule as its ``boundary.eval_mode``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from megatok.data.documents import Document
+from megatok.data.encoding import encoding_for
+from megatok.eval.bpb import _Seeded, boundary_rule, document_windows, evaluate_documents, window_seed
+from megatok.boundaries.base import row_seeds
+from megatok.generate import Generation, generate as _generate
+from megatok.run.export import is_export, load_exported
+from megatok.run.reader import load_model
+
+RULES = ("threshold", "sample")
+DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
+          "fp16": torch.float16, "float16": torch.float16}
+
+
+def _as_bytes(text: str | bytes) -> bytes:
+    if isinstance(text, str):
+        return text.encode("utf-8")
+    if isinstance(text, (bytes, bytearray, memoryview)):
+        return bytes(text)
+    raise TypeError(f"expected str or bytes, got {type(text).__name__}")
+
+
+@dataclass
+class Score:
+    """What the model thinks of a text. Log-probabilities are natural logs.
+
+    ``logprob``: the text's total, summed as megatok-evaluate sums it, so ``bits_per_byte`` is its
+    figure exactly. ``byte_logprobs[i]``: the byte model's log p of byte i given the bytes before it
+    (in its window); they add up to ``logprob`` up to float32 rounding. For the BPE token model, a
+    token's log-probability is put on its last byte (0 on its other bytes), so a sum over any run of
+    whole tokens is that run's log-probability; ``tokens`` and ``token_logprobs`` give them per token."""
+
+    text: bytes
+    logprob: float
+    byte_logprobs: list[float]
+    boundary_rule: str | None  # None for the token model
+    tokens: list[bytes] | None = None
+    token_logprobs: list[float] | None = None
+
+    @property
+    def bytes(self) -> int:
+        return len(self.text)
+
+    @property
+    def bits_per_byte(self) -> float:
+        return -self.logprob / len(self.text) / math.log(2) if self.text else float("nan")
+
+
+@dataclass
+class Completion:
+    """A continuation of a prompt. ``text``/``data``: the generated text (decoded as UTF-8, an invalid
+    byte as U+FFFD / exactly), cut before the stop string that ended it. ``finish_reason``: "stop" (a
+    stop string), "separator" (the model ended the document) or "length" (``max_bytes``).
+    ``generation``: everything megatok.generate returned (the ids, their log-probabilities, the byte
+    model's chunk starts), uncut."""
+
+    text: str
+    data: bytes
+    finish_reason: str
+    stop: str | bytes | None
+    generation: Generation = field(repr=False)
+
+
+@dataclass
+class _Pass:
+    """One document's scoring pass: per target (byte, or token) its log p, whether it was the argmax,
+    and (byte model) the chunk start decided at each input position."""
+
+    logprobs: list[float] = field(default_factory=list)
+    greedy: list[bool] = field(default_factory=list)
+    starts: list[bool] = field(default_factory=list)
+    nll: float = 0.0  # the evaluator's NLL sums of the document's windows, added in its order
+
+
+class _GivenIds:
+    """The model's encoding, with each document's ids fixed in advance (a context and its continuation
+    tokenized apart), handed to evaluate_documents in the order it reads the documents."""
+
+    def __init__(self, encoding, ids: list[list[int]]):
+        self.sep, self.pad, self.dtype, self.byte_lengths = encoding.sep, encoding.pad, encoding.dtype, encoding.byte_lengths
+        self._ids = iter(ids)
+
+    def doc_ids(self, text: bytes):
+        import numpy as np
+
+        return np.asarray(next(self._ids), dtype=self.dtype)
+
+
+class Model:
+    """A loaded model (see :func:`load`). ``module`` is the torch module (eval mode), ``config`` the run's
+    config, ``kind`` "unet" (the byte model) or "bpe" (the token model)."""
+
+    def __init__(self, module, config, *, source: str, checkpoint: str | None, device, boundary: str, seed: int,
+                 batch_size: int):
+        if boundary not in RULES:
+            raise ValueError(f"boundary must be one of {', '.join(RULES)}, got {boundary!r}")
+        self.module, self.config, self.source, self.checkpoint = module, config, source, checkpoint
+        self.kind = config.model.kind
+        self.encoding = encoding_for(config)
+        self.seq_len = config.data.seq_len
+        self.device = torch.device(device)
+        self.boundary, self.seed, self.batch_size = boundary, seed, batch_size
+        if self.byte_model:
+            module.boundary.eval_mode = boundary
+
+    @property
+    def byte_model(self) -> bool:
+        return self.kind != "bpe"
+
+    @property
+    def boundary_rule(self) -> str | None:
+        return boundary_rule(self.boundary, self.seed) if self.byte_model else None
+
+    def __repr__(self) -> str:
+        tag = f", checkpoint={self.checkpoint}" if self.checkpoint else ""
+        rule = f", boundary={self.boundary_rule}" if self.byte_model else ""
+        dtype = next(self.module.parameters()).dtype
+        return f"megatok.Model({self.source!r}{tag}, kind={self.kind}{rule}, {dtype}, {self.device})"
+
+    # -------------------------------------------------------------------------------------- passes
+
+    def _passes(self, texts: list[bytes], ids: list[list[int]] | None = None) -> tuple[list[_Pass], dict]:
+        """Score documents through evaluate_documents (batched, seeded as megatok-evaluate): each one's
+        per-target log-probabilities, argmax flags and chunk starts, and the evaluator's figures.
+        ``ids``: the documents' ids given (separator first) instead of encoded from the texts."""
+        passes = [_Pass() for _ in texts]
+
+        def keep(doc_no, _window, w, out, row):
+            n = len(w) - 1
+            p = passes[doc_no]
+            ce = out.ce_full[row, :n].double()
+            p.logprobs.extend((-ce).tolist())
+            p.nll += float(out.rows["nll"][row])
+            p.greedy.extend((out.logits[row, :n].argmax(-1).cpu() == w[1:]).tolist())
+            if out.boundaries is not None:
+                p.starts.extend(out.boundaries.starts[row, :n].tolist())
+
+        encoding = self.encoding if ids is None else _GivenIds(self.encoding, ids)
+        docs = (Document(text=t, lang=None, domain=None, source="") for t in texts)
+        figures = evaluate_documents(self.module, docs, seq_len=self.seq_len, batch_size=self.batch_size,
+                                     mode=self.boundary, seed=self.seed, device=self.device, encoding=encoding,
+                                     per_window=keep)
+        return passes, figures
+
+    # -------------------------------------------------------------------------------------- public
+
+    def score(self, text: str | bytes) -> Score:
+        """Log-probabilities of ``text`` read as a document (after the separator the model puts before
+        every document), window by window as megatok-evaluate reads it."""
+        return self.score_many([text])[0]
+
+    def score_many(self, texts: list[str | bytes]) -> list[Score]:
+        """:meth:`score` of several texts, batched (each scored as it would be alone)."""
+        data = [_as_bytes(t) for t in texts]
+        passes, _ = self._passes(data)
+        out = []
+        for text, p in zip(data, passes):
+            if self.byte_model:
+                out.append(Score(text, -p.nll, p.logprobs, self.boundary_rule))
+                continue
+            ids = self.encoding.doc_ids(text)[1:].tolist()
+            pieces = self.encoding.pieces()
+            per_byte: list[float] = []
+            for i, lp in zip(ids, p.logprobs):
+                per_byte.extend([0.0] * (len(pieces[i]) - 1) + [lp])
+            out.append(Score(text, -p.nll, per_byte, None, [pieces[i] for i in ids], p.logprobs))
+        return out
+
+    def segment(self, text: str | bytes) -> list[bytes]:
+        """The text cut into the byte model's chunks, as its scoring pass chunks it (each window of
+        ``seq_len`` bytes starts a chunk); the BPE token model's tokens. The pieces join to the text."""
+        data = _as_bytes(text)
+        if not data:
+            return []
+        if not self.byte_model:
+            pieces = self.encoding.pieces()
+            return [pieces[i] for i in self.encoding.doc_ids(data)[1:].tolist()]
+        (p,), _ = self._passes([data])
+        starts = p.starts[1:] + [self._last_start(data)]  # input 0 is the separator; the last byte is no input
+        chunks, begin = [], 0
+        for i in range(1, len(data)):
+            if starts[i]:
+                chunks.append(data[begin:i])
+                begin = i
+        chunks.append(data[begin:])
+        return chunks
+
+    @torch.no_grad()
+    def _last_start(self, data: bytes) -> bool:
+        """Whether the text's last byte starts a chunk. The scoring pass predicts that byte but never
+        reads it; read here with the last window one byte longer, under that window's seed (a full
+        last window: the byte starts a new one, and a chunk)."""
+        windows = document_windows(data, self.seq_len, self.encoding)
+        last = windows[-1]
+        if len(last) - 1 == self.seq_len:
+            return True
+        seeds = row_seeds([window_seed(self.seed, data, len(windows) - 1)]) if self.boundary == "sample" else None
+        with _Seeded(self.seed), seeds if seeds is not None else contextlib.nullcontext():
+            out = self.module(last[None].to(self.device))
+        return bool(out.boundaries.starts[0, -1])
+
+    def loglikelihood(self, context: str | bytes, continuation: str | bytes) -> tuple[float, bool]:
+        """log p(continuation | context) and whether every byte (token) of it is the model's argmax."""
+        return self.loglikelihoods([(context, continuation)])[0]
+
+    def loglikelihoods(self, pairs: list[tuple[str | bytes, str | bytes]]) -> list[tuple[float, bool]]:
+        """:meth:`loglikelihood` of many (context, continuation) pairs, batched. The byte model reads
+        context + continuation as one document; the BPE model tokenizes the two apart (a token never
+        spans the join) and reads the ids as one document."""
+        ctxs, conts = [_as_bytes(c) for c, _ in pairs], [_as_bytes(x) for _, x in pairs]
+        texts = [c + x for c, x in zip(ctxs, conts)]
+        ids, counts = None, [len(x) for x in conts]
+        if not self.byte_model:
+            ids, counts = [], []
+            for c, x in zip(ctxs, conts):
+                cont = self.encoding.doc_ids(x)[1:].tolist()
+                ids.append(self.encoding.doc_ids(c).tolist() + cont)
+                counts.append(len(cont))
+        passes, _ = self._passes(texts, ids)
+        return [(math.fsum(p.logprobs[len(p.logprobs) - n:]), all(p.greedy[len(p.greedy) - n:]))
+                for p, n in zip(passes, counts)]
+
+    def generate(self, prompt: str | bytes | list, max_bytes: int = 200, temperature: float = 1.0,
+                 top_k: int | None = None, top_p: float | None = None, stop=None, seed: int | list[int] | None = None,
+                 cache: bool = True):
+        """Continue ``prompt`` (read as the start of a document) for up to ``max_bytes`` bytes (a BPE
+        model's last token may run past), until the model ends the document or the text holds one of
+        the ``stop`` strings (str or bytes; the completion is cut before it). ``temperature`` 0 is
+        greedy; ``top_k``/``top_p`` restrict the sampled ids. A list of prompts gives a list of
+        completions, prompt i sampled with seed ``seed + i`` (or ``seed[i]``); ``seed`` defaults to the
+        model's. Byte-model boundaries follow the model's rule (decided as each byte arrives)."""
+        if isinstance(prompt, (list, tuple)):
+            seeds = seed if isinstance(seed, (list, tuple)) else [(self.seed if seed is None else seed) + i
+                                                                  for i in range(len(prompt))]
+            if len(seeds) != len(prompt):
+                raise ValueError(f"{len(seeds)} seeds for {len(prompt)} prompts")
+            return [self.generate(p, max_bytes, temperature, top_k, top_p, stop, s, cache) for p, s in zip(prompt, seeds)]
+        if isinstance(stop, (str, bytes)):
+            stop = [stop]
+        stops = list(stop or [])
+        encoded = [_as_bytes(s) for s in stops]
+        g = _generate(self.module, _as_bytes(prompt), seq_len=self.seq_len, max_bytes=max_bytes,
+                      temperature=temperature, top_k=top_k, top_p=top_p, seed=self.seed if seed is None else seed,
+                      boundary_mode=self.boundary, encoding=self.encoding, cache=cache, stop=encoded)
+        data, reason, which = g.text, "separator" if g.stopped else "length", None
+        if g.stop is not None:
+            cut = min((data.find(s), i) for i, s in enumerate(encoded) if s in data)
+            data, which, reason = data[:cut[0]], stops[cut[1]], "stop"
+        return Completion(data.decode("utf-8", "replace"), data, reason, which, g)
+
+
+def load(path: str | Path, checkpoint: str | None = None, device: str | torch.device | None = None,
+         dtype: torch.dtype | str | None = None, boundary: str = "threshold", seed: int = 0,
+         batch_size: int = 8) -> Model:
+    """A trained model from a run directory (its ``latest`` checkpoint, or ``checkpoint``, a tag such as
+    "step00000300"; any ZeRO stage and world size) or from an export directory (megatok-export).
+
+    ``device``: default CUDA when available, else CPU. ``dtype``: torch.float32 (default),
+    torch.bfloat16, ... or "fp32", "bf16", "fp16"; the weights are loaded into it one tensor at a time.
+    ``boundary``/``seed``: the byte model's boundary rule, "threshold" (default: p > 0.5) or "sample"
+    (seeded by ``seed``). ``batch_size``: windows per forward when scoring."""
+    path = Path(path)
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if isinstance(dtype, str):
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(DTYPES)} or a torch.dtype, got {dtype!r}")
+        dtype = DTYPES[dtype]
+    if is_export(path):
+        if checkpoint is not None:
+            raise ValueError(f"{path}: an export holds one checkpoint; checkpoint= is for a run directory")
+        module, cfg = load_exported(path, device, dtype)
+        tag = None
+    elif (path / "config.json").is_file() and (path / "checkpoints").is_dir():
+        module, cfg, tag = load_model(path, checkpoint, device, dtype)
+    else:
+        raise FileNotFoundError(f"{path}: neither a megatok run directory (config.json and checkpoints/) nor an "
+                                f"export (export.json and model.safetensors)")
+    return Model(module, cfg, source=str(path), checkpoint=tag, device=device, boundary=boundary, seed=seed,
+                 batch_size=batch_size)

@@ -1,0 +1,81 @@
+"""Run lm-evaluation-harness tasks on a run or an export (either model kind).
+
+    megatok-lm-eval --model runs/my-run --tasks lambada_openai,hellaswag --output results.json
+    megatok-lm-eval --model exports/my-model --tasks my_task --include-path tasks/ --limit 100
+
+Prints the harness's results table; --output writes its results as JSON. Tasks are the harness's (its
+datasets come from the Hugging Face hub, or from local files: docs/api.md) or YAML files under
+--include-path. The model is megatok.load's (boundary rule, seed, dtype, device); how each request type
+is answered: megatok/eval/harness.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", required=True, help="run directory or export directory")
+    ap.add_argument("--tasks", required=True, help="comma-separated task (or group) names")
+    ap.add_argument("--include-path", default=None, help="a directory of task YAML files")
+    ap.add_argument("--checkpoint", default=None, help="checkpoint tag of a run (default: latest)")
+    ap.add_argument("--device", default=None, help="default: cuda when available, else cpu")
+    ap.add_argument("--dtype", default=None, choices=["fp32", "bf16", "fp16"])
+    ap.add_argument("--boundary", default="threshold", choices=["threshold", "sample"],
+                    help="byte model: chunk boundaries p > 0.5 (default) or sampled with --seed")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--batch-size", type=int, default=8, help="windows per forward")
+    ap.add_argument("--num-fewshot", type=int, default=None)
+    ap.add_argument("--limit", type=float, default=None, help="documents per task (a fraction if < 1)")
+    ap.add_argument("--output", default=None, help="write the results as JSON here")
+    args = ap.parse_args(argv)
+    if args.batch_size < 1:
+        ap.error("--batch-size must be >= 1")
+
+    from megatok import sizing
+
+    sizing.quiet_deepspeed_import()
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+    from lm_eval.utils import make_table
+
+    from megatok.config import ConfigError
+    from megatok.eval.harness import MegatokLM
+
+    tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
+    if args.include_path and not Path(args.include_path).is_dir():
+        print(f"error: --include-path {args.include_path}: not a directory", file=sys.stderr)
+        return 2
+    manager = TaskManager(include_path=args.include_path)
+    unknown = [t for t in tasks if not manager.match_tasks([t])]
+    if unknown:
+        print(f"error: --tasks: unknown task {', '.join(unknown)} (lm-eval ls tasks lists them; your own YAML "
+              f"files go under --include-path)", file=sys.stderr)
+        return 2
+    try:
+        lm = MegatokLM(args.model, checkpoint=args.checkpoint, device=args.device, dtype=args.dtype,
+                       boundary=args.boundary, seed=args.seed, batch_size=args.batch_size)
+    except (FileNotFoundError, ConfigError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    results = lm_eval.simple_evaluate(model=lm, tasks=tasks, num_fewshot=args.num_fewshot, limit=args.limit,
+                                      task_manager=manager, log_samples=False, random_seed=args.seed,
+                                      numpy_random_seed=args.seed, torch_random_seed=args.seed,
+                                      fewshot_random_seed=args.seed)
+    print(f"# {args.model} ({lm.model.kind}{', checkpoint ' + lm.model.checkpoint if lm.model.checkpoint else ''}"
+          f"{', boundaries ' + lm.model.boundary_rule if lm.model.byte_model else ''})")
+    print(make_table(results))
+    if args.output:
+        out = {"model": str(args.model), "checkpoint": lm.model.checkpoint, "kind": lm.model.kind,
+               "boundary_rule": lm.model.boundary_rule, "results": results["results"],
+               "versions": results.get("versions"), "n-shot": results.get("n-shot"), "config": results.get("config")}
+        Path(args.output).write_text(json.dumps(out, indent=2, default=str) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

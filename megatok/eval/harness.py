@@ -1,0 +1,95 @@
+"""megatok models in EleutherAI's lm-evaluation-harness (``lm_eval``), registered as model "megatok".
+
+    megatok-lm-eval --model runs/my-run --tasks hellaswag,lambada_openai
+    lm_eval.simple_evaluate(model=MegatokLM("exports/my-model"), tasks=[...])   # after importing this module
+
+Both model kinds, through megatok.api (so every figure is the one ``megatok.load(...)`` gives):
+
+- ``loglikelihood`` (multiple choice, ...): log p(continuation | context), and whether every byte (token)
+  of the continuation is the model's argmax. The byte model reads context + continuation as one document
+  (boundaries decided over both, as the model would read them); the BPE model tokenizes the two apart
+  after moving the context's trailing spaces to the continuation, as the harness's own ``hf`` model does.
+- ``loglikelihood_rolling`` (perplexity tasks): ``Model.score(text).logprob``: the text read as a
+  document after the model's separator, window by window as megatok-evaluate reads it, every byte
+  (token) predicted once. The harness's ``bits_per_byte`` over a task's documents is then the evaluator's
+  bits per byte over them (tests/api/test_harness.py).
+- ``generate_until``: megatok.generate until a stop string (``until``), the model's separator, or
+  ``max_gen_toks`` x ``bytes_per_gen_tok`` bytes (default 1 for the byte model, the tokenizer's bytes per
+  token for the BPE model); greedy unless ``do_sample``.
+"""
+
+from __future__ import annotations
+
+import math
+
+from lm_eval.api.model import LM
+from lm_eval.api.registry import register_model
+from tqdm.auto import tqdm
+
+from megatok.api import Model, load
+
+
+@register_model("megatok")
+class MegatokLM(LM):
+    """``pretrained``: a run directory or an export (or ``model``: a loaded megatok.api.Model). The other
+    arguments are megatok.load's; from the command line, ``--model_args pretrained=runs/x,boundary=sample``."""
+
+    def __init__(self, pretrained: str | None = None, checkpoint: str | None = None, device: str | None = None,
+                 dtype: str | None = None, boundary: str = "threshold", seed: int = 0, batch_size: int | str = 8,
+                 bytes_per_gen_tok: float | None = None, model: Model | None = None, **_ignored):
+        super().__init__()
+        if model is None:
+            if pretrained is None:
+                raise ValueError("megatok: give pretrained=<run directory or export>")
+            batch = int(batch_size) if str(batch_size).isdigit() else 8  # "auto": the default
+            model = load(pretrained, checkpoint=checkpoint, device=device, dtype=dtype, boundary=boundary,
+                         seed=int(seed), batch_size=batch)
+        self.model = model
+        self._device = model.device
+        if bytes_per_gen_tok is None:
+            bytes_per_gen_tok = 1 if model.byte_model else (model.config.model.bytes_per_token or 4)
+        self.bytes_per_gen_tok = float(bytes_per_gen_tok)
+
+    def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
+        pairs = []
+        for req in requests:
+            context, continuation = req.args
+            if not self.model.byte_model:  # the spaces before a word belong to its token
+                n = len(context) - len(context.rstrip(" "))
+                if n:
+                    context, continuation = context[:-n], context[-n:] + continuation
+            pairs.append((context, continuation))
+        out = []
+        for start in tqdm(range(0, len(pairs), 256), disable=disable_tqdm or None, desc="loglikelihood"):
+            out.extend(self.model.loglikelihoods(pairs[start:start + 256]))
+        for req, res in zip(requests, out):
+            self.cache_hook.add_partial("loglikelihood", req.args, res)
+        return out
+
+    def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
+        texts = [req.args[0] for req in requests]
+        out = []
+        for start in tqdm(range(0, len(texts), 64), disable=disable_tqdm or None, desc="loglikelihood_rolling"):
+            out.extend(s.logprob for s in self.model.score_many(texts[start:start + 64]))
+        for req, res in zip(requests, out):
+            self.cache_hook.add_partial("loglikelihood_rolling", req.args, res)
+        return out
+
+    def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
+        out = []
+        for i, req in enumerate(tqdm(requests, disable=disable_tqdm or None, desc="generate_until")):
+            context, kwargs = req.args
+            kwargs = dict(kwargs or {})
+            until = kwargs.pop("until", None) or []
+            if isinstance(until, str):
+                until = [until]
+            max_toks = int(kwargs.pop("max_gen_toks", 256))
+            sample = bool(kwargs.pop("do_sample", False))
+            temperature = float(kwargs.pop("temperature", 1.0)) if sample else 0.0  # greedy unless do_sample
+            c = self.model.generate(context, max_bytes=max(1, math.ceil(max_toks * self.bytes_per_gen_tok)),
+                                    temperature=temperature,
+                                    top_k=kwargs.pop("top_k", None), top_p=kwargs.pop("top_p", None),
+                                    stop=until, seed=self.model.seed + i)
+            out.append(c.text)
+            self.cache_hook.add_partial("generate_until", req.args, c.text)
+        return out

@@ -1,0 +1,108 @@
+"""Exports the ecosystem opens: the BPE token model as a transformers Llama checkpoint with equal logits and
+tokenizer ids, sharded safetensors for the byte model, DeepSpeed's own zero_to_fp32.py on a megatok
+checkpoint, and the merge's peak host memory against DeepSpeed's whole-model merge."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import megatok
+from megatok.run.checkpoints import checkpoint_dir, latest_tag
+from megatok.run.export import export
+from megatok.run.merge import checkpoint_tensors
+from tests.conftest import PARALLEL, ROOT, TOOL_ENV, run_tool, stdlib_texts
+
+TEXTS = [" ".join(v) for v in PARALLEL.values()] + [stdlib_texts(n_files=1)[0][:2000], "  x\t\ty\n\n  é ﬁ 日本 "]
+
+
+def assert_same_weights(got: dict, want: dict):
+    assert sorted(got) == sorted(want)
+    for name in want:
+        assert torch.equal(got[name], want[name]), name
+
+
+def test_transformers_opens_the_exported_token_model_with_megatoks_logits(bpe_run, tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
+
+    out = export(bpe_run, tmp_path / "hf", max_shard_size=60_000)  # a few shards
+    info = json.loads((out / "export.json").read_text())
+    assert info["format"] == "llama" and info["shards"] > 1 and (out / "model.safetensors.index.json").is_file()
+    ours = megatok.load(bpe_run)
+    hf = AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32).eval()
+    assert isinstance(hf, LlamaForCausalLM) and not hf.config.tie_word_embeddings
+    tok = AutoTokenizer.from_pretrained(str(out))
+    for text in TEXTS:
+        ids = tok(text)["input_ids"]  # </s> first: megatok's document separator
+        assert ids == ours.encoding.doc_ids(text.encode()).tolist(), text[:40]
+        assert tok.decode(ids, skip_special_tokens=True) == text
+        x = torch.tensor([ids[:ours.seq_len]])
+        with torch.no_grad():
+            torch.testing.assert_close(hf(x).logits, ours.module(x).logits, rtol=0, atol=1e-4)
+    # and megatok reads the same directory back: the same model
+    again = megatok.load(out)
+    assert again.kind == "bpe" and again.checkpoint is None
+    assert again.score(TEXTS[0]).logprob == pytest.approx(ours.score(TEXTS[0]).logprob, abs=1e-4)
+
+
+def test_the_byte_model_exports_sharded_and_loads_back(tiny_run, tmp_path):
+    r = run_tool("export", "--run", tiny_run, "--out", tmp_path / "unet", "--max-shard-size", "40000")
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = tmp_path / "unet"
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    shards = sorted(set(index["weight_map"].values()))
+    assert len(shards) > 1 and all((out / s).is_file() for s in shards) and not (out / "config.json").exists()
+    merged = {k: v.load() for k, v in checkpoint_tensors(checkpoint_dir(tiny_run) / latest_tag(tiny_run)).items()}
+    stored = {k: v for s in shards for k, v in load_file(str(out / s)).items()}
+    assert_same_weights(stored, merged)
+    run, exp = megatok.load(tiny_run), megatok.load(out)
+    assert exp.score(TEXTS[0]) == run.score(TEXTS[0])
+    # bf16: stored in bf16, computed in the dtype asked for
+    assert run_tool("export", "--run", tiny_run, "--out", tmp_path / "bf16", "--dtype", "bf16").returncode == 0
+    assert load_file(str(tmp_path / "bf16" / "model.safetensors"))["head.weight"].dtype == torch.bfloat16
+    assert {p.dtype for p in megatok.load(tmp_path / "bf16").module.parameters()} == {torch.float32}
+    # an export of the earlier layout (megatok's config as config.json, one file) still loads
+    old = tmp_path / "old"
+    assert run_tool("export", "--run", tiny_run, "--out", old).returncode == 0
+    (old / "megatok.json").rename(old / "config.json")
+    info = json.loads((old / "export.json").read_text())
+    del info["format"], info["shards"]
+    (old / "export.json").write_text(json.dumps(info))
+    assert megatok.load(old).score(TEXTS[0]) == run.score(TEXTS[0])
+    r = run_tool("export", "--run", tiny_run, "--out", tmp_path / "x", "--max-shard-size", "lots")
+    assert r.returncode == 2 and r.stderr.strip() == ("error: --max-shard-size: 'lots' is not a size such as 5GB, "
+                                                      "500MB or a number of bytes")
+
+
+def test_deepspeeds_zero_to_fp32_script_runs_on_a_megatok_checkpoint(tiny_run, tmp_path):
+    """DeepSpeed writes zero_to_fp32.py into every checkpoints folder; it needs huggingface_hub to shard."""
+    script = checkpoint_dir(tiny_run) / "zero_to_fp32.py"
+    r = subprocess.run([sys.executable, str(script), str(checkpoint_dir(tiny_run)), str(tmp_path / "ds"),
+                        "--safe_serialization"], capture_output=True, text=True, env=TOOL_ENV, cwd=ROOT, timeout=240)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = export(tiny_run, tmp_path / "ours")
+    assert_same_weights(load_file(str(tmp_path / "ds" / "model.safetensors")), load_file(str(out / "model.safetensors")))
+
+
+def merge_memory(run, path: str, dtype: str) -> dict:
+    r = subprocess.run([sys.executable, str(ROOT / "tests/api/merge_memory.py"), str(run), "--path", path,
+                        "--dtype", dtype], capture_output=True, text=True, env=TOOL_ENV, cwd=ROOT, timeout=240)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.splitlines()[-1])
+
+
+def test_the_merge_holds_one_copy_of_the_weights_in_the_output_dtype(wide_run):
+    """2 ranks, ZeRO-2: the streamed merge into a bf16 model holds about half the fp32 weights (plus a
+    tensor); DeepSpeed's whole-model merge then the model (megatok's path before) held several copies."""
+    new, old = merge_memory(wide_run, "load", "bf16"), merge_memory(wide_run, "old", "bf16")
+    fp32 = new["weights_fp32"]
+    assert fp32 > 60  # MiB: large enough to stand out of the baseline
+    assert new["anon_peak"] < 0.5 * fp32 + 16, new
+    assert old["anon_peak"] > 1.5 * fp32, old
+    exported = merge_memory(wide_run, "export", "bf16")
+    assert exported["anon_peak"] < 0.5 * fp32 + 16, exported  # one shard at a time (here, the whole model)

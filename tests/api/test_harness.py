@@ -1,0 +1,100 @@
+"""lm-evaluation-harness on both model kinds, over local task files (a YAML task over a local JSONL file:
+no hub, no network): perplexity figures equal megatok's own scoring, multiple choice and generation equal
+the API's answers, and the megatok-lm-eval command."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+import megatok
+from megatok.data.documents import Document
+from megatok.eval.bpb import evaluate_documents
+from tests.conftest import PARALLEL
+
+DOCS = [*(" ".join(v) for v in PARALLEL.values()), "def main(argv=None):\n    return 0\n" * 3]
+QUESTIONS = [("The capital of France is", [" Paris", " Rome", " Berlin"], 0), ("def f(x): return", [" x", " y"], 1),
+             ("All human beings are", [" born free", " asleep"], 0)]
+
+
+def write_tasks(where):
+    """Three tasks over local JSON lines files: perplexity, multiple choice, generation."""
+    where.mkdir(exist_ok=True)
+    with (where / "docs.jsonl").open("w") as f:
+        for d in DOCS:
+            f.write(json.dumps({"text": d}, ensure_ascii=False) + "\n")
+    with (where / "questions.jsonl").open("w") as f:
+        for q, choices, gold in QUESTIONS:
+            f.write(json.dumps({"question": q, "choices": choices, "gold": gold}) + "\n")
+    local = "dataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {}\ntest_split: test\n"
+    (where / "ppl.yaml").write_text(
+        "task: local_ppl\n" + local.format(where / "docs.jsonl") + "output_type: loglikelihood_rolling\n"
+        'doc_to_text: ""\ndoc_to_target: "{{text}}"\nmetric_list:\n  - metric: word_perplexity\n'
+        "  - metric: byte_perplexity\n  - metric: bits_per_byte\n")
+    (where / "mc.yaml").write_text(
+        "task: local_mc\n" + local.format(where / "questions.jsonl") + "output_type: multiple_choice\n"
+        'doc_to_text: "{{question}}"\ndoc_to_choice: "{{choices}}"\ndoc_to_target: "{{gold}}"\n'
+        'target_delimiter: ""\nmetric_list:\n  - metric: acc\n')
+    (where / "gen.yaml").write_text(
+        "task: local_gen\n" + local.format(where / "questions.jsonl") + "output_type: generate_until\n"
+        'doc_to_text: "{{question}}"\ndoc_to_target: "{{choices[gold]}}"\n'
+        'generation_kwargs:\n  until: [" "]\n  max_gen_toks: 12\nmetric_list:\n  - metric: exact_match\n')
+    return where
+
+
+@pytest.mark.parametrize("kind", ["unet", "bpe"])
+def test_local_tasks_give_megatoks_own_figures(kind, tiny_run, bpe_run, tmp_path):
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+
+    from megatok.eval.harness import MegatokLM
+
+    model = megatok.load(tiny_run if kind == "unet" else bpe_run)
+    tasks = write_tasks(tmp_path / "tasks")
+    out = lm_eval.simple_evaluate(model=MegatokLM(model=model), tasks=["local_ppl", "local_mc", "local_gen"],
+                                  task_manager=TaskManager(include_path=str(tasks)), log_samples=True)
+    res = out["results"]
+    # perplexity: the harness's bits per byte over the documents is megatok's over the same bytes
+    scores = model.score_many(DOCS)
+    n_bytes = sum(s.bytes for s in scores)
+    bpb = -sum(s.logprob for s in scores) / n_bytes / math.log(2)
+    assert res["local_ppl"]["bits_per_byte,none"] == pytest.approx(bpb, rel=1e-9)
+    assert res["local_ppl"]["byte_perplexity,none"] == pytest.approx(2 ** bpb, rel=1e-9)
+    evaluated = evaluate_documents(model.module, iter(Document(d.encode(), None, None, "") for d in DOCS),
+                                   seq_len=model.seq_len, batch_size=8, mode="threshold", seed=0, device="cpu",
+                                   encoding=model.encoding)
+    assert evaluated["bytes"] == n_bytes and res["local_ppl"]["bits_per_byte,none"] == pytest.approx(
+        evaluated["bpb"], rel=1e-9)
+    # multiple choice: the choice with the highest log-likelihood, as the API computes it
+    picks = []
+    for q, choices, gold in QUESTIONS:
+        lls = [ll for ll, _ in model.loglikelihoods([(q, c) for c in choices])]
+        picks.append(float(lls.index(max(lls)) == gold))
+    assert res["local_mc"]["acc,none"] == pytest.approx(sum(picks) / len(picks))
+    # generation: greedy, cut at the stop string
+    answers = [s["resps"][0][0] for s in sorted(out["samples"]["local_gen"], key=lambda s: s["doc_id"])]
+    want = [model.generate(q, max_bytes=12 if kind == "unet" else 36, temperature=0, stop=" ").text for q, _, _ in QUESTIONS]
+    assert answers == want and all(" " not in a for a in answers)
+
+
+def test_the_command_runs_a_task_list_on_an_export(bpe_run, tmp_path, capsys):
+    """megatok-lm-eval's main, in this process (lm_eval is imported once for the file)."""
+    from megatok.cli.lm_eval import main
+    from megatok.run.export import export
+
+    tasks = write_tasks(tmp_path / "tasks")
+    out = export(bpe_run, tmp_path / "export")
+    assert main(["--model", str(out), "--tasks", "local_ppl", "--include-path", str(tasks),
+                 "--output", str(tmp_path / "results.json")]) == 0
+    printed = capsys.readouterr().out
+    assert "local_ppl" in printed and "bits_per_byte" in printed
+    results = json.loads((tmp_path / "results.json").read_text())
+    scores = megatok.load(out).score_many(DOCS)
+    bpb = -sum(s.logprob for s in scores) / sum(s.bytes for s in scores) / math.log(2)
+    assert results["kind"] == "bpe" and results["results"]["local_ppl"]["bits_per_byte,none"] == pytest.approx(bpb)
+    assert main(["--model", str(out), "--tasks", "local_ppl,nope", "--include-path", str(tasks)]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith("error: --tasks: unknown task nope")
+    assert main(["--model", str(tmp_path / "none"), "--tasks", "local_ppl", "--include-path", str(tasks)]) == 2
+    assert "neither a megatok run directory" in capsys.readouterr().err
