@@ -302,7 +302,8 @@ def _columns(path: str, names: list[str], fields: Fields) -> list[str]:
 
 
 def _column(path: str, batch, name: str):
-    """The named column of a record batch (a dotted name reaches into struct columns), or None."""
+    """The named column of a record batch (a dotted name reaches into struct columns), or None where
+    there is none (as a JSON object without the key)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -313,9 +314,9 @@ def _column(path: str, batch, name: str):
     if parts[0] not in names:
         return None
     col = batch.column(names.index(parts[0]))
-    for depth, part in enumerate(parts[1:], 1):
+    for part in parts[1:]:
         if not pa.types.is_struct(col.type) or col.type.get_field_index(part) < 0:
-            raise DataError(f'{path}: column "{".".join(parts[:depth])}" ({col.type}) has no field "{part}"')
+            return None
         col = pc.struct_field(col, [col.type.get_field_index(part)])
     return col
 
