@@ -50,7 +50,8 @@ def main(argv=None) -> int:
     parser.add_argument("--overwrite", action="store_true", help="replace an existing output directory")
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
-    workers = args.workers if args.workers is not None else len(os.sched_getaffinity(0))
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    workers = args.workers if args.workers is not None else cpus
     if workers < 1:
         parser.error(f"--workers must be at least 1, got {workers}")
     start = time.monotonic()

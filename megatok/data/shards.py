@@ -332,7 +332,8 @@ def build_shards(inputs: list[str], out_dir: str, *, val_fraction: float = 0.01,
 
     ``fields`` names the text, lang and domain fields of JSON-lines, parquet and Arrow records
     (megatok.data.documents.Fields). ``workers`` processes read the inputs and write the shards; the
-    shards are the same for any number.
+    shards are the same for any number. The workers are spawned, so a script that asks for more than
+    one calls this under ``if __name__ == "__main__":`` (they import the main module).
 
     num_shards defaults to max(min_shards, input bytes / shard_bytes) so that there are enough
     shards for every (rank, dataloader worker) reader; val_shards to between 1 and 4. Either is
