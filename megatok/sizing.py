@@ -235,6 +235,47 @@ def memory_table(cfg, world: int) -> dict[str, Any]:
         "init_partitioned": partitioned, "init_host_bytes": float(init_host), "init_gpu_bytes": float(init_gpu)}}
 
 
+# ----------------------------------------------------------------------------- checkpoint size on disk
+
+
+def checkpoint_bytes(P: int, *, stage: int, world: int, bf16: bool) -> dict[str, float]:
+    """Bytes on disk of one DeepSpeed checkpoint of P parameters trained with AdamW (as DeepSpeed 0.19
+    writes them; torch.save's archive adds a few kB per file), by file:
+
+    ==========================================  =============  ==============  ==============
+    file                                        ZeRO-0         ZeRO-1/2        ZeRO-3
+    ==========================================  =============  ==============  ==============
+    ``mp_rank_00_model_states.pt``              w + 8 (+ 4)    w               -
+    ``*zero_pp_rank_<r>_*_optim_states.pt``     -              12 / N each     12 / N each
+    ==========================================  =============  ==============  ==============
+
+    (bytes per parameter; w = 2 in bf16, 4 in fp32; N ranks.) Without ZeRO the one file holds the
+    weights in the working dtype and the whole optimizer: AdamW's exp_avg and exp_avg_sq in fp32 (8),
+    plus the fp32 master (4) under bf16. ZeRO-1/2 keep the working-dtype weights there and give every
+    rank a file of its partition of the fp32 master, exp_avg and exp_avg_sq (12 / N); ZeRO-3 writes no
+    whole weights at all (its per-rank ``model_states`` files hold shapes only, a few kB): the fp32
+    master in the optimizer files is the model. Measured against real checkpoints of every stage in
+    tests/scale/test_checkpoint_size.py. CPU offload does not change what is written.
+    """
+    w = 2 if bf16 else 4
+    weights = float(w * P) if stage < 3 else 0.0
+    optimizer = float((8 + (4 if bf16 else 0)) * P) if stage == 0 else float(12 * P)
+    per_rank = optimizer / world if stage >= 1 else 0.0
+    model_file = weights + (optimizer if stage == 0 else 0.0)
+    return {"weights": weights, "optimizer": optimizer, "optimizer_per_rank": per_rank, "model_file": model_file,
+            "total": weights + optimizer}
+
+
+def checkpoint_table(cfg, world: int) -> dict[str, Any]:
+    """Checkpoint size on disk for ZeRO 0-3 in the config's precision, as configured, and the exports."""
+    P = param_counts(cfg)["total"]
+    bf16 = uses_bf16(cfg)
+    rows = [{"stage": s, **checkpoint_bytes(P, stage=s, world=world, bf16=bf16)} for s in (0, 1, 2, 3)]
+    return {"world": world, "bf16": bf16, "stages": rows, "configured": rows[zero_stage(cfg)],
+            "keep_checkpoints": cfg.train.keep_checkpoints, "keep_every": cfg.train.keep_every,
+            "export": {"fp32": float(4 * P), "bf16": float(2 * P)}}
+
+
 # ----------------------------------------------------------------------------- the report
 
 def size_report(cfg, *, gpus: int = 8, nodes: int = 1, rate: float | None = None,
@@ -258,6 +299,7 @@ def size_report(cfg, *, gpus: int = 8, nodes: int = 1, rate: float | None = None
                   "global": cfg.train.micro_batch_size * (cfg.train.grad_accum or 1) * world,
                   "max_steps": cfg.train.max_steps},
         "memory": memory_table(cfg, world),
+        "checkpoint": checkpoint_table(cfg, world),
     }
 
 
@@ -307,7 +349,29 @@ def format_report(r: dict[str, Any]) -> str:
                f"{'host' if c['init_host_bytes'] else 'GPU'}, never the whole model" if c.get("init_partitioned") else
                f"at start-up each rank builds the whole model in fp32 on its GPU ({c['init_gpu_bytes'] / GIB:.2f} GiB), "
                f"then casts it to the working precision")]
+    lines += ["", *format_checkpoint(r)]
     return "\n".join(lines)
+
+
+def format_checkpoint(r: dict[str, Any]) -> list[str]:
+    ck, w = r["checkpoint"], r["world"]
+    dtype = "bf16" if ck["bf16"] else "fp32"
+    lines = [f"checkpoint on disk (AdamW, {dtype} weights{' + fp32 master' if ck['bf16'] else ''}, "
+             f"{w['ranks']} ranks), GiB",
+             f"| ZeRO | weights ({dtype}) | optimizer states (fp32) | optimizer file per rank | checkpoint |",
+             "|---:|---:|---:|---:|---:|"]
+    for row in ck["stages"]:
+        per_rank = f"{row['optimizer_per_rank'] / GIB:.2f}" if row["stage"] else "- (in the weights file)"
+        weights = f"{row['weights'] / GIB:.2f}" if row["stage"] < 3 else "- (the fp32 master)"
+        lines.append(f"| {row['stage']} | {weights} | {row['optimizer'] / GIB:.2f} | {per_rank} | "
+                     f"{row['total'] / GIB:.2f} |")
+    c, one = r["memory"]["configured"]["stage"], ck["configured"]["total"]
+    lines.append(f"as configured (ZeRO-{c}): {one / GIB:.2f} GiB per checkpoint; the run keeps the newest "
+                 f"train.keep_checkpoints = {ck['keep_checkpoints']}: {ck['keep_checkpoints'] * one / GIB:.2f} GiB"
+                 + (f", plus every train.keep_every = {ck['keep_every']} steps for good" if ck["keep_every"] else ""))
+    lines.append(f"exported weights (megatok-export): {ck['export']['fp32'] / GIB:.2f} GiB in fp32, "
+                 f"{ck['export']['bf16'] / GIB:.2f} GiB in bf16")
+    return lines
 
 
 def report_json(r: dict[str, Any]) -> str:

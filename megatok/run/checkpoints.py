@@ -173,3 +173,27 @@ def read_cursors(run_dir: str | Path, tag: str, rank: int, n_sources: int) -> di
     if any(len(c["sources"]) != n_sources for c in cursors.values()):
         raise CheckpointError(f"{path}: cursors for another number of data sources than the {n_sources} configured")
     return cursors
+
+
+def disk_usage(run_dir: str | Path, tag: str) -> dict:
+    """Bytes on disk of a checkpoint, by kind of file: DeepSpeed's model-states files (the weights; the
+    whole optimizer too without ZeRO), its optimizer partitions (one per rank under ZeRO 1-3; the
+    largest one, which a rank writes and reads), and megatok's JSON files with anything else."""
+    d = restorable(run_dir, tag)
+    if not d.is_dir():
+        raise FileNotFoundError(f"{checkpoint_dir(run_dir) / tag}: checkpoint not found")
+    out = {"tag": tag, "path": str(d), "files": 0, "model_states": 0, "optimizer": 0, "optimizer_files": 0,
+           "largest_optimizer_file": 0, "other": 0}
+    for f in sorted(p for p in d.rglob("*") if p.is_file()):
+        size = f.stat().st_size
+        out["files"] += 1
+        if f.name.endswith("_optim_states.pt"):
+            out["optimizer"] += size
+            out["optimizer_files"] += 1
+            out["largest_optimizer_file"] = max(out["largest_optimizer_file"], size)
+        elif f.name.endswith("_model_states.pt"):
+            out["model_states"] += size
+        else:
+            out["other"] += size
+    out["total"] = out["model_states"] + out["optimizer"] + out["other"]
+    return out

@@ -1,7 +1,9 @@
 """Multi-node templates: the Slurm script and the torchrun script are valid bash, and rendered for
 2 nodes x 8 GPUs (fake ``scontrol``/``srun``/``python`` on PATH, Slurm's variables set by hand) they
-produce the expected launch line, hostfile and .deepspeed_env. No GPU, no Slurm, no network."""
+produce the expected launch line, hostfile and .deepspeed_env; the default launcher (srun + torchrun)
+trains for real on one node of 2 CPU ranks through a stub srun. No GPU, no Slurm, no network."""
 
+import json
 import os
 import shlex
 import signal
@@ -20,13 +22,13 @@ ARGS = ["--config", "configs/1b.json", "--set", "data.shards=/shared/megatok/sha
 
 FAKE_SCONTROL = """#!/bin/bash
 [[ $1 == show && $2 == hostnames ]] || { echo "unexpected: $*" >&2; exit 1; }
-case $3 in "gpu-a[01-02]") printf 'gpu-a01\\ngpu-a02\\n';; gpu-a01) echo gpu-a01;; *) exit 1;; esac
+case $3 in "gpu-a[01-02]") printf 'gpu-a01\\ngpu-a02\\n';; gpu-a01) echo gpu-a01;; localhost) echo localhost;; *) exit 1;; esac
 """
 # srun: run the command once per task, locally, with the variables Slurm gives each task.
 FAKE_SRUN = """#!/bin/bash
 nodes=1; per=1
 while [[ $1 == -* ]]; do
-    case $1 in --nodes) nodes=$2; shift 2;; --ntasks-per-node) per=$2; shift 2;; *) shift;; esac
+    case $1 in --nodes) nodes=$2; shift 2;; --ntasks-per-node) per=$2; shift 2;; --cpus-per-task) shift 2;; *) shift;; esac
 done
 for ((i = 0; i < nodes * per; i++)); do
     SLURM_PROCID=$i SLURM_LOCALID=$((i % per)) SLURM_NODEID=$((i / per)) SLURM_NTASKS=$((nodes * per)) "$@"
@@ -35,12 +37,18 @@ done
 FAKE_PYTHON = """#!/bin/bash
 echo "TASK RANK=$RANK LOCAL_RANK=$LOCAL_RANK WORLD_SIZE=$WORLD_SIZE LOCAL_WORLD_SIZE=$LOCAL_WORLD_SIZE ARGS=$*"
 """
+# torchrun: report the environment a task gets (through srun) and the arguments
+FAKE_TORCHRUN = """#!/bin/bash
+echo "TORCHRUN node=$SLURM_NODEID NCCL_IB_TIMEOUT=$NCCL_IB_TIMEOUT NCCL_IB_HCA=$NCCL_IB_HCA AWS_PROFILE=$AWS_PROFILE \
+MEGATOK_STOP_FILE=$MEGATOK_STOP_FILE OMP_NUM_THREADS=$OMP_NUM_THREADS ARGS=$*"
+"""
 
 
 def fake_bin(tmp_path):
     b = tmp_path / "bin"
-    b.mkdir()
-    for name, text in (("scontrol", FAKE_SCONTROL), ("srun", FAKE_SRUN), ("python", FAKE_PYTHON)):
+    b.mkdir(exist_ok=True)
+    for name, text in (("scontrol", FAKE_SCONTROL), ("srun", FAKE_SRUN), ("python", FAKE_PYTHON),
+                       ("torchrun", FAKE_TORCHRUN)):
         (b / name).write_text(text)
         (b / name).chmod((b / name).stat().st_mode | stat.S_IEXEC)
     return b
@@ -63,6 +71,8 @@ def slurm_env(tmp_path, launcher):
 
 def render(tmp_path, launcher, print_only=True):
     env = slurm_env(tmp_path, launcher)
+    if launcher is None:  # the default
+        del env["LAUNCHER"]
     if print_only:
         env["MEGATOK_PRINT_ONLY"] = "1"
     r = subprocess.run(["bash", str(SBATCH), *ARGS], capture_output=True, text=True, env=env, cwd=ROOT, timeout=60)
@@ -122,14 +132,17 @@ exit 3
 """
 
 
-@pytest.mark.parametrize("sig", ["USR1", "TERM"])
-def test_sbatch_time_limit_warning_asks_the_run_to_stop(tmp_path, sig):
+@pytest.mark.parametrize("sig, launcher", [("USR1", "deepspeed"), ("TERM", "deepspeed"), ("USR1", "torchrun"),
+                                           ("TERM", "torchrun")])
+def test_sbatch_time_limit_warning_asks_the_run_to_stop(tmp_path, sig, launcher):
     """Slurm's --signal=B:USR1@300 reaches the batch shell: it touches MEGATOK_STOP_FILE (which the
     trainer watches besides RUN_DIR/STOP) and waits for the launcher, whose exit status it returns.
-    A SIGTERM to the batch shell is passed on to the launcher."""
+    A SIGTERM to the batch shell is passed on to the launcher (srun, which passes it on to its tasks)."""
     assert "#SBATCH --signal=B:USR1@" in SBATCH.read_text()
-    env = slurm_env(tmp_path, "deepspeed")
-    fake = tmp_path / "bin" / "deepspeed"  # next to slurm_env's fake scontrol, on its PATH
+    env = slurm_env(tmp_path, launcher)
+    if launcher == "torchrun":  # one node: the fake srun runs its tasks one after the other
+        env.update(SLURM_JOB_NODELIST="gpu-a01", SLURM_JOB_NUM_NODES="1")
+    fake = tmp_path / "bin" / launcher  # next to slurm_env's fake scontrol, on its PATH
     fake.write_text(FAKE_DEEPSPEED)
     fake.chmod(0o755)
     job = tmp_path / "job"
@@ -169,15 +182,46 @@ def test_stop_request_watches_megatok_stop_file(tmp_path, monkeypatch):
         stop.restore()
 
 
-def test_sbatch_torchrun_launch(tmp_path):
-    cmd = launch_line(render(tmp_path, "torchrun"))
-    assert cmd[:cmd.index("torchrun")] == ["srun", "--nodes", "2", "--ntasks-per-node", "1", "--kill-on-bad-exit=1"]
+def test_sbatch_default_launch_is_srun_and_torchrun_without_ssh(tmp_path):
+    cmd = launch_line(render(tmp_path, None))
+    assert cmd[:cmd.index("torchrun")] == ["srun", "--nodes", "2", "--ntasks-per-node", "1", "--cpus-per-task", "96",
+                                           "--export=ALL", "--kill-on-bad-exit=1"]  # all the node's CPUs
     tr = cmd[cmd.index("torchrun"):]
     assert tr == ["torchrun", "--nnodes", "2", "--nproc_per_node", "8", "--rdzv_id", "4242", "--rdzv_backend",
                   "c10d", "--rdzv_endpoint", f"gpu-a01:{20000 + 4242}", "launch/pretrain.py", *ARGS]
+    job = tmp_path / "job"
+    assert not (job / "hostfile").exists() and not (job / ".deepspeed_env").exists()  # no pdsh, no ssh
+
+
+def test_sbatch_torchrun_tasks_get_the_deepspeed_env_files_and_the_environment(tmp_path):
+    """The fake srun runs one task per node with this environment (as srun --export=ALL does): the
+    lines of ~/.deepspeed_env that the environment does not set arrive, the environment wins over
+    them, FORWARD_ENV's names and the stop file come along."""
+    out = render(tmp_path, "torchrun", print_only=False)
+    tasks = [ln for ln in out.splitlines() if ln.startswith("TORCHRUN")]
+    assert len(tasks) == 2, out
+    for node, line in enumerate(tasks):
+        assert line.startswith(f"TORCHRUN node={node} NCCL_IB_TIMEOUT=22 NCCL_IB_HCA=mlx5 AWS_PROFILE=shards "
+                               f"MEGATOK_STOP_FILE={tmp_path / 'job' / 'STOP'} OMP_NUM_THREADS=12 "), line
+        assert line.endswith("launch/pretrain.py " + " ".join(ARGS))
+    # a file's variable counts before the script's own defaults (OMP_NUM_THREADS from the CPUs otherwise)
+    env = slurm_env(tmp_path, "torchrun")
+    (tmp_path / "home" / ".deepspeed_env").write_text("OMP_NUM_THREADS=3\nNCCL_IB_TIMEOUT=23")  # no final newline
+    r = subprocess.run(["bash", str(SBATCH), *ARGS], capture_output=True, text=True, env=env, cwd=ROOT, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "NCCL_IB_TIMEOUT=23" in r.stdout and "OMP_NUM_THREADS=3 " in r.stdout, r.stdout
+
+
+def test_sbatch_unknown_launcher_is_one_line(tmp_path):
+    env = slurm_env(tmp_path, "pdsh")
+    r = subprocess.run(["bash", str(SBATCH), *ARGS], capture_output=True, text=True, env=env, cwd=ROOT, timeout=60)
+    assert r.returncode == 2 and r.stderr.strip() == "error: LAUNCHER=pdsh: expected torchrun, srun or deepspeed"
 
 
 def test_sbatch_srun_gives_every_task_its_rank(tmp_path):
+    cmd = launch_line(render(tmp_path, "srun"))
+    assert cmd[:9] == ["srun", "--nodes", "2", "--ntasks-per-node", "8", "--cpus-per-task", "12", "--export=ALL",
+                       "--kill-on-bad-exit=1"]
     out = render(tmp_path, "srun", print_only=False)  # fake srun runs 16 tasks, fake python reports
     tasks = [ln for ln in out.splitlines() if ln.startswith("TASK")]
     assert len(tasks) == 16
@@ -194,3 +238,52 @@ def test_torchrun_multinode_script(tmp_path):
     assert launch_line(r.stdout) == ["torchrun", "--nnodes", "2", "--nproc_per_node", "8", "--node_rank", "1",
                                      "--master_addr", "node-001", "--master_port", "29500", "launch/pretrain.py",
                                      *ARGS]
+
+
+# srun for one node: record the arguments, then run the command once, as Slurm's task 0 of 1
+RECORDING_SRUN = """#!/bin/bash
+printf '%s\\n' "$@" > "$JOB_DIR/srun-args"
+while [[ $1 == -* ]]; do
+    case $1 in --nodes|--ntasks-per-node|--cpus-per-task) shift 2;; *) shift;; esac
+done
+SLURM_PROCID=0 SLURM_LOCALID=0 SLURM_NODEID=0 SLURM_NTASKS=1 exec "$@"
+"""
+
+
+@pytest.mark.dist
+def test_sbatch_default_launcher_trains_through_srun_and_torchrun(tmp_path, shards):
+    """The template as submitted, on one node of 2 CPU "GPUs": a stub srun records its arguments and
+    runs the real torchrun, whose c10d rendezvous starts 2 ranks of launch/pretrain.py for 2 steps and
+    a checkpoint. No pdsh, no ssh, no hostfile."""
+    import sys
+
+    from megatok.train.dist import free_port
+    from tests.conftest import TINY
+
+    env = slurm_env(tmp_path, "torchrun")
+    del env["LAUNCHER"]
+    (tmp_path / "bin" / "srun").write_text(RECORDING_SRUN)
+    (tmp_path / "bin" / "torchrun").unlink()  # the real one, next to this interpreter
+    run_dir = tmp_path / "run"
+    env.update(SLURM_JOB_NODELIST="localhost", SLURM_JOB_NUM_NODES="1", SLURM_GPUS_ON_NODE="2",
+               SLURM_CPUS_ON_NODE="2", MASTER_PORT=str(free_port()), DS_ACCELERATOR="cpu", WANDB_MODE="disabled",
+               PATH=f"{tmp_path / 'bin'}:{os.path.dirname(sys.executable)}:{os.environ['PATH']}")
+    env.pop("NCCL_SOCKET_IFNAME")
+    env.pop("GLOO_SOCKET_IFNAME")  # "ib0" from slurm_env: no such interface here
+    args = ["--config", "configs/tiny.json", "--set", *TINY, f"data.shards={shards}", f"train.run_dir={run_dir}",
+            "train.max_steps=2", "train.micro_batch_size=2", "train.global_batch_size=4"]
+    r = subprocess.run(["bash", str(SBATCH), *args], capture_output=True, text=True, env=env, cwd=ROOT, timeout=300,
+                       start_new_session=True)
+    assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-5000:])
+    srun = (tmp_path / "job" / "srun-args").read_text().splitlines()
+    assert srun[:srun.index("torchrun")] == ["--nodes", "1", "--ntasks-per-node", "1", "--cpus-per-task", "2",
+                                             "--export=ALL", "--kill-on-bad-exit=1"]
+    assert srun[srun.index("torchrun"):srun.index("launch/pretrain.py")] == [
+        "torchrun", "--nnodes", "1", "--nproc_per_node", "2", "--rdzv_id", "4242", "--rdzv_backend", "c10d",
+        "--rdzv_endpoint", f"localhost:{env['MASTER_PORT']}"]
+    assert (run_dir / "metrics.jsonl").exists(), (r.stdout[-3000:], r.stderr[-3000:])
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in rows if row.get("split") == "train"] == [1, 2]
+    meta = json.loads((run_dir / "checkpoints" / "step00000002" / "megatok.json").read_text())
+    assert meta["layout"]["world_size"] == 2
+    assert not (tmp_path / "job" / "hostfile").exists()
