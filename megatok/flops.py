@@ -226,7 +226,8 @@ def bpe_terms(w: int, f: int, n: int, vocab: int, rate: float, T: float) -> dict
 
 
 def flops_per_byte(cfg, rate: float | None = None, seq_len: int | None = None) -> dict[str, float]:
-    """Forward FLOPs per byte by term, ``forward`` (their sum) and ``training`` (3 x forward).
+    """Forward FLOPs per byte by term, ``forward`` (their sum) and ``training`` (3 x forward; with the
+    policy's ``samples`` K, 3 x the forward with everything after the encoder K times).
     ``rate``: chunks per byte (default boundary.target_rate), for kind "bpe" tokens per byte (default
     1 / model.bytes_per_token); ``seq_len``: default data.seq_len (tokens for kind "bpe")."""
     s = Shape.of(cfg.model)
@@ -247,12 +248,15 @@ def flops_per_byte(cfg, rate: float | None = None, seq_len: int | None = None) -
         "heads": 2 * 2 * s.d * s.vocab,
     }
     terms = {k: float(v) for k, v in terms.items()}
+    forward = sum(terms.values())
     samples = int(cfg.boundary.options.get("samples", 1))
-    if samples > 1:  # the policy's samples per sequence: everything after the encoder runs that many times
+    if samples > 1:  # the policy's samples per training sequence: everything after the encoder runs that often
         enc = s.n_enc / n_byte if n_byte else 0.0
-        terms = {k: v * (enc + samples * (1 - enc) if k.startswith("byte_") else samples) for k, v in terms.items()}
-    terms["forward"] = sum(terms.values())
-    terms["training"] = 3 * terms["forward"]
+        trained = sum(v * (enc + samples * (1 - enc) if k.startswith("byte_") else samples) for k, v in terms.items())
+    else:
+        trained = forward
+    terms["forward"] = forward  # the model's own cost per byte (inference, evaluation)
+    terms["training"] = 3 * trained
     return terms
 
 

@@ -64,6 +64,8 @@ _DISCOUNT_CACHE: dict = {}
 def _discount_matrix(gamma: float, n: int, device, dtype) -> tuple[torch.Tensor, torch.Tensor]:
     key = (gamma, n, device, dtype)
     if key not in _DISCOUNT_CACHE:
+        if len(_DISCOUNT_CACHE) >= 8:  # bounded: a gamma schedule brings a new gamma every step
+            _DISCOUNT_CACHE.clear()
         i = torch.arange(n, device=device, dtype=torch.float64)
         lag = i[None, :] - i[:, None]  # [t, k] -> k - t
         # torch.where evaluates both branches: clamp the exponent so gamma=0 never sees 0 ** negative.

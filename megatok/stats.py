@@ -44,6 +44,17 @@ def word_starts(x: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def space_before_word(x: torch.Tensor) -> torch.Tensor:
+    """bool [B, T]: x_t is ASCII whitespace and x_{t+1} starts a word (t >= 1): where a chunk that
+    starts with the space before a word would begin (sentencepiece style " word"). Indentation and
+    runs of spaces count once, at the space right before the word."""
+    words = word_starts(x)
+    out = torch.zeros_like(words)
+    ws = (x == 32) | ((x >= 9) & (x <= 13))
+    out[:, 1:-1] = ws[:, 1:-1] & words[:, 2:]
+    return out
+
+
 def word_start_alignment(x: torch.Tensor, starts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(word starts [B, T], word starts hit [B, T], aligned boundaries [B, T]).
 
@@ -55,25 +66,12 @@ def word_start_alignment(x: torch.Tensor, starts: torch.Tensor) -> tuple[torch.T
     all boundaries at t >= 1; recall = word starts hit / word starts.
     """
     words = word_starts(x)
-    ws = (x == 32) | ((x >= 9) & (x <= 13))
-    lead = torch.zeros_like(words)  # whitespace byte right before a word start, at t >= 1
-    lead[:, 1:-1] = ws[:, 1:-1] & words[:, 2:]
+    lead = space_before_word(x)  # whitespace byte right before a word start, at t >= 1
     hit = words.clone()
     hit[:, 1:] &= starts[:, 1:] | (lead[:, :-1] & starts[:, :-1])
     aligned = starts & (words | lead)
     aligned[:, 0] = False
     return words, hit, aligned
-
-
-def space_before_word(x: torch.Tensor) -> torch.Tensor:
-    """bool [B, T]: x_t is ASCII whitespace and x_{t+1} starts a word (t >= 1): where a chunk that
-    starts with the space before a word would begin (sentencepiece style " word"). Indentation and
-    runs of spaces count once, at the space right before the word."""
-    words = word_starts(x)
-    out = torch.zeros_like(words)
-    ws = (x == 32) | ((x >= 9) & (x <= 13))
-    out[:, 1:-1] = ws[:, 1:-1] & words[:, 2:]
-    return out
 
 
 @torch.no_grad()

@@ -37,7 +37,7 @@ from megatok.config import load_config
 from megatok.dsconfig import deepspeed_config
 from megatok.model import build_model
 from megatok.train import dist
-from megatok.train.loop import param_groups
+from megatok.train.engine import param_groups
 
 dist.init(60)
 cfg = load_config("configs/tiny.json", ["model.d_model=32", "model.n_heads=2", "train.micro_batch_size=2",

@@ -9,9 +9,10 @@ docs/method.md.
 
 ``window`` w conditions each decision on the previous w - 1 decisions (w = 1: independent
 Bernoulli per byte, the default): l_t = c tanh((f_0(h_t) + sum_{k=1}^{w-1} f_k(h_t) b_{t-k}) / c), with
-f_k linear heads on h_t (f_1.. start at zero, so every w starts as w = 1). Sampling is then
-sequential, a loop over positions of tiny vectorised steps under no_grad; the log-probabilities of
-the decisions taken are recomputed in one vectorised pass afterwards. The policy stays causal: b_t
+f_k linear heads on h_t (f_1.. start at zero, so every w starts as w = 1). Each decision then
+depends on the ones before it: they are drawn under no_grad by a parallel scan over the 2^(w-1) window
+states (megatok/boundaries/scan.py; a loop over positions for wide windows on a CPU), and the
+log-probabilities of the decisions taken are recomputed in one vectorised pass afterwards. The policy stays causal: b_t
 reads h_t and b_{<t}.
 
 Forced starts (t = 0; with document masking every SEP) are no decisions: no policy term, and a
@@ -27,7 +28,7 @@ from typing import Literal
 
 import torch
 import torch.nn.functional as F
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from torch import nn
 
 from megatok import rl
@@ -67,6 +68,15 @@ class Options(BaseModel):
     gamma_start: float | None = Field(None, ge=0, le=1, description="discount at step 0, moving linearly to gamma "
                                       "over gamma_steps optimizer steps")
     gamma_steps: int = Field(0, ge=0, description="steps of the gamma schedule (with gamma_start)")
+
+    @model_validator(mode="after")
+    def _combinations(self):
+        if self.gamma_start is not None and not self.gamma_steps:
+            raise ValueError("gamma_start needs gamma_steps > 0 (the steps over which gamma moves to its value)")
+        if self.samples > 1 and (not self.batch_baseline or self.leave_one_out or self.baseline_scope != "micro_batch"):
+            raise ValueError("samples > 1 takes each sample's baseline from the other samples of its sequence: "
+                             "batch_baseline, leave_one_out and baseline_scope do not apply (leave them at their defaults)")
+        return self
 
 
 class Strategy(BoundaryStrategy):
@@ -173,22 +183,23 @@ class Strategy(BoundaryStrategy):
             returns = rl.normalize(returns, decisions)
         weight = o.lambda_policy
         if o.start_margin is not None:
-            weight = weight * float(self._latch_start(reward, mask))
+            weight = weight * float(self._latch_start((ce_early - ce_full).detach().float() * mask, mask))
         terms["policy_loss"] = rl.policy_loss(b.log_probs, returns, decisions, weight)
         terms["rate_loss"] = rl.rate_loss(b.extra["logits"], b.probs, mask, self.target_rate, o.lambda_rate,
                                           per_sequence=o.rate_scope == "sequence")
         b.extra["rows"] = score_rows(returns, b.starts, b.probs, decisions, b.extra["sbw"])
         return terms
 
-    def _latch_start(self, reward: torch.Tensor, mask: torch.Tensor) -> bool:
+    def _latch_start(self, gap: torch.Tensor, mask: torch.Tensor) -> bool:
         """Whether the policy term is on for this micro-batch: the latch as it stood before it (so the
-        switch never depends on this batch's own samples), then updated with this batch's mean reward
-        (averaged over ranks, so every rank's latch, which checkpoints save, is the same)."""
+        switch never depends on this batch's own samples), then updated with this batch's mean
+        CE_early - CE_full (whatever the reward option; averaged over ranks, so every rank's latch, which
+        checkpoints save, is the same)."""
         if not self.training:
             return bool(self.started)
         on = bool(self.started)
         if not on:
-            sums = torch.stack([reward.sum(), mask.float().sum()]).double()
+            sums = torch.stack([gap.sum(), mask.float().sum()]).double()
             if torch.distributed.is_available() and torch.distributed.is_initialized():
                 torch.distributed.all_reduce(sums)
             self.started.fill_(bool(sums[0] / sums[1].clamp(min=1) / math.log(2) > self.options.start_margin))

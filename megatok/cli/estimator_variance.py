@@ -38,9 +38,7 @@ from pathlib import Path
 
 import torch
 
-from megatok.eval.policy_probe import fixed_batch  # noqa: E402
-
-
+from megatok.eval.policy_probe import fixed_batch
 
 GROUPS = ("boundary", "encoder", "embed")
 
@@ -209,9 +207,10 @@ def main(argv=None) -> int:
         err = e.errors()[0]
         print(f"error: --variant: {'.'.join(map(str, err['loc']))}: {err['msg']}", file=sys.stderr)
         return 2
-    if any(u.get("value_baseline") for u in variants.values()):
-        print("error: --variant: value_baseline needs a trained value head (measure it in training)", file=sys.stderr)
-        return 2
+    for key, why in (("value_baseline", "needs a trained value head"), ("start_margin", "switches the term off")):
+        if any(key in u for u in variants.values()):
+            print(f"error: --variant: {key} {why}: measure it in training", file=sys.stderr)
+            return 2
     seq_len = args.seq_len or cfg.data.seq_len
     tokens = fixed_batch(cfg, args.data, args.batch_size, seq_len)
     result = {"run": str(args.run), "checkpoint": tag, "samples": args.samples, "batch": list(tokens[:, 1:].shape),

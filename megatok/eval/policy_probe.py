@@ -115,7 +115,7 @@ def boundary_values(model, tokens: torch.Tensor, *, gamma: float, rounds: int, s
             "stderr": float(v.std() / math.sqrt(n)) if n > 1 else float("nan"),
             "p": float(probs[classes[c]].float().mean()) if probs is not None and classes[c].any() else None,
         }
-    out["chunkings"] = whole_chunkings(ce, x, real, forced, base_starts, probs, gen)
+    out["chunkings"] = whole_chunkings(ce, x, y < 256, real, forced, base_starts, probs, gen)
     if first.boundaries.probs is not None and hasattr(model.boundary, "gamma_now"):
         model.train()
         samples, model.boundary.samples = model.boundary.samples, 1  # the estimator's noise for one sample
@@ -125,14 +125,14 @@ def boundary_values(model, tokens: torch.Tensor, *, gamma: float, rounds: int, s
         from megatok import rl
 
         reward = (out_train.ce_early - out_train.ce_full).float() * (y != PAD)
-        G = rl.discounted_returns(rl.batch_baseline(reward, y != PAD), gamma)
+        G = rl.discounted_returns(rl.batch_baseline(reward, y != PAD), gamma, resets=out_train.boundaries.resets)
         dec = (y != PAD) & ~forced
         out["return_std"] = float(G[dec].std())
         model.eval()
     return out
 
 
-def whole_chunkings(ce, x, real, forced, sampled, probs, gen) -> dict:
+def whole_chunkings(ce, x, byte_targets, real, forced, sampled, probs, gen) -> dict:
     """bpb of the same bytes under whole alternative chunkings: the run's own sample, chunks at every
     space before a word (plus the forced starts), and uniform random starts at that same rate; for a
     strategy with probabilities also its threshold rule (p > 0.5). Does placement matter to this model?"""
@@ -142,10 +142,10 @@ def whole_chunkings(ce, x, real, forced, sampled, probs, gen) -> dict:
     alts = {"sampled": sampled, "space_before_word": sbw, "uniform_same_rate": uniform}
     if probs is not None:
         alts["threshold"] = finalize_starts(probs > 0.5, real, forced)
-    n = (x != PAD).sum()  # every real input has a target here (the batch is packed)
     out = {}
-    for name, starts in alts.items():
-        out[name] = {"bpb": float(ce(starts).sum() / n / math.log(2)), "rate": float(starts[real].float().mean())}
+    for name, starts in alts.items():  # bits per byte over byte targets, as everywhere (no SEP targets)
+        out[name] = {"bpb": float((ce(starts) * byte_targets).sum() / byte_targets.sum() / math.log(2)),
+                     "rate": float(starts[real].float().mean())}
     return out
 
 

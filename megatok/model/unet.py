@@ -107,9 +107,10 @@ class ByteUNet(nn.Module):
         docs = None if forced is None else forced.long().cumsum(1)  # document of each byte
 
         h = self.encoder(self.embed(x), positions, docs, kv.get("encoder"))
+        early_logits = self.early_head(self.early_norm(h))
         k = self.boundary.samples if self.training and targets is not None else 1
-        if k > 1:  # k boundary samples of every sequence, side by side; the encoder ran once
-            x, targets, real, h = (v.repeat_interleave(k, 0) for v in (x, targets, real, h))
+        if k > 1:  # k boundary samples of every sequence, side by side; the encoder and early head ran once
+            x, targets, real, h, early_logits = (v.repeat_interleave(k, 0) for v in (x, targets, real, h, early_logits))
             forced = None if forced is None else forced.repeat_interleave(k, 0)
             docs = None if docs is None else docs.repeat_interleave(k, 0)
         b = self.boundary(h, x, real, forced)
@@ -134,7 +135,6 @@ class ByteUNet(nn.Module):
         if cache is not None:
             cache.update(x=x, h=h, starts=b.starts, z=z[:, -1:])
         logits = self.head(self.out_norm(y))
-        early_logits = self.early_head(self.early_norm(h))
         out = Output(logits=logits, early_logits=early_logits, boundaries=b)
         if targets is not None:
             self._losses(out, x, targets)

@@ -41,7 +41,7 @@ class Totals:
     def add_output(self, out) -> torch.Tensor:
         finite = torch.isfinite(out.loss.detach())
         keep = finite.double()
-        for k in LOSS_TERMS:
+        for k in dict.fromkeys([*LOSS_TERMS, *out.terms]):  # the strategy's own terms too (value_loss)
             v = out.loss if k == "loss" else out.terms.get(k, torch.zeros((), device=self.device))
             self.add(k, torch.where(finite, v.detach().double(), 0.0))
         for k, v in out.stats.items():
@@ -115,7 +115,7 @@ class TrainMetrics:
         self.flops += interval
         seconds = now - self.t_last - self.t_paused
         tflops = interval / seconds / self.world / 1e12  # model FLOP/s per device
-        terms = LOSS_TERMS if self.cfg.model.kind == "unet" else ("loss", "lm_loss")
+        terms = [k for k in s if k.endswith("loss")] if self.cfg.model.kind == "unet" else ("loss", "lm_loss")
         self.last_row = {"step": step, "split": "train", **{k: s[k] / n for k in terms}, **ratios(s),
                          "lr": extra.pop("lr"), "grad_norm": extra.pop("grad_norm"),
                          "bytes_per_s": s["targets"] / seconds, "tflops_per_device": tflops,

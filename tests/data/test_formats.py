@@ -55,7 +55,7 @@ def read(paths, **kw) -> list[tuple]:
 
 
 def test_every_format_gives_the_same_documents_with_mapped_fields(tmp_path):
-    datasets = pytest.importorskip("datasets")  # a requirement; the import is slow, so only here
+    import datasets  # a requirement; the import is slow, so only here
     data = jsonl_bytes(RECORDS)
     files = {
         "jsonl": tmp_path / "a.jsonl", "jsonl.gz": tmp_path / "a.jsonl.gz", "json.gz": tmp_path / "a.json.gz",
