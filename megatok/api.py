@@ -30,7 +30,7 @@ import torch
 
 from megatok.data.documents import Document
 from megatok.data.encoding import encoding_for
-from megatok.eval.bpb import _Seeded, boundary_rule, document_windows, evaluate_documents, window_seed
+from megatok.eval.bpb import Seeded, boundary_rule, document_windows, evaluate_documents, window_seed
 from megatok.boundaries.base import row_seeds
 from megatok.generate import Generation, generate as _generate
 from megatok.run.export import is_export, load_exported
@@ -224,7 +224,7 @@ class Model:
         if len(last) - 1 == self.seq_len:
             return True
         seeds = row_seeds([window_seed(self.seed, data, len(windows) - 1)]) if self.boundary == "sample" else None
-        with _Seeded(self.seed), seeds if seeds is not None else contextlib.nullcontext():
+        with Seeded(self.seed), seeds if seeds is not None else contextlib.nullcontext():
             out = self.module(last[None].to(self.device))
         return bool(out.boundaries.starts[0, -1])
 

@@ -71,6 +71,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from megatok.config import ConfigError
+from megatok.metrics import finite_number
 from megatok.vocab import VOCAB_SIZE
 
 
@@ -278,7 +279,7 @@ def training_flops(cfg, world_size: int, rate: float | None = None) -> float:
 
 
 def _number(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    return finite_number(v) is not None
 
 
 def realised_rate(cfg, train_rows: list[dict]) -> float:

@@ -38,6 +38,22 @@ def finite_or_none(v: Any) -> Any:
     return None if isinstance(v, float) and not math.isfinite(v) else v
 
 
+def finite_number(v: Any) -> float | None:
+    """``v`` as a float when it is a finite number (not a bool), else None."""
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
+
+
+def cpu_name() -> str:
+    """The CPU's model name (/proc/cpuinfo), for the machine line of a measurement."""
+    import platform
+
+    try:
+        return next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                    if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or "unknown CPU"
+
+
 SHOWN = ("_bpb", "_bytes_per_chunk", "_bytes_per_token", "_bpb_gap", "cost_fraction")
 
 

@@ -9,11 +9,10 @@ This module holds the presets and methods, and turns finished runs into the tabl
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from megatok.metrics import read_metrics
+from megatok.metrics import finite_number, read_metrics
 
 #: The variance reduction chosen for ``policy-vr`` by the screen in docs/replication/README.md (the figures and
 #: the commands that made them are there).
@@ -73,7 +72,7 @@ def run_name(method: str, seed: int) -> str:
 # ----------------------------------------------------------------------------- reading finished runs
 
 def _mean_range(values: list[float]) -> dict:
-    vals = [v for v in values if v is not None and math.isfinite(v)]
+    vals = [v for v in map(finite_number, values) if v is not None]
     if not vals:
         return {"mean": None, "min": None, "max": None, "n": 0}
     return {"mean": sum(vals) / len(vals), "min": min(vals), "max": max(vals), "n": len(vals)}
@@ -113,7 +112,7 @@ def run_summary(run_dir: Path, method: str, seed: int) -> dict:
 
 
 def _mean(values):
-    vals = [v for v in values if isinstance(v, (int, float)) and math.isfinite(v)]
+    vals = [v for v in map(finite_number, values) if v is not None]
     return sum(vals) / len(vals) if vals else None
 
 

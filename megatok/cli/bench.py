@@ -24,7 +24,7 @@ time spent waiting for a core that others use is not counted; elsewhere it is wa
   shards built here from the Python standard library's sources) produces, over the bytes per
   second a training step of the tiny shape consumes on one rank.
 - **eval / train** and **generate / train**: bytes per second of megatok.eval.bpb.evaluate_documents
-  (what tools/evaluate.py and the head-to-head run) and of megatok.generate.generate (with the
+  (what megatok-evaluate and the head-to-head run) and of megatok.generate.generate (with the
   cache), over training's bytes per second (forward, backward and update) of the same model.
 - **head-to-head share**: the time HeadToHead.run takes (measured on ``--h2h-bytes`` of held-out
   text, scaled to the config's eval.heldout_max_bytes) over that plus the training time between two
@@ -32,7 +32,7 @@ time spent waiting for a core that others use is not counted; elsewhere it is wa
   when one is configured, is scored too whenever its checkpoint changes (not included).
 
 Training steps are plain torch (forward, backward, gradient clipping, AdamW; autocast bf16 and fused
-AdamW on a GPU), not the DeepSpeed engine: tools/gpu_check.py measures that one.
+AdamW on a GPU), not the DeepSpeed engine: megatok-gpu-check measures that one.
 """
 
 from __future__ import annotations
@@ -50,6 +50,8 @@ import time
 from pathlib import Path
 
 import torch
+
+from megatok.metrics import cpu_name
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -224,12 +226,7 @@ def environment(device: torch.device, threads: int) -> dict:
     if device.type == "cuda":
         env["gpu"] = torch.cuda.get_device_name(device)
     else:
-        try:
-            model = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                         if line.startswith("model name"))
-        except (OSError, StopIteration):
-            model = platform.processor()
-        env.update(cpu=model, cores=os.cpu_count())
+        env.update(cpu=cpu_name(), cores=os.cpu_count())
     return env
 
 

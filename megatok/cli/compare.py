@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from pathlib import Path
 
@@ -43,12 +42,9 @@ from megatok.config import ConfigError
 from megatok.data.documents import DataError, iter_documents, list_input_files
 from megatok.data.encoding import encoding_for
 from megatok.eval.bpb import boundary_rule, evaluate_documents
+from megatok.metrics import finite_number as _num
 from megatok.metrics import finite_or_none, read_metrics
 from megatok.run.reader import load_model, run_config
-
-
-def _num(v) -> float | None:
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
 
 
 def _fmt(v, spec: str) -> str:

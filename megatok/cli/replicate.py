@@ -265,16 +265,12 @@ def main(argv=None) -> int:
 
 
 def machine() -> str:
-    cpu = "unknown CPU"
-    try:
-        cpu = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                   if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
     import torch
 
+    from megatok.metrics import cpu_name
+
     gpu = f", {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else ""
-    return f"{os.cpu_count()} x {cpu}{gpu}"
+    return f"{os.cpu_count()} x {cpu_name()}{gpu}"
 
 
 if __name__ == "__main__":

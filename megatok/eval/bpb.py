@@ -39,7 +39,7 @@ def _set_eval_mode(module, mode: str) -> None:
         module.boundary.eval_mode = mode
 
 
-class _Seeded:
+class Seeded:
     """Run a block with a fixed torch seed and give the caller its RNG state back afterwards."""
 
     def __init__(self, seed: int):
@@ -70,7 +70,7 @@ def evaluate_batches(model, batches: Iterable[tuple], *, mode: str, seed: int, d
     totals: dict[str, torch.Tensor] = {}  # float64 on the device: one host sync at the end
     try:
         for index, tokens, *labels in batches:
-            with _Seeded(seed * 1_000_003 + index):
+            with Seeded(seed * 1_000_003 + index):
                 rows = row_sums(model, tokens.to(device))
             if groups:
                 g = labels[0].to(device)
@@ -152,7 +152,7 @@ def evaluate_documents(model, docs: Iterator, *, seq_len: int, batch_size: int, 
             tokens[row, :len(w)] = w
         seeds = row_seeds([window_seed(seed, text, i) for _, _, text, i in pending]) if sampled else nullcontext()
         outputs = [] if per_window is not None else None
-        with _Seeded(seed * 1_000_003 + batch_no), seeds:
+        with Seeded(seed * 1_000_003 + batch_no), seeds:
             cols = {k: v.cpu().tolist() for k, v in row_sums(model, tokens.to(device), outputs).items()}
         batch_no += 1
         if per_window is not None:

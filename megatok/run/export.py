@@ -186,10 +186,9 @@ def _publish(tmp: Path, out_dir: Path) -> None:
 
 
 def is_export(path: str | Path) -> bool:
-    """An export directory: export.json and weights (an earlier layout's config.json counts as megatok.json)."""
+    """An export directory: export.json, megatok.json and the weights (one file or an index of shards)."""
     path = Path(path)
-    return (path / INFO).is_file() and ((path / WEIGHTS).is_file() or (path / INDEX).is_file()) and \
-        ((path / CONFIG).is_file() or (path / HF_CONFIG).is_file())
+    return (path / INFO).is_file() and (path / CONFIG).is_file() and ((path / WEIGHTS).is_file() or (path / INDEX).is_file())
 
 
 def check_out_dir(out_dir: str | Path) -> None:
@@ -209,8 +208,7 @@ def exported_config(path: str | Path) -> Config:
     path = Path(path)
     if not is_export(path):
         raise FileNotFoundError(f"{path}: not a megatok export (no {INFO} with {WEIGHTS} or {INDEX})")
-    own = path / CONFIG if (path / CONFIG).is_file() else path / HF_CONFIG  # exports before megatok.json
-    return written_config(own, path.resolve(), base_first=True)
+    return written_config(path / CONFIG, path.resolve(), base_first=True)
 
 
 def exported_weights(path: str | Path, cfg: Config) -> dict[str, LazyTensor]:
@@ -230,7 +228,7 @@ def exported_weights(path: str | Path, cfg: Config) -> dict[str, LazyTensor]:
                 stored[key] = LazyTensor(torch.Size(sl.get_shape()), dtype,
                                          (lambda to, file=str(path / name), key=key: _read(file, key).to(to)))
     info = json.loads((path / INFO).read_text())
-    if info.get("format", "megatok") == "megatok":
+    if info["format"] == "megatok":
         return stored
     out = {}
     for src, parts in llama_names(cfg).items():

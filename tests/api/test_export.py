@@ -66,14 +66,6 @@ def test_the_byte_model_exports_sharded_and_loads_back(tiny_run, tmp_path):
     assert run_tool("export", "--run", tiny_run, "--out", tmp_path / "bf16", "--dtype", "bf16").returncode == 0
     assert load_file(str(tmp_path / "bf16" / "model.safetensors"))["head.weight"].dtype == torch.bfloat16
     assert {p.dtype for p in megatok.load(tmp_path / "bf16").module.parameters()} == {torch.float32}
-    # an export of the earlier layout (megatok's config as config.json, one file) still loads
-    old = tmp_path / "old"
-    assert run_tool("export", "--run", tiny_run, "--out", old).returncode == 0
-    (old / "megatok.json").rename(old / "config.json")
-    info = json.loads((old / "export.json").read_text())
-    del info["format"], info["shards"]
-    (old / "export.json").write_text(json.dumps(info))
-    assert megatok.load(old).score(TEXTS[0]) == run.score(TEXTS[0])
     r = run_tool("export", "--run", tiny_run, "--out", tmp_path / "x", "--max-shard-size", "lots")
     assert r.returncode == 2 and r.stderr.strip() == ("error: --max-shard-size: 'lots' is not a size such as 5GB, "
                                                       "500MB or a number of bytes")
