@@ -98,7 +98,11 @@ def run_summary(run_dir: Path, method: str, seed: int) -> dict:
            "bytes_seen": last.get("bytes_seen"), "flops": last.get("flops"),
            "realised_rate": _mean([r.get("boundary_rate") for r in train[len(train) // 2:]])}
     timing = run_dir / "replicate_timing.json"
-    out["wall_s"] = json.loads(timing.read_text())["seconds"] if timing.is_file() else None
+    if timing.is_file():
+        out["wall_s"] = json.loads(timing.read_text())["seconds"]
+    elif len(train) > 1:  # trained outside megatok-replicate: the rows' clock, one interval added for the first
+        span = train[-1]["time"] - train[0]["time"]
+        out["wall_s"] = span * len(train) / (len(train) - 1)
     for name in ("prose-sample", "prose-threshold", "parallel-sample"):
         f = run_dir / f"eval-{name}.json"
         if f.is_file():

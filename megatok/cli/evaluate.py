@@ -47,33 +47,42 @@ def main(argv=None) -> int:
         sys.stdout = result_out
 
 
-def _evaluate(args, result_out) -> int:
-
-    from megatok.config import ConfigError
+def evaluate_run(run: str, data: list[str], *, checkpoint: str | None = None, boundary: str = "sample",
+                 seed: int = 0, seq_len: int | None = None, batch_size: int = 8, device: str = "cpu",
+                 max_bytes: float | None = None, progress: bool = True) -> dict:
+    """What ``megatok-evaluate`` prints, as a dict: the run's checkpoint scored on ``data``. Raises
+    DataError, FileNotFoundError or ConfigError on bad input, DataError when there are no documents."""
     from megatok.data.encoding import encoding_for
     from megatok.run.reader import load_model
 
+    list_input_files([p for p in data if not Path(p, "manifest.json").is_file()])  # fail before loading
+    model, cfg, tag = load_model(run, checkpoint, device)
+    docs = read_documents(data, "val")
+    if max_bytes:
+        docs = _limit(docs, int(max_bytes))
+    bar = tqdm(unit="B", unit_scale=True, desc="evaluate", file=sys.stderr, disable=None if progress else True)
+    result = evaluate_documents(model, docs, seq_len=seq_len or cfg.data.seq_len, batch_size=batch_size,
+                                mode=boundary, seed=seed, device=device, progress=bar, encoding=encoding_for(cfg))
+    bar.close()
+    if not result["documents"]:
+        raise DataError(f"no documents in {' '.join(map(str, data))}")
+    return finite_or_none({"run": str(run), "checkpoint": tag, "kind": cfg.model.kind,
+                           "strategy": cfg.boundary.strategy if cfg.model.kind == "unet" else None,
+                           "boundary_rule": boundary_rule(boundary, seed) if cfg.model.kind == "unet" else None,
+                           **result})
+
+
+def _evaluate(args, result_out) -> int:
+    from megatok.config import ConfigError
+
     try:
-        list_input_files([p for p in args.data if not Path(p, "manifest.json").is_file()])  # fail before loading
-        model, cfg, tag = load_model(args.run, args.checkpoint, args.device)
-        docs = read_documents(args.data, "val")
-        if args.max_bytes:
-            docs = _limit(docs, int(args.max_bytes))
-        bar = tqdm(unit="B", unit_scale=True, desc="evaluate", file=sys.stderr, disable=None)
-        result = evaluate_documents(model, docs, seq_len=args.seq_len or cfg.data.seq_len,
-                                    batch_size=args.batch_size, mode=args.boundary, seed=args.seed,
-                                    device=args.device, progress=bar, encoding=encoding_for(cfg))
-        bar.close()
+        out = evaluate_run(args.run, args.data, checkpoint=args.checkpoint, boundary=args.boundary, seed=args.seed,
+                           seq_len=args.seq_len, batch_size=args.batch_size, device=args.device,
+                           max_bytes=args.max_bytes)
     except (DataError, FileNotFoundError, ConfigError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    if not result["documents"]:
-        print(f"error: no documents in {' '.join(args.data)}", file=sys.stderr)
-        return 2
-    out = {"run": str(args.run), "checkpoint": tag, "kind": cfg.model.kind,
-           "strategy": cfg.boundary.strategy if cfg.model.kind == "unet" else None,
-           "boundary_rule": boundary_rule(args.boundary, args.seed) if cfg.model.kind == "unet" else None, **result}
-    print(json.dumps(finite_or_none(out), indent=2, allow_nan=False), file=result_out)  # NaN (0 / 0): null
+    print(json.dumps(out, indent=2, allow_nan=False), file=result_out)  # NaN (0 / 0): null
     return 0
 
 

@@ -25,6 +25,7 @@ rerun the same command. Exit status 2 with one error line on bad input.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import shlex
@@ -33,8 +34,10 @@ import sys
 import time
 from pathlib import Path
 
+from megatok.cli.evaluate import evaluate_run
 from megatok.cli.sweep import CHECKOUT, finished, local_command
 from megatok.config import ConfigError, load_config
+from megatok.data.documents import DataError
 from megatok.replication import (METHODS, POLICY_METHODS, PRESETS, SENTENCES, Preset, aggregate, markdown, plots,
                                  run_name, run_summary)
 
@@ -43,14 +46,12 @@ def log(msg: str) -> None:
     print(f"replicate: {msg}", flush=True)
 
 
-def module(name: str, *args: str, capture: bool = False, **kw) -> subprocess.CompletedProcess:
-    """Run megatok.cli.<name> in a fresh interpreter (its own DeepSpeed and torch state)."""
-    cmd = [sys.executable, "-m", f"megatok.cli.{name}", *args]
-    res = subprocess.run(cmd, capture_output=capture, text=True, **kw)
-    if res.returncode:
-        detail = (res.stderr or "").strip().splitlines()[-1:] if capture else []
-        raise RuntimeError(f"{shlex.join(cmd)} failed (exit {res.returncode}){': ' + detail[0] if detail else ''}")
-    return res
+def command(name: str, *args) -> None:
+    """megatok-<name> with these arguments, in this process (training alone runs in its own processes)."""
+    args = [str(a) for a in args]
+    rc = importlib.import_module(f"megatok.cli.{name}").main(args)
+    if rc:
+        raise RuntimeError(f"megatok-{name.replace('_', '-')} {shlex.join(args)} failed (exit {rc}; its error is above)")
 
 
 # ----------------------------------------------------------------------------- data
@@ -93,15 +94,15 @@ def prepare_data(preset: Preset, work: Path, args) -> dict:
         cache = ["--cache", str(work.parent / ".cache")]
         if not Path(heldout[0]).is_file():
             log("building the prose corpus (megatok-make-corpus --preset prose)")
-            module("make_corpus", "--preset", "prose", "--out", str(data / "prose.jsonl.gz"),
+            command("make_corpus", "--preset", "prose", "--out", str(data / "prose.jsonl.gz"),
                    "--heldout-out", heldout[0], *cache)
         if not Path(parallel[0]).is_file():
             log("building the parallel UDHR held-out set")
-            module("make_corpus", "--sources", "udhr", "--out", str(data / "udhr.jsonl.gz"),
+            command("make_corpus", "--sources", "udhr", "--out", str(data / "udhr.jsonl.gz"),
                    "--heldout-out", parallel[0], *cache)
         if not (shards / "manifest.json").is_file():
             log("building shards")
-            module("build_shards", str(data / "prose.jsonl.gz"), "--out", str(shards), "--val-fraction", "0.01",
+            command("build_shards", str(data / "prose.jsonl.gz"), "--out", str(shards), "--val-fraction", "0.01",
                    "--num-shards", "8", "--no-progress")
         shards = str(shards)
     eval_prose = data / "eval_prose.jsonl"
@@ -128,11 +129,11 @@ def write_configs(preset: Preset, work: Path, data: dict, seeds: list[int], meth
             if m == "bpe":
                 if not (tok / "tokenizer.model").is_file():
                     log(f"training the BPE tokenizer ({preset.bpe_vocab} pieces) on {data['shards']}")
-                    module("train_bpe", "--data", data["shards"], "--vocab-size", str(preset.bpe_vocab),
+                    command("train_bpe", "--data", data["shards"], "--vocab-size", str(preset.bpe_vocab),
                            "--out", str(tok), "--heldout", *data["heldout"], *data["parallel"])
                 if not path.is_file():
-                    module("match_bpe", "--config", config, "--tokenizer", str(tok), "--out", str(path),
-                           "--run-dir", str(run_dir), "--set", *common, capture=True)
+                    command("match_bpe", "--config", config, "--tokenizer", str(tok), "--out", str(path),
+                            "--run-dir", str(run_dir), "--set", *common)
                 cfg = load_config(str(path), world_size=nproc)
             else:
                 cfg = load_config(config, overrides=common + METHODS[m][0], world_size=nproc)
@@ -176,10 +177,12 @@ def evaluate(run: dict, data: dict) -> None:
         if out.is_file() and json.loads(out.read_text()).get("checkpoint") == latest:
             continue
         log(f"{run['name']}: evaluating on {name}")
-        res = module("evaluate", "--run", str(run_dir), "--data", *files, "--boundary", rule, "--seed", "0",
-                     capture=True)
+        try:
+            res = evaluate_run(str(run_dir), files, boundary=rule, seed=0, progress=False)
+        except (DataError, FileNotFoundError, ConfigError) as e:
+            raise RuntimeError(f"evaluating {run['name']} on {name}: {e}") from None
         tmp = out.with_suffix(".tmp")
-        tmp.write_text(res.stdout)
+        tmp.write_text(json.dumps(res, indent=2, allow_nan=False) + "\n")
         os.replace(tmp, out)
 
 
@@ -193,9 +196,9 @@ def boundaries_picture(runs: list[dict], out: Path, tokenizer: Path) -> None:
     args = [a for m in firsts for a in ("--run", firsts[m])]
     if (tokenizer / "tokenizer.model").is_file():
         args += ["--strategy", f"bpe:model_path={tokenizer / 'tokenizer.model'}"]
-    module("show_boundaries", *args, "--text", SENTENCES, "--out", str(out / "boundaries"),
-           "--title", "chunk starts: " + ", ".join(firsts) + (", BPE tokens" if "--strategy" in args else "")
-           + " (sampled, seed 0)", capture=True)
+    command("show_boundaries", *args, "--text", SENTENCES, "--out", out / "boundaries",
+            "--title", "chunk starts: " + ", ".join(firsts) + (", BPE tokens" if "--strategy" in args else "")
+            + " (sampled, seed 0)")
 
 
 # ----------------------------------------------------------------------------- main
@@ -234,7 +237,7 @@ def main(argv=None) -> int:
     try:
         data = prepare_data(preset, work, args)
         runs = write_configs(preset, work, data, seeds, args.methods, args.overrides, nproc)
-    except (ConfigError, RuntimeError, OSError) as e:
+    except (ConfigError, DataError, RuntimeError, OSError) as e:
         print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
     out.mkdir(parents=True, exist_ok=True)
