@@ -11,7 +11,7 @@ docs/method.md.
 Bernoulli per byte, the default): l_t = c tanh((f_0(h_t) + sum_{k=1}^{w-1} f_k(h_t) b_{t-k}) / c), with
 f_k linear heads on h_t (f_1.. start at zero, so every w starts as w = 1). Each decision then
 depends on the ones before it: they are drawn under no_grad by a parallel scan over the 2^(w-1) window
-states (megatok/boundaries/scan.py; a loop over positions for wide windows on a CPU), and the
+states (megatok/boundaries/_scan.py; a loop over positions for wide windows on a CPU), and the
 log-probabilities of the decisions taken are recomputed in one vectorised pass afterwards. The policy stays causal: b_t
 reads h_t and b_{<t}.
 
@@ -131,8 +131,8 @@ class Strategy(BoundaryStrategy):
 
     def _draw(self, h: torch.Tensor, mask: torch.Tensor, mode: str, forced: torch.Tensor) -> torch.Tensor:
         """Decisions for window > 1, each reading the ones before it: a parallel scan over positions
-        (megatok.boundaries.scan.draw; its per-position loop, draw_loop, is the reference)."""
-        from megatok.boundaries import scan
+        (megatok.boundaries._scan.draw; its per-position loop, draw_loop, is the reference)."""
+        from megatok.boundaries import _scan as scan
 
         with torch.no_grad():
             base = self.head(h).squeeze(-1).float()

@@ -1,4 +1,4 @@
-"""The window > 1 policy's scan (megatok.boundaries.scan.draw_scan) takes exactly the decisions of the
+"""The window > 1 policy's scan (megatok.boundaries._scan.draw_scan) takes exactly the decisions of the
 per-position loop (draw_loop, the reference), in both modes, with forced starts and padding, whatever
 the block length; and the policy draws through it."""
 
@@ -7,7 +7,7 @@ import torch
 
 from megatok.boundaries import build_strategy
 from megatok.boundaries.base import forced_starts
-from megatok.boundaries.scan import MAX_SCAN_WINDOW, draw, draw_loop, draw_scan
+from megatok.boundaries._scan import MAX_SCAN_WINDOW, draw, draw_loop, draw_scan
 
 
 def case(seed: int, B: int, T: int, w: int):

@@ -92,7 +92,7 @@ def test_estimator_variance_reports_every_gamma(policy_run, tmp_path):
 def test_estimator_variance_compares_estimator_variants(policy_run, tmp_path):
     out = tmp_path / "ev"
     r = tool("estimator_variance", "--run", policy_run, "--samples", 3, "--batch-size", 2, "--variant", "published=",
-             "--variant", "pairs=samples:2", "--variant", "loo=leave_one_out:true,gamma:0.9", "--out", out)
+             "--variant", "pairs=samples:2,batch_baseline:true", "--variant", "loo=leave_one_out:true,gamma:0.9", "--out", out)
     assert r.returncode == 0, r.stderr[-2000:]
     v = json.loads(out.with_suffix(".json").read_text())["variants"]
     assert list(v) == ["published", "pairs", "loo"]
