@@ -36,7 +36,7 @@ from pathlib import Path
 
 from megatok.cli.evaluate import evaluate_run
 from megatok.cli.sweep import CHECKOUT, finished, local_command
-from megatok.config import ConfigError, load_config
+from megatok.config import ConfigError, find_config, load_config
 from megatok.data.documents import DataError
 from megatok.replication import (METHODS, POLICY_METHODS, PRESETS, SENTENCES, Preset, aggregate, markdown, plots,
                                  run_name, run_summary)
@@ -117,7 +117,7 @@ def write_configs(preset: Preset, work: Path, data: dict, seeds: list[int], meth
                   extra: list[str], nproc: int) -> list[dict]:
     """One complete config per (method, seed), validated for ``nproc`` ranks before anything trains."""
     runs = []
-    config = str(CHECKOUT / preset.config)
+    config = str(CHECKOUT / preset.config if (CHECKOUT / preset.config).is_file() else find_config(preset.config))
     tok = work / "bpe-tokenizer"
     for seed in seeds:
         for m in methods:
@@ -239,6 +239,10 @@ def main(argv=None) -> int:
         runs = write_configs(preset, work, data, seeds, args.methods, args.overrides, nproc)
     except (ConfigError, DataError, RuntimeError, OSError) as e:
         print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
+        return 2
+    if not (CHECKOUT / "launch/pretrain.py").is_file() and not all(finished(r) for r in runs):
+        print(f"error: megatok-replicate trains with launch/pretrain.py of a megatok checkout; there is none in "
+              f"{CHECKOUT} (run it from a clone: bash tools/setup.sh installs megatok editable)", file=sys.stderr)
         return 2
     out.mkdir(parents=True, exist_ok=True)
     try:
