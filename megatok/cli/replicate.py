@@ -19,12 +19,15 @@ bpb_vs_flops.png, alignment.png, boundaries.png/.html (every method on the same 
 
 It resumes: data, tokenizer and configs are reused, finished runs are skipped, an interrupted run resumes
 from its last checkpoint, evaluations already made for a run's final checkpoint are kept. Kill it and
-rerun the same command. Exit status 2 with one error line on bad input.
+rerun the same command. Across sessions (a fresh clone, whose --work is gone) the runs recorded in
+OUT/results.json with the same config are kept instead of trained again, so a study committed half
+done goes on where it stopped. Exit status 2 with one error line on bad input.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import importlib
 import json
 import os
@@ -144,8 +147,27 @@ def write_configs(preset: Preset, work: Path, data: dict, seeds: list[int], meth
                     tmp.write_text(json.dumps(raw, indent=2) + "\n")
                     os.replace(tmp, path)
             runs.append({"name": name, "method": m, "seed": seed, "config": str(path), "run_dir": str(run_dir),
-                         "max_steps": cfg.train.max_steps})
+                         "max_steps": cfg.train.max_steps, "digest": config_digest(cfg)})
     return runs
+
+
+def config_digest(cfg) -> str:
+    """What makes two runs the same experiment: the resolved config without where its files are."""
+    raw = cfg.to_dict()
+    raw["train"].pop("run_dir", None)
+    raw["data"].pop("shards", None)
+    raw["model"].pop("tokenizer", None)
+    return hashlib.sha256(json.dumps(raw, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def earlier_results(out: Path) -> dict:
+    """{(method, seed): summary} of the runs an earlier invocation recorded in OUT/results.json: a study
+    that spans sessions keeps them when their run directories are gone (a fresh checkout)."""
+    try:
+        runs = json.loads((out / "results.json").read_text())["runs"]
+    except (OSError, ValueError, KeyError):
+        return {}
+    return {(r["method"], r["seed"]): r for r in runs if r.get("config_digest") and "prose-sample" in r}
 
 
 def train(run: dict, nproc: int) -> None:
@@ -187,11 +209,13 @@ def evaluate(run: dict, data: dict) -> None:
 
 
 def boundaries_picture(runs: list[dict], out: Path, tokenizer: Path) -> None:
+    """Every byte method's first finished run on SENTENCES (kept as it is while some method's runs were
+    only kept from an earlier session: their models are not here to draw)."""
     firsts = {}
     for r in runs:
         if r["method"] != "bpe" and r["method"] not in firsts and finished(r):
             firsts[r["method"]] = r["run_dir"]
-    if not firsts:
+    if not firsts or len(firsts) < len({r["method"] for r in runs if r["method"] != "bpe"}):
         return
     args = [a for m in firsts for a in ("--run", firsts[m])]
     if (tokenizer / "tokenizer.model").is_file():
@@ -245,10 +269,16 @@ def main(argv=None) -> int:
               f"{CHECKOUT} (run it from a clone: bash tools/setup.sh installs megatok editable)", file=sys.stderr)
         return 2
     out.mkdir(parents=True, exist_ok=True)
+    earlier = earlier_results(out)
     try:
         for i, run in enumerate(runs, 1):
+            kept = earlier.get((run["method"], run["seed"]))
             if finished(run):
                 log(f"[{i}/{len(runs)}] {run['name']}: finished already")
+            elif kept is not None and kept["config_digest"] == run["digest"]:
+                log(f"[{i}/{len(runs)}] {run['name']}: kept from {out / 'results.json'} (its run directory is gone)")
+                run["kept"] = kept
+                continue
             else:
                 log(f"[{i}/{len(runs)}] {run['name']}: training")
                 train(run, nproc)
@@ -257,7 +287,8 @@ def main(argv=None) -> int:
     except RuntimeError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    summaries = [run_summary(Path(r["run_dir"]), r["method"], r["seed"]) for r in runs]
+    summaries = [r["kept"] if "kept" in r else {**run_summary(Path(r["run_dir"]), r["method"], r["seed"]),
+                                                "config_digest": r["digest"]} for r in runs]
     agg = aggregate(summaries, args.methods)
     command = "megatok-replicate " + shlex.join(argv if argv is not None else sys.argv[1:])
     header = (f"# Replication study: preset {preset.name}\n\n{preset.description}. {len(seeds)} seed(s). "

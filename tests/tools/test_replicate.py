@@ -2,6 +2,7 @@
 second invocation resumes (finished runs are not trained again; a new method is added to the same table)."""
 
 import json
+import shutil
 import subprocess
 import sys
 
@@ -59,13 +60,23 @@ def test_the_toy_preset_trains_evaluates_and_reports(study):
         assert (out / f).stat().st_size > 0, f
 
 
-def test_a_second_invocation_resumes_without_retraining(study):
+def test_a_second_invocation_resumes_without_retraining(study, shards):
     tmp, first, second = study
     assert "policy-seed0: training" in first.stdout and "uniform-seed0: training" in first.stdout
     assert "policy-seed0: finished already" in second.stdout
     assert "uniform-seed0: finished already" in second.stdout
     assert "bpe-seed0: training" in second.stdout
     assert "policy-seed0: evaluating" not in second.stdout  # its evaluations were kept
+    # a later session: the run directories are gone, results.json keeps what they gave
+    shutil.rmtree(tmp / "work" / "runs" / "uniform-seed0")
+    before = json.loads((tmp / "out" / "results.json").read_text())
+    data = ["--shards", shards, "--heldout", tmp / "heldout_prose.jsonl", "--parallel", tmp / "parallel.jsonl"]
+    third = replicate("--preset", "toy", "--out", tmp / "out", "--work", tmp / "work", "--methods",
+                      "policy,uniform,bpe", *data)
+    assert third.returncode == 0, third.stderr[-2000:]
+    assert "uniform-seed0: kept from" in third.stdout and "uniform-seed0: training" not in third.stdout
+    after = json.loads((tmp / "out" / "results.json").read_text())
+    assert after["aggregate"]["uniform"] == before["aggregate"]["uniform"]
     bad = replicate("--preset", "toy", "--out", tmp / "out2", "--work", tmp / "work2", "--shards", tmp / "x",
                     "--heldout", "y")
     assert bad.returncode == 2 and bad.stderr.startswith("error: --shards") and bad.stderr.count("\n") == 1
