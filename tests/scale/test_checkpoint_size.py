@@ -77,11 +77,15 @@ def test_estimate_matches_the_files_a_run_writes(tmp_path, shards, stage, bf16, 
     assert r.returncode == 0 and f"measured: {ckpt}: " in r.stdout and f"estimate for ZeRO-{stage} on {ranks} rank(s)" in r.stdout
 
 
-def test_model_size_run_errors_are_one_line(tmp_path, tiny_run):
-    r = run_tool("model_size", "--run", tmp_path / "nowhere")
-    assert r.returncode == 2 and r.stderr.strip().startswith("error: ") and "no config.json" in r.stderr
-    assert "Traceback" not in r.stderr
-    r = run_tool("model_size", "--run", tiny_run, "--tag", "step00000099")
-    assert r.returncode == 2 and "step00000099" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
-    r = run_tool("model_size", "--run", tiny_run)
-    assert r.returncode == 0 and "measured: " in r.stdout and "step00000003" in r.stdout, r.stderr[-2000:]
+def test_model_size_run_errors_are_one_line(tmp_path, tiny_run, capsys):
+    from megatok.cli.model_size import main  # in this process: three interpreter starts cost more than the test
+
+    assert main(["--run", str(tmp_path / "nowhere")]) == 2
+    err = capsys.readouterr().err
+    assert err.strip().startswith("error: ") and "no config.json" in err and "Traceback" not in err
+    assert main(["--run", str(tiny_run), "--tag", "step00000099"]) == 2
+    err = capsys.readouterr().err
+    assert "step00000099" in err and len(err.strip().splitlines()) == 1, err
+    assert main(["--run", str(tiny_run)]) == 0
+    out = capsys.readouterr().out
+    assert "measured: " in out and "step00000003" in out

@@ -33,7 +33,7 @@ def study(shards, tmp_path_factory):
     first = replicate("--preset", "toy", "--out", tmp / "out", "--work", tmp / "work", "--methods",
                       "policy,uniform", *data)
     second = replicate("--preset", "toy", "--out", tmp / "out", "--work", tmp / "work", "--methods",
-                       "policy,uniform,bpe", *data)
+                       "policy,uniform,fixed", *data)
     return tmp, first, second
 
 
@@ -44,18 +44,18 @@ def test_the_toy_preset_trains_evaluates_and_reports(study):
     out = tmp / "out"
     result = json.loads((out / "results.json").read_text())
     agg = result["aggregate"]
-    assert list(agg) == ["policy", "uniform", "bpe"]
+    assert list(agg) == ["policy", "uniform", "fixed"]
     for m, e in agg.items():
         assert 0 < e["bpb"]["mean"] < 12, m
         assert e["flops"]["mean"] > 0 and e["wall_s"]["mean"] > 0
         assert e["by_lang"].keys() == PARALLEL.keys()
         assert set(e["by_domain"]) == {"docs", "speech"}
-    assert agg["bpe"]["bytes_per_unit"]["mean"] > 1  # bytes per token
+    assert agg["fixed"]["bytes_per_unit"]["mean"] == pytest.approx(5, rel=0.1)  # a chunk every 5 bytes
     assert "threshold" in agg["policy"] and "threshold" not in agg["uniform"]
     runs = {r["method"]: r for r in result["runs"]}
     assert runs["policy"]["bytes_seen"] == runs["uniform"]["bytes_seen"]  # the same bytes for every method
     text = (out / "results.md").read_text()
-    assert "| bpe |" in text and "## Parallel multilingual text" in text and "## Verdict" in text
+    assert "| fixed |" in text and "## Parallel multilingual text" in text and "## Verdict" in text
     for f in ("bpb_vs_flops.png", "alignment.png", "boundaries.png", "boundaries.html", "command.txt"):
         assert (out / f).stat().st_size > 0, f
 
@@ -65,14 +65,14 @@ def test_a_second_invocation_resumes_without_retraining(study, shards):
     assert "policy-seed0: training" in first.stdout and "uniform-seed0: training" in first.stdout
     assert "policy-seed0: finished already" in second.stdout
     assert "uniform-seed0: finished already" in second.stdout
-    assert "bpe-seed0: training" in second.stdout
+    assert "fixed-seed0: training" in second.stdout
     assert "policy-seed0: evaluating" not in second.stdout  # its evaluations were kept
     # a later session: the run directories are gone, results.json keeps what they gave
     shutil.rmtree(tmp / "work" / "runs" / "uniform-seed0")
     before = json.loads((tmp / "out" / "results.json").read_text())
     data = ["--shards", shards, "--heldout", tmp / "heldout_prose.jsonl", "--parallel", tmp / "parallel.jsonl"]
     third = replicate("--preset", "toy", "--out", tmp / "out", "--work", tmp / "work", "--methods",
-                      "policy,uniform,bpe", *data)
+                      "policy,uniform,fixed", *data)
     assert third.returncode == 0, third.stderr[-2000:]
     assert "uniform-seed0: kept from" in third.stdout and "uniform-seed0: training" not in third.stdout
     after = json.loads((tmp / "out" / "results.json").read_text())
@@ -100,13 +100,20 @@ def test_the_verdict_says_what_the_figures_say():
     assert set(PRESETS["cpu-small"].methods) == set(METHODS)
 
 
-def test_configs_are_written_for_the_ranks_that_train_them(tmp_path):
+def test_configs_are_written_for_the_ranks_that_train_them(tmp_path, shards):
     """cpu-small trains on 2 ranks: every config loads for 2 ranks (train.grad_accum is derived, not frozen
-    at the world size of the process that wrote it), differs only where the method does, and keeps the bytes."""
+    at the world size of the process that wrote it), differs only where the method does, and keeps the bytes;
+    the BPE token model's tokenizer is trained on the shards and its window covers the same bytes."""
     from megatok.cli.replicate import write_configs
     from megatok.config import load_config
 
-    data = {"shards": str(tmp_path / "shards"), "heldout": [], "parallel": []}
+    heldout = tmp_path / "heldout.jsonl"
+    heldout.write_text(json.dumps({"text": "A held-out sentence.", "domain": "speech"}) + "\n")
+    data = {"shards": str(shards), "heldout": [str(heldout)], "parallel": []}
+    bpe = write_configs(PRESETS["toy"], tmp_path, data, [0], ["bpe"], [], PRESETS["toy"].nproc)[0]
+    cfg = load_config(bpe["config"], world_size=PRESETS["toy"].nproc)
+    assert cfg.model.kind == "bpe" and (tmp_path / "bpe-tokenizer" / "tokenizer.model").is_file()
+    assert cfg.data.seq_len * cfg.model.bytes_per_token == pytest.approx(128, rel=0.05)  # toy's 128-byte window
     runs = write_configs(PRESETS["cpu-small"], tmp_path, data, [0, 1], ["policy", "policy-vr", "hnet"], [], 2)
     assert [r["name"] for r in runs] == ["policy-seed0", "policy-vr-seed0", "hnet-seed0", "policy-seed1",
                                          "policy-vr-seed1", "hnet-seed1"]
