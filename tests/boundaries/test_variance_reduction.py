@@ -205,7 +205,7 @@ def test_the_score_snr_figures_against_a_loop():
     G = reference_returns(rl.batch_baseline((ce_early - ce_full) * mask, mask).double(), 0.9)
     sbw = space_before_word(x) & mask
     for cls, sel in (("sbw", sbw), ("other", ~sbw)):
-        u = [float(G[i, t] * (float(b.starts[i, t]) - float(b.probs[i, t])))
+        u = [float(G[i, t] * (float(b.starts[i, t]) - float(b.probs.detach()[i, t])))
              for i in range(4) for t in range(1, 12) if mask[i, t] and sel[i, t]]
         assert rows[f"{cls}_decisions"].sum().item() == len(u)
         s = {f"score_{c}": rows[f"score_{c}"].sum() for c in ("sbw", "other")}
