@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
-# The GPU figures in one call on a lent GPU, within about 8 minutes: megatok-gpu-check (bf16 MFU of
+# The GPU figures in one call on one GPU, within about 8 minutes: megatok-gpu-check (bf16 MFU of
 # 100m and 1b under DeepSpeed, the document mask's cost, compile's gain, the trainer's resume check) and
 # the benchmark (megatok-bench: its ratios on the GPU, FlexAttention against the dense
 # document mask, the chunk capacity without a host sync), each writing JSON and a log to $OUT.
 #
 #   here, once (the GPU image has torch but not pydantic, webdataset, deepspeed):
 #       PY=.venv/bin/python bash tools/gpu_wheels.sh                      # -> .whl/
-#   the call (the device tool):
-#       run  command: bash tools/gpu_bench.sh   carry: [".whl"]   timeout_s: 590
-#   what comes back: $OUT/gpu_check.json, gpu_check.log, bench.json, bench.log, environment.txt
+#   there, in a copy of the checkout with .whl/ (under 10 minutes):
+#       OUT=DIR bash tools/gpu_bench.sh
+#   what it writes: $OUT/gpu_check.json, gpu_check.log, bench.json, bench.log, environment.txt
 #
 # Each part has a budget and keeps what it measured when it runs out (gpu_check writes its JSON after every
 # section, the bench after its last round), so one part failing or running long costs the other nothing.

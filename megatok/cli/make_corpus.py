@@ -222,6 +222,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--preset", choices=["default", "prose"], default="default",
                    help="'prose': English prose only (the replication corpus, megatok/data/prose.py), "
                         "40 MB by default, with --heldout-out holding out whole documents of every source")
+    p.add_argument("--strict", action="store_true",
+                   help="--preset prose: exit 2 if any source is missing instead of building without it "
+                        "(a study's corpus must not change with what happens to be installed)")
     p.add_argument("--heldout-fraction", type=float, default=0.02,
                    help="--preset prose: fraction of each source's documents held out (default 0.02)")
     p.add_argument("--cache", type=Path, default=Path("data/.cache"),
@@ -295,8 +298,7 @@ def write_heldout(args) -> int:
     return 0
 
 
-def build_prose(cache: Path, max_bytes: int, offline: bool, heldout_fraction: float,
-                pydoc_dir: Path = prose.PYDOC_DIR, linuxdoc_dir: Path = prose.LINUXDOC_DIR):
+def build_prose(cache: Path, max_bytes: int, offline: bool, heldout_fraction: float):
     """({source: training documents}, held-out documents) for --preset prose. Held-out documents are
     chosen before the budget, so they are the same at any --max-mb."""
     by_source, heldout, used = {}, [], 0
@@ -310,8 +312,8 @@ def build_prose(cache: Path, max_bytes: int, offline: bool, heldout_fraction: fl
                       "canterbury": prose.read_canterbury}[name]
             docs = reader(path) if path else []
         else:
-            root, suffixes = ((pydoc_dir, (".rst.txt",)) if name == "pydoc"
-                              else (linuxdoc_dir, (".rst.gz", ".txt.gz", ".rst", ".txt")))
+            root, suffixes = ((prose.PYDOC_DIR, (".rst.txt",)) if name == "pydoc"
+                              else (prose.LINUXDOC_DIR, (".rst.gz", ".txt.gz", ".rst", ".txt")))
             if not root.is_dir():
                 warn(f"source '{name}' skipped: {root} not found (apt-get install {prose.DEBIAN_PACKAGES[name]})")
                 docs = []
@@ -330,6 +332,11 @@ def main_prose(args) -> int:
     t0 = time.perf_counter()
     by_source, heldout = build_prose(args.cache, int(args.max_mb * MB), args.offline, args.heldout_fraction)
     docs = [d for name in prose.PROSE_SOURCES for d in by_source[name]]
+    missing = [name for name in prose.PROSE_SOURCES if not by_source[name]]
+    if args.strict and missing:
+        print(f"error: --preset prose --strict: no text from source(s) {', '.join(missing)} (see the warnings "
+              f"above); nothing written", file=sys.stderr)
+        return 2
     if not docs:
         print("error: no text collected for --preset prose (see warnings above)", file=sys.stderr)
         return 2

@@ -97,7 +97,7 @@ def prepare_data(preset: Preset, work: Path, args) -> dict:
         cache = ["--cache", str(work.parent / ".cache")]
         if not Path(heldout[0]).is_file():
             log("building the prose corpus (megatok-make-corpus --preset prose)")
-            command("make_corpus", "--preset", "prose", "--out", str(data / "prose.jsonl.gz"),
+            command("make_corpus", "--preset", "prose", "--strict", "--out", str(data / "prose.jsonl.gz"),
                    "--heldout-out", heldout[0], *cache)
         if not Path(parallel[0]).is_file():
             log("building the parallel UDHR held-out set")
