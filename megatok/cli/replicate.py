@@ -16,6 +16,8 @@ the BPE model's window covers the same bytes) and equal FLOPs per byte at infere
 Outputs in --out: results.json (every figure, per run and aggregated), results.md (tables: held-out prose,
 verdict, threshold rule, time to alignment, per domain, per language with max/min disparity),
 bpb_vs_flops.png, alignment.png, boundaries.png/.html (every method on the same sentences), command.txt.
+They are rewritten after every run, so a study stopped part way has the tables of the runs it finished
+(the header says how many); boundaries.png comes at the end.
 
 It resumes: data, tokenizer and configs are reused, finished runs are skipped, an interrupted run resumes
 from its last checkpoint, evaluations already made for a run's final checkpoint are kept. Kill it and
@@ -270,36 +272,51 @@ def main(argv=None) -> int:
         return 2
     out.mkdir(parents=True, exist_ok=True)
     earlier = earlier_results(out)
+    for run in runs:  # decided up front, so a report written part way keeps them too
+        kept = earlier.get((run["method"], run["seed"]))
+        if not finished(run) and kept is not None and kept["config_digest"] == run["digest"]:
+            run["kept"] = kept
+    command = "megatok-replicate " + shlex.join(argv if argv is not None else sys.argv[1:])
     try:
         for i, run in enumerate(runs, 1):
-            kept = earlier.get((run["method"], run["seed"]))
+            if "kept" in run:
+                log(f"[{i}/{len(runs)}] {run['name']}: kept from {out / 'results.json'} (its run directory is gone)")
+                continue
             if finished(run):
                 log(f"[{i}/{len(runs)}] {run['name']}: finished already")
-            elif kept is not None and kept["config_digest"] == run["digest"]:
-                log(f"[{i}/{len(runs)}] {run['name']}: kept from {out / 'results.json'} (its run directory is gone)")
-                run["kept"] = kept
-                continue
             else:
                 log(f"[{i}/{len(runs)}] {run['name']}: training")
                 train(run, nproc)
             evaluate(run, data)
+            run["evaluated"] = True
+            if i < len(runs):  # the tables so far: a kill or a session's end keeps every finished run
+                report(runs, args.methods, preset, seeds, out, command)
         boundaries_picture(runs, out, work / "bpe-tokenizer")
     except RuntimeError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    summaries = [r["kept"] if "kept" in r else {**run_summary(Path(r["run_dir"]), r["method"], r["seed"]),
-                                                "config_digest": r["digest"]} for r in runs]
-    agg = aggregate(summaries, args.methods)
-    command = "megatok-replicate " + shlex.join(argv if argv is not None else sys.argv[1:])
-    header = (f"# Replication study: preset {preset.name}\n\n{preset.description}. {len(seeds)} seed(s). "
-              f"Command: `{command}`. Date: {time.strftime('%Y-%m-%d')}. Machine: {machine()}.")
-    (out / "results.json").write_text(json.dumps({"preset": preset.name, "seeds": seeds, "command": command,
-                                                  "aggregate": agg, "runs": summaries}, indent=1) + "\n")
-    (out / "results.md").write_text(markdown(agg, preset, header))
-    (out / "command.txt").write_text(command + "\n")
-    written = plots(summaries, agg, out)
+    written = report(runs, args.methods, preset, seeds, out, command)
     log(f"wrote {out / 'results.md'}, results.json, {', '.join(written)}")
     return 0
+
+
+def report(runs: list[dict], methods: list[str], preset: Preset, seeds: list[int], out: Path,
+           command: str) -> list[str]:
+    """results.json, results.md, command.txt and the plots for the runs evaluated or kept so far."""
+    done = [r for r in runs if "kept" in r or r.get("evaluated")]
+    summaries = [r["kept"] if "kept" in r else {**run_summary(Path(r["run_dir"]), r["method"], r["seed"]),
+                                                "config_digest": r["digest"]} for r in done]
+    agg = aggregate(summaries, methods)
+    progress = "" if len(done) == len(runs) else f" {len(done)} of the {len(runs)} runs finished so far."
+    header = (f"# Replication study: preset {preset.name}\n\n{preset.description}. {len(seeds)} seed(s).{progress} "
+              f"Command: `{command}`. Date: {time.strftime('%Y-%m-%d')}. Machine: {machine()}.")
+    for name, text in (("results.json", json.dumps({"preset": preset.name, "seeds": seeds, "command": command,
+                                                    "aggregate": agg, "runs": summaries}, indent=1) + "\n"),
+                       ("results.md", markdown(agg, preset, header)), ("command.txt", command + "\n")):
+        tmp = out / f".{name}.tmp"  # replaced whole: a kill never leaves a torn results.json
+        tmp.write_text(text)
+        os.replace(tmp, out / name)
+    return plots(summaries, agg, out)
 
 
 def machine() -> str:

@@ -83,6 +83,28 @@ def test_a_second_invocation_resumes_without_retraining(study, shards):
     assert not (tmp / "work2" / "runs").exists()
 
 
+def test_a_study_stopped_part_way_keeps_the_tables_of_its_finished_runs(study, shards, monkeypatch, capsys):
+    """The tables are rewritten after every run: when a later run fails (or the study is killed, or a
+    session ends), results.json and results.md hold every run finished so far, and say how many."""
+    from megatok.cli import replicate as cli
+
+    def fail(run, nproc):
+        raise RuntimeError(f"{run['name']} failed with exit code 1; rerun the same command to resume it")
+
+    tmp = study[0]
+    monkeypatch.setattr(cli, "train", fail)
+    data = ["--shards", str(shards), "--heldout", str(tmp / "heldout_prose.jsonl"), "--parallel",
+            str(tmp / "parallel.jsonl")]
+    rc = cli.main(["--preset", "toy", "--out", str(tmp / "out"), "--work", str(tmp / "work"), "--methods",
+                   "policy,uniform,fixed,whitespace", *data])
+    assert rc == 1 and "error: whitespace-seed0 failed" in capsys.readouterr().err
+    result = json.loads((tmp / "out" / "results.json").read_text())
+    assert [r["method"] for r in result["runs"]] == ["policy", "uniform", "fixed"]
+    assert list(result["aggregate"]) == ["policy", "uniform", "fixed"]
+    assert "3 of the 4 runs finished so far" in (tmp / "out" / "results.md").read_text()
+    assert not list((tmp / "out").glob(".*.tmp"))
+
+
 def test_the_verdict_says_what_the_figures_say():
     def agg(frac, bpb):
         return {"sbw_boundary_fraction": {"mean": frac}, "bpb": {"mean": sum(bpb) / len(bpb), "min": min(bpb),
