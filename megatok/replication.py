@@ -190,7 +190,7 @@ def verdict(agg: dict) -> list[str]:
             if base in agg and agg[m]["bpb"]["mean"] is not None and agg[base]["bpb"]["mean"] is not None:
                 a, b = agg[m]["bpb"], agg[base]["bpb"]
                 gap = b["mean"] - a["mean"]
-                figures = f"{a['mean']:.4f} against {b['mean']:.4f} (difference {gap:+.4f}"
+                figures = f"{a['mean']:.4f} against {b['mean']:.4f} ({m} {'lower' if gap > 0 else 'higher'} by {abs(gap):.4f}"
                 if min(a["n"], b["n"]) < 2:
                     lines.append(f"- {m} against {base} on held-out prose bpb: {figures}); one seed, so no spread "
                                  f"to compare the difference with.")

@@ -114,7 +114,7 @@ def test_the_verdict_says_what_the_figures_say():
                      "fixed": agg(0.2, [3.01, 3.03])})
     assert "0.70 of the spaces" in lines[0] and "reached" in lines[0] and "not reached" not in lines[0]
     assert "uniform: 0.20" in lines[0]
-    assert "policy beats uniform" in lines[1]
+    assert "policy beats uniform" in lines[1] and "(policy lower by 0.1950;" in lines[1]
     assert "within the seed spread of fixed" in lines[2]
     one = verdict({"policy": agg(0.3, [3.0]), "fixed": agg(0.2, [3.1])})
     assert "not reached" in one[0] and "one seed, so no spread" in one[1] and "beats" not in one[1]
