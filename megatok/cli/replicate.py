@@ -4,7 +4,7 @@
                       [--methods policy,policy-vr,uniform,...] [--set KEY=VALUE ...]
                       [--shards DIR --heldout FILE... --parallel FILE...]   (data of a "given" preset, or others)
 
-Presets (megatok/replication.py): ``toy`` (a test: minutes), ``cpu-small`` (2 CPU cores, about 2.5 hours a
+Presets (megatok/replication.py): ``toy`` (a test: minutes), ``cpu-small`` (2 CPU cores, about 4 hours a
 seed), ``gpu-18m`` (one GPU), ``node-147m`` (the published run, 8 GPUs). For each seed and method
 (megatok.replication.METHODS: the policy with the published estimator, with the best variance reduction and
 with gamma 1, hnet, gumbel, uniform, fixed, whitespace, and the BPE token model matched in FLOPs per byte)
@@ -222,7 +222,7 @@ def boundaries_picture(runs: list[dict], out: Path, tokenizer: Path) -> None:
     args = [a for m in firsts for a in ("--run", firsts[m])]
     if (tokenizer / "tokenizer.model").is_file():
         args += ["--strategy", f"bpe:model_path={tokenizer / 'tokenizer.model'}"]
-    command("show_boundaries", *args, "--text", SENTENCES, "--out", out / "boundaries",
+    command("show_boundaries", *args, "--text", SENTENCES, "--width", "96", "--out", out / "boundaries",
             "--title", "chunk starts: " + ", ".join(firsts) + (", BPE tokens" if "--strategy" in args else "")
             + " (sampled, seed 0)")
 
@@ -306,6 +306,7 @@ def report(runs: list[dict], methods: list[str], preset: Preset, seeds: list[int
     done = [r for r in runs if "kept" in r or r.get("evaluated")]
     summaries = [r["kept"] if "kept" in r else {**run_summary(Path(r["run_dir"]), r["method"], r["seed"]),
                                                 "config_digest": r["digest"]} for r in done]
+    summaries = _relative(summaries, f"{Path.cwd()}{os.sep}")
     agg = aggregate(summaries, methods)
     progress = "" if len(done) == len(runs) else f" {len(done)} of the {len(runs)} runs finished so far."
     header = (f"# Replication study: preset {preset.name}\n\n{preset.description}. {len(seeds)} seed(s).{progress} "
@@ -317,6 +318,15 @@ def report(runs: list[dict], methods: list[str], preset: Preset, seeds: list[int
         tmp.write_text(text)
         os.replace(tmp, out / name)
     return plots(summaries, agg, out)
+
+
+def _relative(obj, prefix: str):
+    """Paths under the working directory written relative to it: results.json names no machine's paths."""
+    if isinstance(obj, dict):
+        return {k: _relative(v, prefix) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_relative(v, prefix) for v in obj]
+    return obj[len(prefix):] if isinstance(obj, str) and obj.startswith(prefix) else obj
 
 
 def machine() -> str:
