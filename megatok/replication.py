@@ -132,6 +132,7 @@ def aggregate(summaries: list[dict], methods: list[str]) -> dict:
         entry = {
             "runs": len(runs),
             "bpb": _mean_range([p.get("bpb") for p in prose]),
+            "bpb_by_seed": {str(s["seed"]): p.get("bpb") for s, p in zip(runs, prose) if p.get("bpb") is not None},
             "bytes_per_unit": _mean_range([p.get(unit) for p in prose]),
             "sbw_boundary_fraction": _mean_range([p.get("sbw_boundary_fraction") for p in prose]),
             "word_start_precision": _mean_range([p.get("word_start_precision") for p in prose]),
@@ -198,8 +199,19 @@ def verdict(agg: dict) -> list[str]:
                 spread = max(a["max"] - a["min"], b["max"] - b["min"])
                 word = "beats" if gap > spread else ("trails" if -gap > spread else "is within the seed spread of")
                 lines.append(f"- {m} {word} {base} on held-out prose bpb: {figures}; largest seed spread "
-                             f"{spread:.4f}, {a['n']} and {b['n']} seeds).")
+                             f"{spread:.4f}, {a['n']} and {b['n']} seeds){paired(agg[m], agg[base], m, base)}.")
     return lines
+
+
+def paired(a: dict, b: dict, m: str, base: str) -> str:
+    """The difference seed by seed (the same seed: the same data order and initialisation), where both ran."""
+    seeds = sorted(set(a.get("bpb_by_seed", {})) & set(b.get("bpb_by_seed", {})), key=int)
+    if len(seeds) < 2:
+        return ""
+    gains = [b["bpb_by_seed"][s] - a["bpb_by_seed"][s] for s in seeds]
+    each = ", ".join(f"{g:+.4f}" for g in gains)
+    return (f"; paired by seed, {base} minus {m}: {each} (seeds {', '.join(seeds)}; {m} lower in "
+            f"{sum(g > 0 for g in gains)} of {len(gains)})")
 
 
 def markdown(agg: dict, preset: Preset, header: str) -> str:

@@ -108,7 +108,8 @@ def test_a_study_stopped_part_way_keeps_the_tables_of_its_finished_runs(study, s
 def test_the_verdict_says_what_the_figures_say():
     def agg(frac, bpb):
         return {"sbw_boundary_fraction": {"mean": frac}, "bpb": {"mean": sum(bpb) / len(bpb), "min": min(bpb),
-                                                               "max": max(bpb), "n": len(bpb)}}
+                                                               "max": max(bpb), "n": len(bpb)},
+                "bpb_by_seed": {str(i): v for i, v in enumerate(bpb)}}
 
     lines = verdict({"policy": agg(0.7, [3.0, 3.02]), "uniform": agg(0.2, [3.2, 3.21]),
                      "fixed": agg(0.2, [3.01, 3.03])})
@@ -116,6 +117,8 @@ def test_the_verdict_says_what_the_figures_say():
     assert "uniform: 0.20" in lines[0]
     assert "policy beats uniform" in lines[1] and "(policy lower by 0.1950;" in lines[1]
     assert "within the seed spread of fixed" in lines[2]
+    # the same seed, the same data order: the policy is lower than fixed on both seeds
+    assert "paired by seed, fixed minus policy: +0.0100, +0.0100 (seeds 0, 1; policy lower in 2 of 2)" in lines[2]
     one = verdict({"policy": agg(0.3, [3.0]), "fixed": agg(0.2, [3.1])})
     assert "not reached" in one[0] and "one seed, so no spread" in one[1] and "beats" not in one[1]
     assert markdown(aggregate([], ["policy"]), PRESETS["toy"], "# t").startswith("# t")
