@@ -21,7 +21,8 @@ They are rewritten after every run, so a study stopped part way has the tables o
 
 It resumes: data, tokenizer and configs are reused, finished runs are skipped, an interrupted run resumes
 from its last checkpoint, evaluations already made for a run's final checkpoint are kept. Kill it and
-rerun the same command. Across sessions (a fresh clone, whose --work is gone) the runs recorded in
+rerun the same command; ``--report-only`` writes the tables of what has finished, training nothing
+(the recorded command leaves the flag out). Across sessions (a fresh clone, whose --work is gone) the runs recorded in
 OUT/results.json with the same config are kept instead of trained again, so a study committed half
 done goes on where it stopped. Exit status 2 with one error line on bad input.
 """
@@ -186,23 +187,39 @@ def train(run: dict, nproc: int) -> None:
         raise RuntimeError(f"{run['name']} failed with exit code {rc}; rerun the same command to resume it")
 
 
-def evaluate(run: dict, data: dict) -> None:
-    """eval-prose-sample.json, eval-parallel-sample.json and, for the policies, eval-prose-threshold.json
-    in the run directory, each for the run's latest checkpoint (made again when that changed)."""
-    run_dir = Path(run["run_dir"])
-    latest = (run_dir / "checkpoints" / "latest").read_text().strip()
+def evaluation_jobs(run: dict, data: dict) -> list[tuple[str, list[str], str, Path]]:
+    """(name, files, boundary rule, output) of each evaluation the tables need from a finished run."""
     jobs = [("prose-sample", data["heldout"], "sample")]
     if data["parallel"]:
         jobs.append(("parallel-sample", data["parallel"], "sample"))
     if run["method"] in POLICY_METHODS:
         jobs.append(("prose-threshold", data["heldout"], "threshold"))
-    for name, files, rule in jobs:
-        out = run_dir / f"eval-{name}.json"
+    return [(name, files, rule, Path(run["run_dir"]) / f"eval-{name}.json") for name, files, rule in jobs]
+
+
+def latest_checkpoint(run: dict) -> str:
+    return (Path(run["run_dir"]) / "checkpoints" / "latest").read_text().strip()
+
+
+def evaluated(run: dict, data: dict) -> bool:
+    """Whether a finished run has every evaluation, each of its latest checkpoint."""
+    if not finished(run):
+        return False
+    latest = latest_checkpoint(run)
+    return all(out.is_file() and json.loads(out.read_text()).get("checkpoint") == latest
+               for *_, out in evaluation_jobs(run, data))
+
+
+def evaluate(run: dict, data: dict) -> None:
+    """eval-prose-sample.json, eval-parallel-sample.json and, for the policies, eval-prose-threshold.json
+    in the run directory, each for the run's latest checkpoint (made again when that changed)."""
+    latest = latest_checkpoint(run)
+    for name, files, rule, out in evaluation_jobs(run, data):
         if out.is_file() and json.loads(out.read_text()).get("checkpoint") == latest:
             continue
         log(f"{run['name']}: evaluating on {name}")
         try:
-            res = evaluate_run(str(run_dir), files, boundary=rule, seed=0, progress=False)
+            res = evaluate_run(run["run_dir"], files, boundary=rule, seed=0, progress=False)
         except (DataError, FileNotFoundError, ConfigError) as e:
             raise RuntimeError(f"evaluating {run['name']} on {name}: {e}") from None
         tmp = out.with_suffix(".tmp")
@@ -243,6 +260,8 @@ def parse_args(argv):
     ap.add_argument("--shards", default=None, help="shard directory to train on instead of the preset's")
     ap.add_argument("--heldout", nargs="+", default=None, help="held-out prose documents (.jsonl with domain)")
     ap.add_argument("--parallel", nargs="+", default=None, help="parallel multilingual documents (.jsonl with lang)")
+    ap.add_argument("--report-only", action="store_true",
+                    help="train nothing: evaluate the finished runs and write the tables of the study so far")
     args = ap.parse_args(argv)
     preset = PRESETS[args.preset]
     args.methods = args.methods.split(",") if args.methods else list(preset.methods)
@@ -266,7 +285,7 @@ def main(argv=None) -> int:
     except (ConfigError, DataError, RuntimeError, OSError) as e:
         print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
-    if not (CHECKOUT / "launch/pretrain.py").is_file() and not all(finished(r) for r in runs):
+    if not (CHECKOUT / "launch/pretrain.py").is_file() and not args.report_only and not all(finished(r) for r in runs):
         print(f"error: megatok-replicate trains with launch/pretrain.py of a megatok checkout; there is none in "
               f"{CHECKOUT} (run it from a clone: bash tools/setup.sh installs megatok editable)", file=sys.stderr)
         return 2
@@ -276,7 +295,10 @@ def main(argv=None) -> int:
         kept = earlier.get((run["method"], run["seed"]))
         if not finished(run) and kept is not None and kept["config_digest"] == run["digest"]:
             run["kept"] = kept
-    command = "megatok-replicate " + shlex.join(argv if argv is not None else sys.argv[1:])
+        elif evaluated(run, data):
+            run["evaluated"] = True
+    argv = [a for a in (argv if argv is not None else sys.argv[1:]) if a != "--report-only"]
+    command = "megatok-replicate " + shlex.join(argv)
     try:
         for i, run in enumerate(runs, 1):
             if "kept" in run:
@@ -284,6 +306,9 @@ def main(argv=None) -> int:
                 continue
             if finished(run):
                 log(f"[{i}/{len(runs)}] {run['name']}: finished already")
+            elif args.report_only:
+                log(f"[{i}/{len(runs)}] {run['name']}: not finished (--report-only: not trained)")
+                continue
             else:
                 log(f"[{i}/{len(runs)}] {run['name']}: training")
                 train(run, nproc)

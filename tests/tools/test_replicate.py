@@ -105,6 +105,32 @@ def test_a_study_stopped_part_way_keeps_the_tables_of_its_finished_runs(study, s
     assert not list((tmp / "out").glob(".*.tmp"))
 
 
+def test_report_only_writes_the_tables_of_the_finished_runs_and_trains_nothing(study, shards, monkeypatch,
+                                                                                capsys):
+    """--report-only: the finished runs (here listed after one that never ran) are in the tables at once,
+    nothing trains, nothing is evaluated again, and the recorded command is the study's own."""
+    from megatok.cli import replicate as cli
+
+    def no_training(run, nproc):
+        raise AssertionError(f"{run['name']} trained")
+
+    tmp = study[0]
+    monkeypatch.setattr(cli, "train", no_training)
+    out = tmp / "out3"
+    out.mkdir()
+    shutil.copy(tmp / "out" / "results.json", out / "results.json")  # uniform's run directory is gone: kept
+    study_args = ["--preset", "toy", "--out", str(out), "--work", str(tmp / "work"), "--methods",
+                  "whitespace,policy,uniform,fixed", "--shards", str(shards), "--heldout",
+                  str(tmp / "heldout_prose.jsonl"), "--parallel", str(tmp / "parallel.jsonl")]
+    assert cli.main([*study_args, "--report-only"]) == 0
+    log = capsys.readouterr().out
+    assert "whitespace-seed0: not finished (--report-only" in log and "evaluating" not in log
+    result = json.loads((out / "results.json").read_text())
+    assert [r["method"] for r in result["runs"]] == ["policy", "uniform", "fixed"]
+    assert "3 of the 4 runs finished so far" in (out / "results.md").read_text()
+    assert "--report-only" not in result["command"] and "whitespace,policy,uniform,fixed" in result["command"]
+
+
 def test_the_verdict_says_what_the_figures_say():
     def agg(frac, bpb):
         return {"sbw_boundary_fraction": {"mean": frac}, "bpb": {"mean": sum(bpb) / len(bpb), "min": min(bpb),

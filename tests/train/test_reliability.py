@@ -325,7 +325,7 @@ def test_nan_loss_on_one_rank_is_skipped_counted_and_bounded(shards, tmp_path):
     # NaN every step from 2 on: after max_skipped_steps in a row the run stops, the last checkpoint intact
     run2 = tmp_path / "run2"
     r = pretrain(args(shards, run2, "train.max_steps=8", "train.global_batch_size=8", "train.save_every=1",
-                      "train.max_skipped_steps=2"), nproc=2, check=False, launcher="deepspeed",
+                      "train.max_skipped_steps=2"), nproc=2, check=False,
                  faults={"MEGATOK_FAULT_NAN_STEPS": "2,3,4,5,6,7,8"})
     assert r.returncode != 0
     assert "3 optimizer steps in a row skipped" in r.stdout + r.stderr
@@ -337,7 +337,7 @@ def test_nan_loss_on_one_rank_is_skipped_counted_and_bounded(shards, tmp_path):
     assert all(torch.isfinite(p).all() for p in model.parameters())
     # the same command again resumes step 3, inside the streak (2 skipped in a row): the third is step 4 again
     r = pretrain(args(shards, run2, "train.max_steps=8", "train.global_batch_size=8", "train.save_every=1",
-                      "train.max_skipped_steps=2"), nproc=2, check=False, launcher="deepspeed",
+                      "train.max_skipped_steps=2"), nproc=2, check=False,
                  faults={"MEGATOK_FAULT_NAN_STEPS": "2,3,4,5,6,7,8"})
     assert r.returncode != 0 and "3 optimizer steps in a row skipped" in r.stderr and "at step 4;" in r.stderr
     assert checkpoint.latest_tag(run2) == "step00000003"
