@@ -33,6 +33,15 @@ def stdlib_texts(n_files: int = 80, max_bytes: int = 40_000) -> list[str]:
     return out
 
 
+def pytest_configure(config):
+    """One torch thread in the test processes, as in every process they start (OMP_NUM_THREADS=1): two
+    workers on two cores, each running its own tests' kernels and processes, and more threads than cores
+    make OpenMP's waiting threads spin against each other (an evaluation in a worker took 7x longer)."""
+    import torch
+
+    torch.set_num_threads(1)
+
+
 def pytest_collection_modifyitems(items):
     """tools/test.sh gives each file to one of two workers (pytest-xdist --dist loadfile
     --no-loadscope-reorder), in this order; a long file handed out last runs alone at the end. So the
@@ -84,6 +93,22 @@ def run_tool(name: str, *args, timeout: float = 240, cwd=ROOT) -> subprocess.Com
     off, output captured."""
     return subprocess.run([sys.executable, "-m", f"megatok.cli.{name}", *map(str, args)], capture_output=True,
                           text=True, env=TOOL_ENV, timeout=timeout, cwd=cwd)
+
+
+def run_main(capsys, name: str, *args) -> subprocess.CompletedProcess:
+    """megatok.cli.NAME's ``main(argv)`` in this process, its output taken from ``capsys``: what
+    :func:`run_tool` gives, without starting an interpreter (seconds each). Keep a real process where the
+    test is about the process (its exit, or stdout holding nothing but the result)."""
+    import importlib
+
+    main = importlib.import_module(f"megatok.cli.{name}").main
+    capsys.readouterr()
+    try:
+        rc = main([str(a) for a in args])
+    except SystemExit as e:  # argparse's usage errors
+        rc = e.code
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess([name, *map(str, args)], rc, out, err)
 
 
 def decisive(strategy, std: float = 1.0, generator=None):

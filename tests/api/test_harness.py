@@ -44,17 +44,25 @@ def write_tasks(where):
     return where
 
 
-@pytest.mark.parametrize("kind", ["unet", "bpe"])
-def test_local_tasks_give_megatoks_own_figures(kind, tiny_run, bpe_run, tmp_path):
-    import lm_eval
+@pytest.fixture(scope="module")
+def tasks(tmp_path_factory):
+    """The task files, and one lm_eval TaskManager over them (it indexes the harness's ~14,000 built-in
+    task files, seconds each time: built once for the file, as megatok-lm-eval builds it)."""
     from lm_eval.tasks import TaskManager
+
+    where = write_tasks(tmp_path_factory.mktemp("tasks"))
+    return where, TaskManager(include_path=str(where))
+
+
+@pytest.mark.parametrize("kind", ["unet", "bpe"])
+def test_local_tasks_give_megatoks_own_figures(kind, tiny_run, bpe_run, tasks):
+    import lm_eval
 
     from megatok.eval.harness import MegatokLM
 
     model = megatok.load(tiny_run if kind == "unet" else bpe_run)
-    tasks = write_tasks(tmp_path / "tasks")
     out = lm_eval.simple_evaluate(model=MegatokLM(model=model), tasks=["local_ppl", "local_mc", "local_gen"],
-                                  task_manager=TaskManager(include_path=str(tasks)), log_samples=True)
+                                  task_manager=tasks[1], log_samples=True)
     res = out["results"]
     # perplexity: the harness's bits per byte over the documents is megatok's over the same bytes
     scores = model.score_many(DOCS)
@@ -79,12 +87,21 @@ def test_local_tasks_give_megatoks_own_figures(kind, tiny_run, bpe_run, tmp_path
     assert answers == want and all(" " not in a for a in answers)
 
 
-def test_the_command_runs_a_task_list_on_an_export(bpe_run, tmp_path, capsys):
-    """megatok-lm-eval's main, in this process (lm_eval is imported once for the file)."""
+def test_the_command_runs_a_task_list_on_an_export(bpe_run, tasks, tmp_path, capsys, monkeypatch):
+    """megatok-lm-eval's main, in this process (lm_eval is imported once for the file); the TaskManager it
+    builds for --include-path is the file's (the same arguments: checked)."""
+    import lm_eval.tasks
+
     from megatok.cli.lm_eval import main
     from megatok.run.export import export
 
-    tasks = write_tasks(tmp_path / "tasks")
+    tasks, manager = tasks
+
+    def shared(include_path=None, **kw):
+        assert include_path == str(tasks) and not kw
+        return manager
+
+    monkeypatch.setattr(lm_eval.tasks, "TaskManager", shared)
     out = export(bpe_run, tmp_path / "export")
     assert main(["--model", str(out), "--tasks", "local_ppl", "--include-path", str(tasks),
                  "--output", str(tmp_path / "results.json")]) == 0

@@ -1,7 +1,9 @@
 """End to end: a tiny real training run, then the tools users run on it.
 
-megatok-evaluate is run as a subprocess (the CLI), and its figure is checked against a by-hand
-computation with the checkpoint loaded through megatok.run.reader.load_model. The run itself
+megatok-evaluate's figure is checked against a by-hand computation with the checkpoint loaded through
+megatok.run.reader.load_model. The commands run as processes where the process is what is checked (stdout
+is one strict JSON object; the same result from another process; an error's exit); elsewhere their
+main() runs in this process (conftest.run_main), which saves an interpreter start per call. The run itself
 is checked for what the tools rely on: config.json, metrics.jsonl, checkpoints/latest, wandb offline files.
 """
 
@@ -23,7 +25,7 @@ from megatok.data.stream import iter_shard_documents, resolve_shards
 from megatok.metrics import read_metrics
 from megatok.train import checkpoint
 from megatok.vocab import SEP
-from tests.conftest import TINY, pretrain, stdlib_texts
+from tests.conftest import TINY, pretrain, run_main, stdlib_texts
 from tests.conftest import run_tool as tool
 
 STEPS = 4
@@ -35,8 +37,9 @@ FIGURES = ("bpb", "bpb_doc_mean", "bytes_per_chunk", "boundary_rate", "whitespac
 SHORT_DOC = "def f(x):\n    return x + 1  # café\n"
 
 
-def evaluate(run, *args) -> dict:
-    r = tool("evaluate", "--run", run, *args)
+def evaluate(run, *args, capsys=None) -> dict:
+    """megatok-evaluate's result: a process, or with ``capsys`` its main() in this process."""
+    r = run_main(capsys, "evaluate", "--run", run, *args) if capsys else tool("evaluate", "--run", run, *args)
     assert r.returncode == 0, r.stderr[-3000:]
     return json.loads(r.stdout, parse_constant=_not_json)  # the whole stdout is one strict JSON object
 
@@ -213,7 +216,7 @@ def test_groups_add_up_to_the_corpus(result, docs, kind):
         sum(g["bpb_doc_mean"] * g["documents"] for g in groups.values()) / result["documents"], rel=1e-9)
 
 
-def test_bpb_matches_a_by_hand_computation(run, tmp_path):
+def test_bpb_matches_a_by_hand_computation(run, tmp_path, capsys):
     """NLL of each byte given [SEP] + the bytes before it, one prefix at a time, with threshold
     boundaries; against evaluate.py --boundary threshold on the same single document."""
     from megatok.run.reader import load_model
@@ -223,7 +226,7 @@ def test_bpb_matches_a_by_hand_computation(run, tmp_path):
     text = SHORT_DOC.encode()
     assert len(text) < 64  # one window
     # The seed must not matter for a deterministic rule.
-    got = evaluate(run, "--data", path, "--boundary", "threshold", "--seed", "7")
+    got = evaluate(run, "--data", path, "--boundary", "threshold", "--seed", "7", capsys=capsys)
     assert got["boundary_rule"] == "threshold" and got["documents"] == 1 and got["bytes"] == len(text)
     assert "by_lang" not in got and "by_domain" not in got  # the document carries neither
 
@@ -246,21 +249,21 @@ def test_bpb_matches_a_by_hand_computation(run, tmp_path):
                                                                 rel=1e-12)
 
 
-def test_same_seed_same_result_other_seed_other_sample(run, data_file, result):
-    assert evaluate(run, "--data", data_file) == result
-    other = evaluate(run, "--data", data_file, "--seed", "1")
+def test_same_seed_same_result_other_seed_other_sample(run, data_file, result, capsys):
+    assert evaluate(run, "--data", data_file) == result  # another process: the same sample
+    other = evaluate(run, "--data", data_file, "--seed", "1", capsys=capsys)
     assert other["boundary_rule"] == "sample(seed=1)"
     assert other["bytes"] == result["bytes"]
     assert other["bpb"] != result["bpb"]  # boundaries are sampled: a different seed, a different sample
 
 
-def test_max_bytes_and_seq_len_change_what_is_scored(run, data_file, result, docs):
+def test_max_bytes_and_seq_len_change_what_is_scored(run, data_file, result, docs, capsys):
     """--max-bytes stops after the document that reaches it; --seq-len sets the windows (the same
     bytes scored, with less context each)."""
     first = len(docs[0]["text"].encode())
-    short = evaluate(run, "--data", data_file, "--max-bytes", first)
+    short = evaluate(run, "--data", data_file, "--max-bytes", first, capsys=capsys)
     assert short["documents"] == 1 and short["bytes"] == first
-    narrow = evaluate(run, "--data", data_file, "--seq-len", "16")
+    narrow = evaluate(run, "--data", data_file, "--seq-len", "16", capsys=capsys)
     assert narrow["bytes"] == result["bytes"] and narrow["bpb"] != pytest.approx(result["bpb"], rel=1e-4)
 
 
@@ -274,56 +277,56 @@ def test_threshold_output_is_strict_json_with_null_for_empty_ratios(run, data_fi
     assert got["boundary_rule"] == "threshold"
 
 
-def test_topk_rule_is_refused(run, data_file):
+def test_topk_rule_is_refused(run, data_file, capsys):
     """The top-rho-per-window rule was dropped (it looks at later bytes: not causal); asking for it
     is a usage error, not a silently different rule."""
-    r = tool("evaluate", "--run", run, "--data", data_file, "--boundary", "topk")
+    r = run_main(capsys, "evaluate", "--run", run, "--data", data_file, "--boundary", "topk")
     assert r.returncode == 2 and "invalid choice: 'topk'" in r.stderr, r.stderr[-2000:]
     assert r.stdout == "" and "Traceback" not in r.stderr
 
 
-def test_input_formats(run, docs, tmp_path):
+def test_input_formats(run, docs, tmp_path, capsys):
     texts = [d["text"] for d in docs[:3]]
     (tmp_path / "a.txt").write_bytes(texts[0].encode())
     with gzip.open(tmp_path / "b.txt.gz", "wb") as f:
         f.write(texts[1].encode())
     with gzip.open(tmp_path / "c.jsonl.gz", "wt") as f:
         f.write(json.dumps({"text": texts[2], "lang": "fr"}) + "\n")
-    # One call (each start of the tool costs seconds); the groups tell the files apart.
+    # One call; the groups tell the files apart.
     got = evaluate(run, "--data", tmp_path / "a.txt", tmp_path / "b.txt.gz", tmp_path / "c.jsonl.gz",
-                   "--boundary", "threshold")
+                   "--boundary", "threshold", capsys=capsys)
     assert got["documents"] == 3 and got["bytes"] == sum(len(t.encode()) for t in texts)
     assert {k: (v["documents"], v["bytes"]) for k, v in got["by_lang"].items()} == {
         "fr": (1, len(texts[2].encode())), "unknown": (2, len(texts[0].encode()) + len(texts[1].encode()))}
     assert 0 < got["bpb"] < 12
 
 
-def test_shard_directory_means_its_val_split(run, shards):
+def test_shard_directory_means_its_val_split(run, shards, capsys):
     manifest = json.loads((shards / "manifest.json").read_text())
-    got = evaluate(run, "--data", shards, "--boundary", "threshold")
+    got = evaluate(run, "--data", shards, "--boundary", "threshold", capsys=capsys)
     assert got["documents"] == manifest["documents"]["val"]
     assert got["bytes"] == manifest["bytes"]["val"]
     assert sum(g["bytes"] for g in got["by_domain"].values()) == got["bytes"]
 
 
-def test_errors_are_one_line(run, data_file, tmp_path):
+def test_errors_are_one_line(run, data_file, tmp_path, capsys):
     missing_run = tmp_path / "no-such-run"
-    assert_clean_error(tool("evaluate", "--run", missing_run, "--data", data_file), missing_run)
+    assert_clean_error(tool("evaluate", "--run", missing_run, "--data", data_file), missing_run)  # the process
 
     missing_data = tmp_path / "no-such-file.jsonl"
-    assert_clean_error(tool("evaluate", "--run", run, "--data", missing_data), missing_data)
+    assert_clean_error(run_main(capsys, "evaluate", "--run", run, "--data", missing_data), missing_data)
 
     bare = tmp_path / "bare-run"
     bare.mkdir()
     (bare / "config.json").write_text((run / "config.json").read_text())
-    assert_clean_error(tool("evaluate", "--run", bare, "--data", data_file), bare)
+    assert_clean_error(run_main(capsys, "evaluate", "--run", bare, "--data", data_file), bare)
 
     damaged = tmp_path / "damaged-run"  # a checkpoint file cut short: named, not a torch traceback
     shutil.copytree(run, damaged)
     (model_file,) = (damaged / "checkpoints" / checkpoint.latest_tag(damaged)).glob("mp_rank_00_model_states.pt")
     model_file.write_bytes(model_file.read_bytes()[:4096])
-    assert_clean_error(tool("evaluate", "--run", damaged, "--data", data_file), model_file.name)
-    assert_clean_error(tool("export", "--run", damaged, "--out", tmp_path / "export"), model_file.name)
+    assert_clean_error(run_main(capsys, "evaluate", "--run", damaged, "--data", data_file), model_file.name)
+    assert_clean_error(run_main(capsys, "export", "--run", damaged, "--out", tmp_path / "export"), model_file.name)
 
 
 def test_a_checkpoint_the_tools_cannot_find_is_explained(run, tmp_path):
@@ -367,7 +370,7 @@ def test_summarize(run, shards):
     assert summary["bzip2 -9"] == pytest.approx(8 * len(bz2.compress(val, 9)) / len(val))
 
 
-def test_summarize_bad_inputs_are_one_line(run, shards, tmp_path):
+def test_summarize_bad_inputs_are_one_line(run, shards, tmp_path, capsys):
     copy = tmp_path / "run"
     copy.mkdir()
     for name in ("config.json", "metrics.jsonl"):
@@ -375,27 +378,28 @@ def test_summarize_bad_inputs_are_one_line(run, shards, tmp_path):
     missing = tmp_path / "nope.json"
     assert_clean_error(tool("summarize", "--run", copy, "--data", shards, "--eval", missing), missing)
     (copy / "eval.json").write_text("")  # what `evaluate.py ... > RUN/eval.json` leaves when it fails
-    r = tool("summarize", "--run", copy, "--data", shards)
+    r = run_main(capsys, "summarize", "--run", copy, "--data", shards)
     assert_clean_error(r, copy / "eval.json")
     assert "not megatok-evaluate output" in r.stderr
     (copy / "eval.json").write_text("[1, 2]")
-    assert_clean_error(tool("summarize", "--run", copy, "--data", shards), copy / "eval.json")
+    assert_clean_error(run_main(capsys, "summarize", "--run", copy, "--data", shards), copy / "eval.json")
     (copy / "eval.json").unlink()
-    assert_clean_error(tool("summarize", "--run", copy, "--data", tmp_path / "missing"), tmp_path / "missing")
+    assert_clean_error(run_main(capsys, "summarize", "--run", copy, "--data", tmp_path / "missing"),
+                       tmp_path / "missing")
     assert not (copy / "summary.json").exists()
     (copy / "config.json").write_text('{"model": ')  # cut short
-    assert_clean_error(tool("summarize", "--run", copy, "--data", shards), copy / "config.json")
+    assert_clean_error(run_main(capsys, "summarize", "--run", copy, "--data", shards), copy / "config.json")
 
 
-def test_summarize_names_an_eval_json_of_another_checkpoint(run, shards, tmp_path):
+def test_summarize_names_an_eval_json_of_another_checkpoint(run, shards, tmp_path, capsys):
     copy = tmp_path / "run"
     shutil.copytree(run, copy)
     latest = (copy / "checkpoints" / "latest").read_text().strip()
-    ev = tool("evaluate", "--run", copy, "--data", shards, "--max-bytes", 3000)
+    ev = run_main(capsys, "evaluate", "--run", copy, "--data", shards, "--max-bytes", 3000)
     assert ev.returncode == 0, ev.stderr[-2000:]
     # as if written for an earlier checkpoint, and the run trained on since
     (copy / "eval.json").write_text(json.dumps({**json.loads(ev.stdout), "checkpoint": "step00000001", "bpb": 3.25}))
-    r = tool("summarize", "--run", copy, "--data", shards)
+    r = run_main(capsys, "summarize", "--run", copy, "--data", shards)
     assert r.returncode == 0, r.stderr[-2000:]
     assert f"scored checkpoint step00000001, the run's latest is {latest}" in r.stderr
     (row,) = [ln for ln in r.stdout.splitlines() if ln.startswith("| held-out bits per byte")]

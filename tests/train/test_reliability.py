@@ -394,15 +394,15 @@ def test_an_unexpected_error_ends_the_job_at_once_with_its_traceback_and_one_lin
 
 
 def test_a_checkpoint_slower_than_the_timeout_is_waited_for_with_save_timeout_s(shards, tmp_path):
-    """Rank 0 takes 20 s to write the last checkpoint, beyond train.dist_timeout_s (8 s): rank 1 waits in
+    """Rank 0 takes 14 s to write the last checkpoint, beyond train.dist_timeout_s (8 s): rank 1 waits in
     the save's barrier and neither watchdog ends the run, since train.save_timeout_s allows 90 s."""
     run = tmp_path / "run"
     t = time.monotonic()
     r = pretrain(args(shards, run, "train.max_steps=4", "train.global_batch_size=8", "train.save_every=4",
                       "train.dist_timeout_s=8", "train.save_timeout_s=90"),
-                 nproc=2, check=False, faults={"MEGATOK_FAULT_SLOW_SAVE": "4:20"}, timeout=240, launcher="deepspeed")
+                 nproc=2, check=False, faults={"MEGATOK_FAULT_SLOW_SAVE": "4:14"}, timeout=240)
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
-    assert time.monotonic() - t >= 20  # the slow save did happen
+    assert time.monotonic() - t >= 14  # the slow save did happen
     assert checkpoint.latest_tag(run) == "step00000004"
 
 
