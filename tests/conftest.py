@@ -95,6 +95,16 @@ def run_tool(name: str, *args, timeout: float = 240, cwd=ROOT) -> subprocess.Com
                           text=True, env=TOOL_ENV, timeout=timeout, cwd=cwd)
 
 
+def launch_module():
+    """launch/pretrain.py as a module, to call its main() and run() in this process."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("pretrain_main", ROOT / "launch/pretrain.py")
+    launch = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(launch)
+    return launch
+
+
 def run_main(capsys, name: str, *args) -> subprocess.CompletedProcess:
     """megatok.cli.NAME's ``main(argv)`` in this process, its output taken from ``capsys``: what
     :func:`run_tool` gives, without starting an interpreter (seconds each). Keep a real process where the

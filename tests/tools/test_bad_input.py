@@ -17,7 +17,7 @@ import pytest
 
 from megatok.data.stream import iter_shard_documents, resolve_shards
 from megatok.metrics import read_metrics
-from tests.conftest import ROOT, TINY, pretrain, stdlib_texts
+from tests.conftest import ROOT, TINY, launch_module, pretrain, stdlib_texts
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu", "WANDB_MODE": "disabled",
        "PYTHONPATH": str(ROOT)}
@@ -41,7 +41,7 @@ def assert_one_error_line(r: subprocess.CompletedProcess, *names) -> str:
     return lines[0]
 
 
-def launch_fails(tmp_path, *args, config="configs/tiny.json", names=()) -> str:
+def launch_fails_as_a_process(tmp_path, *args, config="configs/tiny.json", names=()) -> str:
     run_dir = tmp_path / "run"
     t0 = time.monotonic()
     r = pretrain(["--config", str(config), "--set", *TINY, f"train.run_dir={run_dir}", *args], check=False,
@@ -52,6 +52,26 @@ def launch_fails(tmp_path, *args, config="configs/tiny.json", names=()) -> str:
     assert not run_dir.exists()  # the checks before it is created (the last pre-start check) failed first
     assert time.monotonic() - t0 < 30
     return line
+
+
+@pytest.fixture
+def launch_fails(capsys, monkeypatch):
+    """launch/pretrain.py's main() in this process (an interpreter start saved per case), its run() (the
+    process group, the trainer) made to fail the test if reached: the error comes before anything starts."""
+    launch = launch_module()
+    monkeypatch.setattr(launch, "run", lambda *a: pytest.fail("training started"))
+    monkeypatch.chdir(ROOT)
+
+    def fails(tmp_path, *args, config="configs/tiny.json", names=()) -> str:
+        run_dir = tmp_path / "run"
+        capsys.readouterr()
+        rc = launch.main(["--config", str(config), "--set", *TINY, f"train.run_dir={run_dir}", *args])
+        out, err = capsys.readouterr()
+        line = assert_one_error_line(subprocess.CompletedProcess("pretrain", rc, out, err), *names)
+        assert "megatok:" not in out + err
+        assert not run_dir.exists()  # the checks before it is created (the last pre-start check) failed first
+        return line
+    return fails
 
 
 def tree(path) -> dict[str, tuple[int, int, str]]:
@@ -71,16 +91,16 @@ def tree(path) -> dict[str, tuple[int, int, str]]:
 
 def test_launch_shards_missing_directory(tmp_path):
     missing = tmp_path / "no-such-shards"
-    launch_fails(tmp_path, f"data.shards={missing}", names=[missing])
+    launch_fails_as_a_process(tmp_path, f"data.shards={missing}", names=[missing])
 
 
-def test_launch_shards_empty_directory(tmp_path):
+def test_launch_shards_empty_directory(tmp_path, launch_fails):
     empty = tmp_path / "empty"
     empty.mkdir()
     launch_fails(tmp_path, f"data.shards={empty}", names=[empty])
 
 
-def test_launch_shard_listed_in_manifest_deleted(shards, tmp_path):
+def test_launch_shard_listed_in_manifest_deleted(shards, tmp_path, launch_fails):
     copy = tmp_path / "shards"
     copy.mkdir()
     for f in shards.iterdir():
@@ -90,19 +110,19 @@ def test_launch_shard_listed_in_manifest_deleted(shards, tmp_path):
     launch_fails(tmp_path, f"data.shards={copy}", names=[gone])
 
 
-def test_launch_config_not_json(shards, tmp_path):
+def test_launch_config_not_json(shards, tmp_path, launch_fails):
     bad = tmp_path / "bad.json"
     bad.write_text('{"extends": "base.json", "model": {"d_model": 32,}\n')
     launch_fails(tmp_path, f"data.shards={shards}", config=bad, names=[bad])
 
 
-def test_launch_config_missing(shards, tmp_path):
+def test_launch_config_missing(shards, tmp_path, launch_fails):
     missing = tmp_path / "nope.json"
     launch_fails(tmp_path, f"data.shards={shards}", config=missing, names=[missing])
 
 
 @pytest.mark.parametrize("kind", ["scheme", "braces", "betas", "seed", "run_dir", "no_val_split"])
-def test_launch_values_that_would_fail_after_start_up(kind, shards, tmp_path):
+def test_launch_values_that_would_fail_after_start_up(kind, shards, tmp_path, launch_fails):
     """Mistakes that used to get past the checks and end in a traceback once the process group was up."""
     afile = tmp_path / "a-file"
     afile.write_text("x")

@@ -24,7 +24,7 @@ from megatok.run import checkpoints as run_checkpoints
 from megatok.run.export import load_exported
 from megatok.run.reader import load_model
 from megatok.train import checkpoint
-from tests.conftest import ROOT, TINY, TOOL_ENV, pretrain
+from tests.conftest import ROOT, TINY, TOOL_ENV, launch_module, pretrain
 
 pytestmark = pytest.mark.dist
 
@@ -151,16 +151,6 @@ def test_killed_while_writing_a_checkpoint_resumes_from_the_previous_one(shards,
     assert not list((run / "checkpoints").glob("*.tmp")) and not list((run / "checkpoints").glob("universal-*"))
     got, want = train_rows(run), train_rows(ref)
     assert [got[s]["loss"] for s in range(3, 7)] == [want[s]["loss"] for s in range(3, 7)]
-
-
-def launch_module():
-    """launch/pretrain.py as a module, to call its main() and run() in this process."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("pretrain_main", ROOT / "launch/pretrain.py")
-    launch = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(launch)
-    return launch
 
 
 GLOO_LOST = "[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:20915"
