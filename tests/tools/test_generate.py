@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tests.conftest import run_tool
+from tests.conftest import run_main, run_tool
 
 pytestmark = pytest.mark.dist  # runs the real trainer
 
@@ -17,7 +17,7 @@ def samples(*args):
     return r
 
 
-def test_seeded_samples_repeat_and_chunks_are_marked(tiny_run):
+def test_seeded_samples_repeat_and_chunks_are_marked(tiny_run, capsys):
     common = ["--run", tiny_run, "--prompt", "def main(", "--max-bytes", "40", "--num", "2", "--json"]
     first = [json.loads(line) for line in samples(*common).stdout.splitlines()]
     again = [json.loads(line) for line in samples(*common).stdout.splitlines()]
@@ -27,16 +27,18 @@ def test_seeded_samples_repeat_and_chunks_are_marked(tiny_run):
         assert s["prompt"] == "def main(" and (s["bytes"] == 40 or s["stopped"]) and s["bits_per_byte"] > 0
         assert all(0 <= i < s["bytes"] for i in s["chunk_starts"])
 
-    shown = samples("--run", tiny_run, "--prompt", "Hello, world", "--max-bytes", "30", "--chunks", "--sep", "|",
-                    "--boundary", "threshold", "--temperature", "0").stdout
+    r = run_main(capsys, "generate", "--run", tiny_run, "--prompt", "Hello, world", "--max-bytes", "30", "--chunks",
+                 "--sep", "|", "--boundary", "threshold", "--temperature", "0")
+    assert r.returncode == 0, r.stderr[-3000:]
+    shown = r.stdout
     assert shown.startswith("== sample 1 (seed 0): ") and "bits/byte" in shown
     assert shown.splitlines()[1].replace("|", "").startswith("Hello, world")
 
 
-def test_bad_input_is_one_line(tiny_run, tmp_path):
-    r = run_tool("generate", "--run", tmp_path / "nothing", "--prompt", "x")
+def test_bad_input_is_one_line(tiny_run, tmp_path, capsys):
+    r = run_main(capsys, "generate", "--run", tmp_path / "nothing", "--prompt", "x")
     assert r.returncode == 2 and r.stderr.strip().startswith("error:") and len(r.stderr.strip().splitlines()) == 1
-    r = run_tool("generate", "--run", tiny_run, "--temperature", "-1")
+    r = run_main(capsys, "generate", "--run", tiny_run, "--temperature", "-1")
     assert r.returncode == 2 and "--temperature must be >= 0" in r.stderr
 
 
@@ -54,31 +56,31 @@ def test_a_prompt_that_is_not_utf8_is_used_byte_for_byte(tiny_run, tmp_path):
     assert len(text) == row["bytes"] and text.decode("utf-8", "replace") == row["text"]
 
 
-def test_export_replaces_only_an_earlier_export(tiny_run, tmp_path):
+def test_export_replaces_only_an_earlier_export(tiny_run, tmp_path, capsys):
     notes = tmp_path / "notes"
     notes.mkdir()
     (notes / "keep.txt").write_text("mine")
-    r = run_tool("export", "--run", tiny_run, "--out", notes)
+    r = run_main(capsys, "export", "--run", tiny_run, "--out", notes)
     assert r.returncode == 2 and r.stderr.strip() == (f"error: {notes}: exists and is not a megatok export (no "
                                                       f"export.json, model.safetensors and megatok.json); choose "
                                                       f"another --out or remove it")
     (notes / "export.json").write_text("{}")  # a file of that name alone does not make it an export
-    assert run_tool("export", "--run", tiny_run, "--out", notes).returncode == 2
+    assert run_main(capsys, "export", "--run", tiny_run, "--out", notes).returncode == 2
     assert (notes / "keep.txt").read_text() == "mine"
     (tmp_path / "afile").write_text("x")
-    r = run_tool("export", "--run", tiny_run, "--out", tmp_path / "afile")
+    r = run_main(capsys, "export", "--run", tiny_run, "--out", tmp_path / "afile")
     assert r.returncode == 2 and "afile: exists and is not a directory" in r.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "notes"]  # no partial export left behind
     out = tmp_path / "export"
     for _ in range(2):  # an earlier export is replaced
-        r = run_tool("export", "--run", tiny_run, "--out", out)
+        r = run_main(capsys, "export", "--run", tiny_run, "--out", out)
         assert r.returncode == 0, r.stderr[-2000:]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "export", "notes"]
     assert sorted(p.name for p in out.iterdir()) == ["export.json", "megatok.json", "model.safetensors"]
     here = tmp_path / "here"  # --out . in an empty directory fills it (the same directory, not a new one)
     here.mkdir()
     inode = here.stat().st_ino
-    r = run_tool("export", "--run", tiny_run, "--out", ".", cwd=here)
+    r = run_tool("export", "--run", tiny_run, "--out", ".", cwd=here)  # a process, in that directory
     assert r.returncode == 0, r.stderr[-2000:]
     assert sorted(p.name for p in here.iterdir()) == ["export.json", "megatok.json", "model.safetensors"]
     assert here.stat().st_ino == inode and sorted(p.name for p in tmp_path.iterdir()) == [
