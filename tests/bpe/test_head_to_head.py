@@ -12,7 +12,7 @@ import pytest
 from megatok import bpe
 from megatok.data.documents import iter_documents
 from megatok.metrics import read_metrics
-from tests.conftest import PARALLEL, ROOT, TINY, pretrain, run_tool, stdlib_texts
+from tests.conftest import PARALLEL, ROOT, TINY, pretrain, run_main, run_tool, stdlib_texts
 
 BPE_SET = ["model.kind=bpe", "model.vocab_size=512", "model.bytes_per_token=3.0", "model.n_encoder_layers=0",
            "model.n_decoder_layers=0", "model.n_main_layers=2", "data.seq_len=24", "train.save_every=3",
@@ -63,23 +63,23 @@ def test_token_model_metrics(runs):
     assert train[-1]["flops"] == pytest.approx(per_token * tokens, rel=1e-9)
 
 
-def test_evaluate_and_summarize_a_token_model(runs):
+def test_evaluate_and_summarize_a_token_model(runs, capsys):
     ev = run_tool("evaluate", "--run", runs["bpe"], "--data", runs["heldout"])
     assert ev.returncode == 0, ev.stderr[-2000:]
     (runs["bpe"] / "eval.json").write_text(ev.stdout)
     assert json.loads(ev.stdout)["boundary_rule"] is None  # tokens, not sampled boundaries
-    r = run_tool("summarize", "--run", runs["bpe"])
+    r = run_main(capsys, "summarize", "--run", runs["bpe"])
     assert r.returncode == 0, r.stderr[-2000:]
     summary = json.loads((runs["bpe"] / "summary.json").read_text())
     assert summary["strategy"] == "bpe token model" and summary["target_rate"] is None
     assert summary["evaluate"]["bpb"] == json.loads(ev.stdout)["bpb"] and "bytes per token" in r.stdout
     assert "boundary rate" not in r.stdout
-    r = run_tool("show_boundaries", "--run", runs["bpe"], "--text", "hi")  # no chunks to show: one line
+    r = run_main(capsys, "show_boundaries", "--run", runs["bpe"], "--text", "hi")  # no chunks to show: one line
     assert r.returncode == 2 and "a BPE token model, whose units are its tokenizer's tokens" in r.stderr
     assert "Traceback" not in r.stderr
 
 
-def test_a_run_with_relative_paths_is_read_from_anywhere_and_exports_whole(runs, tmp_path):
+def test_a_run_with_relative_paths_is_read_from_anywhere_and_exports_whole(runs, tmp_path, capsys, monkeypatch):
     """A run started from directory L as `--set model.tokenizer=tok train.run_dir=runs/bpe` records those
     relative paths. The tools read it from another directory (here the repository root), and its export
     carries the tokenizer, so it loads after L is gone."""
@@ -100,20 +100,21 @@ def test_a_run_with_relative_paths_is_read_from_anywhere_and_exports_whole(runs,
     assert launch_dir(tmp_path / "linked" / "bpe", "linked/bpe") == tmp_path
 
     moved = launch / "runs" / "bpe"
-    ev = run_tool("evaluate", "--run", moved, "--data", runs["heldout"], "--max-bytes", 2000)
+    monkeypatch.chdir(ROOT)  # the commands below run in this process, from the repository root
+    ev = run_main(capsys, "evaluate", "--run", moved, "--data", runs["heldout"], "--max-bytes", 2000)
     assert ev.returncode == 0, ev.stderr[-2000:]
-    same = run_tool("evaluate", "--run", runs["bpe"], "--data", runs["heldout"], "--max-bytes", 2000)
+    same = run_main(capsys, "evaluate", "--run", runs["bpe"], "--data", runs["heldout"], "--max-bytes", 2000)
     assert json.loads(ev.stdout)["bpb"] == json.loads(same.stdout)["bpb"]
 
     # a file of the same relative name where the tool runs is not the run's tokenizer: the start directory's wins
     here = tmp_path / "here"
     (here / "tok").mkdir(parents=True)
     (here / "tok" / "tokenizer.model").write_bytes(b"another tokenizer")
-    again = run_tool("evaluate", "--run", moved, "--data", runs["heldout"], "--max-bytes", 2000, cwd=here)
+    again = run_tool("evaluate", "--run", moved, "--data", runs["heldout"], "--max-bytes", 2000, cwd=here)  # a process there
     assert again.returncode == 0 and json.loads(again.stdout)["bpb"] == json.loads(same.stdout)["bpb"], again.stderr
 
     out = tmp_path / "export"
-    r = run_tool("export", "--run", moved, "--out", out)
+    r = run_main(capsys, "export", "--run", moved, "--out", out)
     assert r.returncode == 0, r.stderr[-2000:]
     assert (out / "tokenizer.model").read_bytes() == (runs["tok"] / "tokenizer.model").read_bytes()
 
@@ -123,13 +124,13 @@ def test_a_run_with_relative_paths_is_read_from_anywhere_and_exports_whole(runs,
     from megatok.train import checkpoint
 
     original = (launch / "tok" / "tokenizer.model").read_bytes()
-    r = run_tool("train_bpe", "--data", runs["heldout"], "--vocab-size", 400, "--out", tmp_path / "other")
+    r = run_main(capsys, "train_bpe", "--data", runs["heldout"], "--vocab-size", 400, "--out", tmp_path / "other")
     assert r.returncode == 0, r.stderr[-2000:]
     (launch / "tok" / "tokenizer.model").write_bytes((tmp_path / "other" / "tokenizer.model").read_bytes())
     tag = checkpoint.latest_tag(moved)
     want = f"{moved / 'checkpoints' / tag} was trained with another model.tokenizer than {launch / 'tok'}"
-    for tool, args in (("evaluate", ["--data", runs["heldout"]]), ("export", ["--out", tmp_path / "x"])):
-        r = run_tool(tool, "--run", moved, *args)
+    for r in (run_tool("evaluate", "--run", moved, "--data", runs["heldout"]),  # a process, and in this one
+              run_main(capsys, "export", "--run", moved, "--out", tmp_path / "x")):
         (line,) = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
         assert r.returncode != 0 and want in line and "replaced since?" in line, r.stderr[-2000:]
     with pytest.raises(checkpoint.CheckpointError, match="was trained with another model.tokenizer"):
@@ -153,7 +154,7 @@ def test_token_stream_resumes_exactly(runs):
     assert again == first
 
 
-def test_head_to_head_rows_match_the_evaluators(runs):
+def test_head_to_head_rows_match_the_evaluators(runs, capsys):
     rows = [r for r in read_metrics(runs["unet"]) if r["split"] == "h2h"]
     assert [r["step"] for r in rows] == [2, 4]
     last = rows[-1]
@@ -178,10 +179,10 @@ def test_head_to_head_rows_match_the_evaluators(runs):
         n = sum(len(t.encode()) for t in texts) / sum(len(bpe.encode_bytes(sp, t.encode())) for t in texts)
         assert last["by_lang"][lang]["h2h_bpe_bytes_per_token"] == pytest.approx(n)
     assert last["by_domain"]["legal"]["h2h_bpe_bytes_per_token"] > 1  # per domain too
-    # the baseline's and megatok's figures are megatok-evaluate's (one process) on the same file and checkpoints
-    base = json.loads(run_tool("evaluate", "--run", runs["bpe"], "--data", runs["heldout"]).stdout)
-    mine = json.loads(run_tool("evaluate", "--run", runs["unet"], "--data", runs["heldout"], "--seed", "1234",
-                           "--batch-size", "2").stdout)
+    # the baseline's and megatok's figures are megatok-evaluate's on the same file and checkpoints
+    base = json.loads(run_main(capsys, "evaluate", "--run", runs["bpe"], "--data", runs["heldout"]).stdout)
+    mine = json.loads(run_main(capsys, "evaluate", "--run", runs["unet"], "--data", runs["heldout"], "--seed", "1234",
+                               "--batch-size", "2").stdout)
     assert base["kind"] == "bpe" and base["strategy"] is None
     for lang in PARALLEL:
         got = last["by_lang"][lang]
@@ -193,10 +194,10 @@ def test_head_to_head_rows_match_the_evaluators(runs):
     assert last["h2h_bpb"] == pytest.approx(mine["bpb"], rel=1e-5)
 
 
-def test_compare_reads_and_evaluates_both_kinds(runs):
+def test_compare_reads_and_evaluates_both_kinds(runs, capsys):
     out = runs["tmp"] / "cmp"
-    r = run_tool("compare", runs["unet"], runs["bpe"], "--out", out, "--heldout", runs["heldout"],
-             "--tokenizer", runs["tok"] / "tokenizer.model")
+    r = run_main(capsys, "compare", runs["unet"], runs["bpe"], "--out", out, "--heldout", runs["heldout"],
+                 "--tokenizer", runs["tok"] / "tokenizer.model")
     assert r.returncode == 0, r.stderr[-3000:]
     result = json.loads((out / "compare.json").read_text())
     unet, tok_run = result["runs"]
