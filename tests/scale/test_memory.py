@@ -1,7 +1,7 @@
 """The memory model against a real run: peak RSS of 2 CPU ranks under ZeRO-2 in fp32, and under ZeRO-3
 in bf16 with fp32 gradient accumulation (the GPU configs' setting).
 
-Method. Each rank of a real ``launch/pretrain.py`` run (2 ranks started as a launcher starts them, gloo, 2 steps
+Method. Each rank of a real ``launch/pretrain.py`` run (deepspeed launcher, 2 ranks, gloo, 2 steps
 at seq_len 64) reports its peak resident set size (``ru_maxrss``) at exit, through a
 ``sitecustomize`` module put on PYTHONPATH (the trainer is not touched). The same run with a
 74k-parameter model (in the same precision) is the baseline: interpreter, torch, DeepSpeed, gloo, data and logging. The
@@ -59,7 +59,7 @@ def peak_rss(shards, tmp_path, model: list[str], stage: int, precision: str) -> 
 
     sets = COMMON + model + PRECISION[precision] + [f"data.shards={shards}", f"train.run_dir={out / 'run'}",
                                                      f"deepspeed.zero_optimization.stage={stage}"]
-    pretrain(["--config", "configs/tiny.json", "--set", *sets], nproc=2, timeout=240,
+    pretrain(["--config", "configs/tiny.json", "--set", *sets], nproc=2, timeout=240, launcher="deepspeed",
              env={"PYTHONPATH": f"{hook}:{ROOT}", "MEGATOK_PEAK_RSS_DIR": str(out),
                   "MALLOC_MMAP_THRESHOLD_": "65536"})
     ranks = sorted(out.glob("rank*.json"))

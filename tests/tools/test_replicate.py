@@ -147,6 +147,10 @@ def test_the_verdict_says_what_the_figures_say():
     assert "paired by seed, fixed minus policy: +0.0100, +0.0100 (seeds 0, 1; policy lower in 2 of 2)" in lines[2]
     one = verdict({"policy": agg(0.3, [3.0]), "fixed": agg(0.2, [3.1])})
     assert "not reached" in one[0] and "one seed, so no spread" in one[1] and "beats" not in one[1]
+    # one seed against three: the difference on the seed both ran, not only against the others' mean
+    vr = verdict({"policy-vr": agg(0.1, [3.29]), "uniform": agg(0.2, [3.30, 3.39, 3.45])})
+    assert "(policy-vr lower by 0.0900; on seed 0, the one both ran: 3.2900 against 3.3000, policy-vr lower by 0.0100)" \
+        in vr[1] and "one seed, so no spread" in vr[1]
     assert markdown(aggregate([], ["policy"]), PRESETS["toy"], "# t").startswith("# t")
     assert set(PRESETS["cpu-small"].methods) == set(METHODS)
 
