@@ -201,13 +201,14 @@ def latest_checkpoint(run: dict) -> str:
     return (Path(run["run_dir"]) / "checkpoints" / "latest").read_text().strip()
 
 
+def current(out: Path, latest: str) -> bool:
+    """Whether the evaluation ``out`` exists and is of checkpoint ``latest``."""
+    return out.is_file() and json.loads(out.read_text()).get("checkpoint") == latest
+
+
 def evaluated(run: dict, data: dict) -> bool:
     """Whether a finished run has every evaluation, each of its latest checkpoint."""
-    if not finished(run):
-        return False
-    latest = latest_checkpoint(run)
-    return all(out.is_file() and json.loads(out.read_text()).get("checkpoint") == latest
-               for *_, out in evaluation_jobs(run, data))
+    return finished(run) and all(current(out, latest_checkpoint(run)) for *_, out in evaluation_jobs(run, data))
 
 
 def evaluate(run: dict, data: dict) -> None:
@@ -215,7 +216,7 @@ def evaluate(run: dict, data: dict) -> None:
     in the run directory, each for the run's latest checkpoint (made again when that changed)."""
     latest = latest_checkpoint(run)
     for name, files, rule, out in evaluation_jobs(run, data):
-        if out.is_file() and json.loads(out.read_text()).get("checkpoint") == latest:
+        if current(out, latest):
             continue
         log(f"{run['name']}: evaluating on {name}")
         try:
