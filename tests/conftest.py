@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from tests import preloaded
+
 ROOT = Path(__file__).resolve().parents[1]
 # The suite runs on the CPU, also on a machine with GPUs: its figures are CPU figures, and DeepSpeed's
 # accelerator is the CPU (DS_ACCELERATOR=cpu below). Set before torch first looks for a GPU; every
@@ -88,11 +90,19 @@ TOOL_ENV = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu", "WAND
             "PYTHONPATH": str(ROOT)}
 
 
-def run_tool(name: str, *args, timeout: float = 240, cwd=ROOT) -> subprocess.CompletedProcess:
-    """Run the command megatok.cli.NAME (``python -m``) with the arguments (str() of each), on CPU, wandb
-    off, output captured."""
-    return subprocess.run([sys.executable, "-m", f"megatok.cli.{name}", *map(str, args)], capture_output=True,
-                          text=True, env=TOOL_ENV, timeout=timeout, cwd=cwd)
+def python(*argv, env: dict | None = None, cwd=ROOT, timeout: float = 240) -> subprocess.CompletedProcess:
+    """``python SCRIPT ARGS`` or ``python -m MODULE ARGS`` (str() of each) in its own process, output captured,
+    with TOOL_ENV updated by ``env``: a fork of tests/preloaded.py's server (no interpreter start-up)."""
+    argv = [str(a) for a in argv]
+    full = {**TOOL_ENV, **(env or {})}
+    if preloaded.enabled():
+        return preloaded.run(argv, env=full, cwd=cwd, timeout=timeout)
+    return subprocess.run([sys.executable, *argv], capture_output=True, text=True, env=full, timeout=timeout, cwd=cwd)
+
+
+def run_tool(name: str, *args, **kw) -> subprocess.CompletedProcess:
+    """The command megatok.cli.NAME with the arguments in its own process: :func:`python` ``-m``."""
+    return python("-m", f"megatok.cli.{name}", *args, **kw)
 
 
 def launch_module():
@@ -164,13 +174,16 @@ def pretrain(args: list[str], *, nproc: int = 1, timeout: float = 300, check: bo
     ``launcher`` "deepspeed" starts the ranks with the deepspeed launcher, as users do; "env" starts
     them directly with the variables a launcher sets (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, ...,
     as Slurm's srun path does), the same trainer and DeepSpeed engine without the launcher's two
-    extra Python processes (about 6 s per run here). Tests of how a job ends when a rank fails or
-    hangs use "deepspeed"."""
+    extra Python processes, each a fork of tests/preloaded.py's server (no interpreter start-up) unless
+    ``env`` is given (variables torch may read when imported: fresh interpreters). Tests of how a job
+    ends when a rank fails or hangs use "deepspeed"."""
     base = {**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu",
             "PYTHONPATH": str(ROOT), **(env or {}), **(faults or {})}
     script = [str(ROOT / ("tests/train/faulty_pretrain.py" if faults else "launch/pretrain.py"))]
-    if nproc > 1 and launcher == "env":
-        r = _ranks_from_env(script + args, nproc, base, timeout)
+    if launcher == "env" and env is None and preloaded.enabled():
+        r = _ranks(script[0], args, nproc, base, timeout, forked=True)
+    elif nproc > 1 and launcher == "env":
+        r = _ranks(script[0], args, nproc, base, timeout)
     else:
         r = _one_command(script, args, nproc, base, timeout)
     if check and r.returncode != 0:
@@ -199,45 +212,89 @@ def _one_command(script: list[str], args: list[str], nproc: int, env: dict, time
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
-def _ranks_from_env(argv: list[str], nproc: int, env: dict, timeout: float) -> subprocess.CompletedProcess:
-    """``nproc`` ranks of ``python argv`` with launcher variables; when one fails the others are
-    killed after a short grace (as a launcher does). Outputs are rank 0's then rank 1's ..."""
-    import tempfile
-    import time
+class Ranks:
+    """``nproc`` ranks of ``python -u script args`` with the variables a launcher sets (one rank: a plain
+    process, none set), forked from tests/preloaded.py's server (``forked``) or fresh interpreters, each in
+    its own session; with what a test uses of a Popen: poll(), returncode, wait(), communicate(), kill().
+    Outputs are rank 0's then rank 1's ..."""
 
-    from megatok.train.dist import free_port
+    def __init__(self, script: str, args: list[str], nproc: int, env: dict, forked: bool):
+        import tempfile
 
-    port, procs, files = str(free_port()), [], []
-    for rank in range(nproc):
-        out, err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
-        rank_env = {**env, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(nproc),
-                    "LOCAL_WORLD_SIZE": str(nproc), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
-        procs.append(subprocess.Popen([sys.executable, "-u", *argv], stdout=out, stderr=err, text=True, env=rank_env,
-                                      cwd=ROOT, start_new_session=True))
-        files.append((out, err))
-    deadline, failed_at = time.monotonic() + timeout, None
-    while any(p.poll() is None for p in procs):
-        now = time.monotonic()
-        if failed_at is None and any(p.poll() not in (None, 0) for p in procs):
-            failed_at = now
-        if now > deadline or (failed_at is not None and now > failed_at + 15):
-            for p in procs:
-                if p.poll() is None:
-                    os.killpg(p.pid, signal.SIGKILL)
-            if now > deadline:
-                raise AssertionError(f"pretrain timed out after {timeout} s:\n{_read(files)[0][-3000:]}")
-        time.sleep(0.05)
-    stdout, stderr = _read(files)
-    rc = next((p.returncode for p in procs if p.returncode != 0), 0)
-    return subprocess.CompletedProcess([sys.executable, *argv], rc, stdout, stderr)
+        from megatok.train.dist import free_port
+
+        port, self.procs, self.files = str(free_port()), [], []
+        self.tmp = tempfile.TemporaryDirectory()
+        self.args = [sys.executable, script, *args]
+        for rank in range(nproc):
+            out, err = Path(self.tmp.name) / f"{rank}.out", Path(self.tmp.name) / f"{rank}.err"
+            self.files.append((out, err))
+            rank_env = env if nproc == 1 else {
+                **env, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(nproc),
+                "LOCAL_WORLD_SIZE": str(nproc), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
+            if forked:
+                self.procs.append(preloaded.Forked([script, *args], rank_env, str(out), str(err), ROOT))
+            else:
+                with out.open("w") as o, err.open("w") as e:
+                    self.procs.append(subprocess.Popen([sys.executable, "-u", script, *args], stdout=o, stderr=e,
+                                                       env=rank_env, cwd=ROOT, start_new_session=True))
+
+    def poll(self):
+        codes = [p.poll() for p in self.procs]
+        return None if None in codes else next((c for c in codes if c != 0), 0)
+
+    @property
+    def returncode(self):
+        return self.poll()
+
+    def kill(self, sig=signal.SIGKILL) -> None:
+        """``sig`` to every live rank's session (SIGKILL: and wait for them)."""
+        for p in self.procs:
+            if p.poll() is None:
+                os.killpg(p.pid, sig)
+                if sig == signal.SIGKILL:
+                    p.wait()
+
+    def wait(self, timeout: float, grace: float = 15):
+        """Until every rank has ended; when one fails the others are killed after ``grace`` s (as a
+        launcher does). Past ``timeout`` s all are killed and subprocess.TimeoutExpired is raised."""
+        import time
+
+        deadline, failed_at = time.monotonic() + timeout, None
+        while any(p.poll() is None for p in self.procs):
+            now = time.monotonic()
+            if failed_at is None and any(p.poll() not in (None, 0) for p in self.procs):
+                failed_at = now
+            if now > deadline or (failed_at is not None and now > failed_at + grace):
+                self.kill()
+                if now > deadline:
+                    raise subprocess.TimeoutExpired(self.args, timeout, *self.output())
+            time.sleep(0.05)
+        return self.returncode
+
+    def output(self) -> tuple[str, str]:
+        """(stdout, stderr): each the ranks' in rank order."""
+        return tuple("".join(pair[i].read_text() if pair[i].exists() else "" for pair in self.files)
+                     for i in range(2))
+
+    def communicate(self, timeout: float | None = None) -> tuple[str, None]:
+        """As a Popen's with stderr=STDOUT: (the ranks' stdout then their stderr, None), once they end."""
+        self.wait(timeout if timeout is not None else 10**9)
+        out, err = self.output()
+        return out + err, None
+
+    def close(self) -> None:
+        self.kill()
+        self.tmp.cleanup()
 
 
-def _read(files) -> tuple[str, str]:
-    texts = []
-    for i in range(2):
-        parts = []
-        for pair in files:
-            pair[i].seek(0)
-            parts.append(pair[i].read())
-        texts.append("".join(parts))
-    return texts[0], texts[1]
+def _ranks(script: str, args: list[str], nproc: int, env: dict, timeout: float, forked: bool = False):
+    job = Ranks(script, args, nproc, env, forked)
+    try:
+        job.wait(timeout)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"pretrain timed out after {timeout} s:\n{job.output()[0][-3000:]}") from None
+    finally:
+        stdout, stderr = job.output()
+        job.close()
+    return subprocess.CompletedProcess(job.args, job.returncode, stdout, stderr)

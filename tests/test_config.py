@@ -11,6 +11,7 @@ import pytest
 
 from megatok.config import ConfigError, load_config, warnings_for
 from megatok.dsconfig import deepspeed_config
+from tests.conftest import run_tool
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -255,8 +256,7 @@ def test_launcher_fails_before_any_process_group(tmp_path):
 
 
 def test_the_configuration_reference_in_docs_is_current():
-    r = subprocess.run([sys.executable, "-m", "megatok.cli.config_reference", "--check", str(ROOT / "docs/config.md")],
-                       capture_output=True, text=True, timeout=120, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    r = run_tool("config_reference", "--check", ROOT / "docs/config.md")
     assert r.returncode == 0, r.stderr
 
 

@@ -2,8 +2,6 @@
 loss one added boundary saves, and the command on a trained run."""
 
 import json
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -11,7 +9,7 @@ import torch
 from megatok.config import load_config
 from megatok.eval.policy_probe import CLASSES, boundary_values, byte_classes, discounted_future
 from megatok.model import build_model
-from tests.conftest import ROOT, TOOL_ENV
+from tests.conftest import run_tool
 
 
 def test_byte_classes_partition_the_decided_positions():
@@ -66,13 +64,11 @@ def test_values_are_zero_when_the_main_network_contributes_nothing_and_match_a_r
 @pytest.mark.dist
 def test_the_command_on_a_trained_run(tiny_run, tmp_path):
     out = tmp_path / "v.json"
-    r = subprocess.run([sys.executable, "-m", "megatok.cli.boundary_value", "--run", tiny_run, "--rounds", "1",
-                        "--batch-size", "2", "--seq-len", "64", "--out", out], capture_output=True, text=True,
-                       env=TOOL_ENV, cwd=ROOT, timeout=240)
+    r = run_tool("boundary_value", "--run", tiny_run, "--rounds", "1", "--batch-size", "2", "--seq-len", "64",
+                 "--out", out)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "space_before_word" in r.stdout and "estimator return noise" in r.stdout
     res = json.loads(out.read_text())
     assert res["checkpoint"] and res["classes"]["space_before_word"]["n"] >= 1
-    bad = subprocess.run([sys.executable, "-m", "megatok.cli.boundary_value", "--run", tmp_path / "none"],
-                         capture_output=True, text=True, env=TOOL_ENV, cwd=ROOT, timeout=120)
+    bad = run_tool("boundary_value", "--run", tmp_path / "none")
     assert bad.returncode == 2 and bad.stderr.startswith("error:")

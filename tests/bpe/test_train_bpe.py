@@ -3,21 +3,16 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 
 from megatok import bpe
 from megatok.data.stream import iter_shard_documents, resolve_shards
 from tests.bpe.conftest import MULTILINGUAL
-from tests.conftest import ROOT
-
-ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+from tests.conftest import ROOT, run_tool
 
 
 def train_bpe(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "megatok.cli.train_bpe", *map(str, args)], capture_output=True,
-                          text=True, env=ENV, timeout=180, cwd=ROOT)
+    return run_tool("train_bpe", *args, timeout=180)
 
 
 def test_from_shards_with_heldout_file(shards, tmp_path):

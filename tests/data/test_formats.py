@@ -19,7 +19,7 @@ import zstandard
 from megatok.data.documents import DataError, Fields, Unit, iter_documents, list_input_files, units_of
 from megatok.data.shards import build_shards, read_manifest
 from megatok.data.stream import iter_shard_documents, resolve_shards
-from tests.conftest import ROOT, stdlib_texts
+from tests.conftest import ROOT, run_tool, stdlib_texts
 
 RECORDS = [
     {"text": "caf\u00e9 au lait", "language": "fr", "meta": {"source": "web", "lang": "fr"}},
@@ -239,9 +239,7 @@ def test_bad_files_in_a_parallel_build_are_the_same_one_line(tmp_path):
     good = [write_parquet(tmp_path / f"ok{k}.parquet", [{"text": f"fine {k}"}]) for k in range(3)]
     for name in ("cut parquet", "cut zst", "no text column"):
         path, says = bad[name]
-        r = subprocess.run([sys.executable, "-m", "megatok.cli.build_shards", *good, path, "--out", tmp_path / "out",
-                            "--workers", "2", "--no-progress"], capture_output=True, text=True, timeout=120, cwd=ROOT,
-                           env={**os.environ, "PYTHONPATH": str(ROOT)})
+        r = run_tool("build_shards", *good, path, "--out", tmp_path / "out", "--workers", "2", "--no-progress")
         lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
         assert r.returncode == 2 and len(lines) == 1 and lines[0].startswith(f"error: {path}"), r.stderr
         assert says in lines[0] and "Traceback" not in r.stderr

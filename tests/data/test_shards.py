@@ -4,8 +4,6 @@ import json
 import os
 import random
 import re
-import subprocess
-import sys
 from collections import Counter
 
 import pytest
@@ -13,6 +11,7 @@ import pytest
 from megatok.data.documents import DataError, iter_documents
 from megatok.data.shards import build_shards, read_manifest, verify_shards
 from megatok.data.stream import iter_shard_documents, resolve_shards
+from tests.conftest import run_tool
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -144,8 +143,7 @@ def test_zero_documents_and_bad_manifest(tmp_path):
 
 
 def run_cli(*args):
-    return subprocess.run([sys.executable, "-m", "megatok.cli.build_shards", *args], capture_output=True, text=True,
-                          cwd="/", env={**os.environ, "PYTHONPATH": REPO}, timeout=120)
+    return run_tool("build_shards", *args, cwd="/", timeout=120)
 
 
 def test_cli(tmp_path):

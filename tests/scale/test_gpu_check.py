@@ -4,19 +4,13 @@ a tiny config, without a GPU."""
 
 import json
 import math
-import os
-import subprocess
-import sys
 
-from tests.conftest import ROOT
+from tests.conftest import run_tool
 
 
 def test_cpu_smoke_deepspeed_engine(tmp_path):
     out = tmp_path / "gpu_check.json"
-    r = subprocess.run([sys.executable, "-m", "megatok.cli.gpu_check", "--cpu-smoke", "--json-out", str(out)], cwd=ROOT,
-                       capture_output=True, text=True, timeout=180,
-                       env={**os.environ, "OMP_NUM_THREADS": "2", "DS_ACCELERATOR": "cpu", "WANDB_MODE": "disabled",
-                            "PYTHONPATH": str(ROOT)})
+    r = run_tool("gpu_check", "--cpu-smoke", "--json-out", out, timeout=180)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "attention: flash-attn vs SDPA" in r.stdout and "training (one micro-batch per step" in r.stdout
     rep = json.loads(out.read_text())

@@ -10,22 +10,17 @@ import json
 import os
 import random
 import subprocess
-import sys
 import time
 
 import pytest
 
 from megatok.data.stream import iter_shard_documents, resolve_shards
 from megatok.metrics import read_metrics
-from tests.conftest import ROOT, TINY, launch_module, pretrain, stdlib_texts
-
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu", "WANDB_MODE": "disabled",
-       "PYTHONPATH": str(ROOT)}
+from tests.conftest import ROOT, TINY, launch_module, pretrain, run_tool, stdlib_texts
 
 
 def build(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "megatok.cli.build_shards", "--no-progress", *map(str, args)],
-                          capture_output=True, text=True, env=ENV, timeout=120, cwd=ROOT)
+    return run_tool("build_shards", "--no-progress", *args, timeout=120)
 
 
 def assert_one_error_line(r: subprocess.CompletedProcess, *names) -> str:

@@ -4,15 +4,12 @@ each a median with its spread and, where issue 24 sets one, its target; bad inpu
 
 import json
 import math
-import subprocess
-import sys
 
-from tests.conftest import ROOT, TOOL_ENV
+from tests.conftest import run_tool
 
 
 def bench(*args, timeout=600):
-    return subprocess.run([sys.executable, "-m", "megatok.cli.bench", *map(str, args)], capture_output=True, text=True,
-                          cwd=ROOT, env=TOOL_ENV, timeout=timeout)
+    return run_tool("bench", *args, timeout=timeout)
 
 
 def test_the_bench_writes_every_figure(tmp_path):

@@ -5,13 +5,13 @@ import gzip
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from megatok.cli import make_corpus as mc
 from megatok.data import corpus_sources as cs
+from tests.conftest import run_tool
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -55,9 +55,7 @@ def _read_jsonl_gz(path: Path) -> list[dict]:
 
 
 def _run_cli(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PATH="/nonexistent", PYTHONPATH=str(REPO))  # npm cannot be found even if attempted
-    return subprocess.run([sys.executable, "-m", "megatok.cli.make_corpus", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=120)
+    return run_tool("make_corpus", *args, cwd=cwd, env={"PATH": "/nonexistent"}, timeout=120)  # npm cannot be found
 
 
 # ----------------------------------------------------------------------------------------------- HTML stripping

@@ -3,20 +3,17 @@ second invocation resumes (finished runs are not trained again; a new method is 
 
 import json
 import shutil
-import subprocess
-import sys
 
 import pytest
 
 from megatok.replication import METHODS, aggregate, markdown, PRESETS, verdict
-from tests.conftest import PARALLEL, ROOT, TOOL_ENV, stdlib_texts
+from tests.conftest import PARALLEL, run_tool, stdlib_texts
 
 pytestmark = pytest.mark.dist
 
 
 def replicate(*args, timeout=900):
-    return subprocess.run([sys.executable, "-m", "megatok.cli.replicate", *map(str, args)], capture_output=True,
-                          text=True, env=TOOL_ENV, timeout=timeout, cwd=ROOT)
+    return run_tool("replicate", *args, timeout=timeout)
 
 
 @pytest.fixture(scope="module")

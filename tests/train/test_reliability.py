@@ -24,7 +24,8 @@ from megatok.run import checkpoints as run_checkpoints
 from megatok.run.export import load_exported
 from megatok.run.reader import load_model
 from megatok.train import checkpoint
-from tests.conftest import ROOT, TINY, TOOL_ENV, launch_module, pretrain
+from tests import preloaded
+from tests.conftest import ROOT, TINY, Ranks, launch_module, pretrain, python, run_tool
 
 pytestmark = pytest.mark.dist
 
@@ -51,42 +52,49 @@ def wait_for(predicate, timeout=120, proc=None):
 
 
 @contextlib.contextmanager
-def background_run(argv, nproc, faults):
-    """The trainer in its own process group, with ``faults`` (MEGATOK_FAULT_* variables) injected;
-    whatever is still running at the end is SIGKILLed."""
+def background_run(argv, nproc, faults, launcher="deepspeed"):
+    """The trainer in its own process group (``launcher`` "env": each rank in its own, forked as
+    tests.conftest.pretrain's are), with ``faults`` (MEGATOK_FAULT_* variables) injected; whatever is still
+    running at the end is SIGKILLed."""
     from megatok.train.dist import free_port
 
-    deepspeed = os.path.join(os.path.dirname(sys.executable), "deepspeed")
-    cmd = ([deepspeed, "--num_gpus", str(nproc), "--master_port", str(free_port())] if nproc > 1 else
-           [sys.executable]) + [str(ROOT / ("tests/train/faulty_pretrain.py" if faults else "launch/pretrain.py"))] + argv
+    script = str(ROOT / ("tests/train/faulty_pretrain.py" if faults else "launch/pretrain.py"))
     full_env = {**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), **faults}
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
+    if launcher == "env":
+        proc = Ranks(script, argv, nproc, full_env, forked=preloaded.enabled())
+    else:
+        deepspeed = os.path.join(os.path.dirname(sys.executable), "deepspeed")
+        cmd = [deepspeed, "--num_gpus", str(nproc), "--master_port", str(free_port())] if nproc > 1 else [sys.executable]
+        proc = subprocess.Popen(cmd + [script] + argv, cwd=ROOT, env=full_env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         yield proc
     except (TimeoutError, subprocess.TimeoutExpired) as e:  # say what the run printed
-        if proc.poll() is None:
+        if launcher == "env":
+            proc.kill()
+        elif proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
         output = proc.communicate()[0]
         raise AssertionError(f"{e}; the run printed:\n{output[-5000:]}") from None
     finally:
-        if proc.poll() is None:
+        if launcher == "env":
+            proc.close()
+        elif proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
 
 
 def export(run, out, dtype="fp32"):
-    subprocess.run([sys.executable, "-m", "megatok.cli.export", "--run", str(run), "--out", str(out),
-                    "--dtype", dtype], check=True, capture_output=True, cwd=ROOT, env=TOOL_ENV)
+    r = run_tool("export", "--run", run, "--out", out, "--dtype", dtype)
+    assert r.returncode == 0, r.stderr[-3000:]
     return out
 
 
 def live_engine_logits(run, tmp_path):
     """{"x", "logits"} from a live DeepSpeed engine that loaded the run's latest checkpoint."""
     live = tmp_path / "live.safetensors"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    subprocess.run([sys.executable, str(ROOT / "tests/train/live_logits.py"), str(run), str(live)],
-                   check=True, capture_output=True, cwd=ROOT, env=env, timeout=180)
+    r = python(ROOT / "tests/train/live_logits.py", run, live, timeout=180)
+    assert r.returncode == 0, r.stderr[-3000:]
     return load_file(str(live))
 
 
@@ -109,9 +117,9 @@ def test_sigkill_mid_run_then_resume_is_bit_exact(shards, reference, tmp_path):
     run = tmp_path / "run"
     argv = args(shards, run, "train.max_steps=8", "train.save_every=2", "train.global_batch_size=8")
     # rank 0 stops responding at step 6: by then step 5 is logged and step 4 is checkpointed
-    with background_run(argv, 2, {"MEGATOK_FAULT_HANG": "0:6"}) as proc:
+    with background_run(argv, 2, {"MEGATOK_FAULT_HANG": "0:6"}, launcher="env") as proc:
         wait_for(lambda: (run / "metrics.jsonl").is_file() and 5 in train_rows(run), proc=proc)
-    # leaving the block SIGKILLs the launcher and both ranks: no chance to clean up
+    # leaving the block SIGKILLs both ranks: no chance to clean up
     assert checkpoint.latest_tag(run) == "step00000004"
     pretrain(argv, nproc=2)
     got, want = train_rows(run), train_rows(reference)
@@ -417,7 +425,7 @@ def test_a_stop_file_checkpoints_and_exits_cleanly(shards, tmp_path):
     command resumes and runs on."""
     run = tmp_path / "run"
     argv = args(shards, run, "train.max_steps=100000", "train.global_batch_size=8", "train.save_every=100000")
-    with background_run(argv, 2, {}) as proc:
+    with background_run(argv, 2, {}, launcher="env") as proc:
         wait_for(lambda: (run / "metrics.jsonl").is_file() and len(train_rows(run)) >= 2, proc=proc)
         (run / "STOP").touch()
         out, _ = proc.communicate(timeout=120)
@@ -560,7 +568,7 @@ def test_resuming_with_another_model_is_refused_before_anything_changes(referenc
     # a tag that is not there lists those that are; a rank's missing RNG file makes a checkpoint damaged
     assert launch.main(args(shards, run, "train.global_batch_size=8", "--resume", "step00000099")) == 2
     err = capsys.readouterr().err
-    assert f"no checkpoint step00000099; its checkpoints: step00000004, step00000006, step00000008" in err, err
+    assert "no checkpoint step00000099; its checkpoints: step00000004, step00000006, step00000008" in err, err
     # ... and a fresh run directory (and the directories made for it) is not left behind, empty
     fresh = tmp_path / "new" / "run"
     assert launch.main(args(shards, fresh, "train.global_batch_size=8", "--resume", "step00000004")) == 2
