@@ -72,11 +72,12 @@ def run(argv: list[str], *, env: dict, cwd, timeout: float) -> subprocess.Comple
         deadline = time.monotonic() + timeout
         while p.poll() is None and time.monotonic() < deadline:
             p.wait(0.05)
+        text = [f.read_text() if f.exists() else "" for f in (out, err)]  # none: it failed before opening them
         if p.poll() is None:
             os.killpg(p.pid, signal.SIGKILL)
             p.wait()
-            raise subprocess.TimeoutExpired([sys.executable, *argv], timeout, out.read_text(), err.read_text())
-        return subprocess.CompletedProcess([sys.executable, *argv], p.returncode, out.read_text(), err.read_text())
+            raise subprocess.TimeoutExpired([sys.executable, *argv], timeout, *text)
+        return subprocess.CompletedProcess([sys.executable, *argv], p.returncode, *text)
 
 
 def _run(argv: list[str], env: dict, stdout: str, stderr: str, cwd: str) -> None:
@@ -89,6 +90,10 @@ def _run(argv: list[str], env: dict, stdout: str, stderr: str, cwd: str) -> None
     import traceback
 
     os.setsid()
+    # A fresh interpreter's multiprocessing: the platform's start method (a forkserver child inherits
+    # forkserver: DataLoader workers would start from a new server and outlive a killed rank).
+    multiprocessing.set_start_method(None, force=True)
+    multiprocessing.current_process().name = "MainProcess"
     for fd, path in ((1, stdout), (2, stderr)):
         f = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         os.dup2(f, fd)
@@ -119,6 +124,7 @@ def _run(argv: list[str], env: dict, stdout: str, stderr: str, cwd: str) -> None
         code = 1
     threading._shutdown()  # as the interpreter's exit does: non-daemon threads, then the exit handlers
     atexit._run_exitfuncs()
-    sys.stdout.flush()
-    sys.stderr.flush()
+    for stream in (sys.stdout, sys.stderr):
+        if not stream.closed:  # a command may close its own stdout
+            stream.flush()
     os._exit(code)
