@@ -9,6 +9,7 @@ This module holds the presets and methods, and turns finished runs into the tabl
 from __future__ import annotations
 
 import json
+import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -89,6 +90,37 @@ def first_step(curve: list[dict], test) -> int | None:
     return next((r["step"] for r in curve if test(r)), None)
 
 
+def training_seconds(rows: list[dict]) -> float | None:
+    """A run's training wall time from its metrics rows' clock, over every session that trained it: the
+    time from each session's first row to its last, plus one median interval between training rows for
+    the start-up to that first row. A session ends at a stop event (SIGTERM, RUN_DIR/STOP) or, after a
+    kill, where the steps go back; the time between sessions is not counted. None below two train rows."""
+    train = [r for r in rows if r.get("split") == "train" and "time" in r]
+    if len(train) < 2:
+        return None
+    typical = statistics.median(b["time"] - a["time"] for a, b in zip(train, train[1:]) if b["step"] > a["step"])
+    total, first, last, step = 0.0, None, None, -1
+    for r in rows:
+        if "time" not in r:
+            continue
+        stopped = r.get("split") == "event" and str(r.get("event", "")).startswith("stopped")
+        replayed = r.get("split") == "train" and r["step"] <= step
+        if first is not None and replayed:  # killed: this row starts a new session
+            total += last - first + typical
+            first = None
+        if first is None:
+            first = r["time"]
+        last = r["time"]
+        if r.get("split") == "train":
+            step = r["step"]
+        if stopped:
+            total += last - first + typical
+            first = None
+    if first is not None:
+        total += last - first + typical
+    return total
+
+
 def run_summary(run_dir: Path, method: str, seed: int) -> dict:
     """What the tables need from one finished run: its evaluations, training FLOPs and wall time."""
     rows = read_metrics(run_dir)
@@ -97,12 +129,8 @@ def run_summary(run_dir: Path, method: str, seed: int) -> dict:
     out = {"method": method, "seed": seed, "run": str(run_dir), "steps": last.get("step"),
            "bytes_seen": last.get("bytes_seen"), "flops": last.get("flops"),
            "realised_rate": _mean([r.get("boundary_rate") for r in train[len(train) // 2:]])}
-    timing = run_dir / "replicate_timing.json"
-    if timing.is_file():
-        out["wall_s"] = json.loads(timing.read_text())["seconds"]
-    elif len(train) > 1:  # trained outside megatok-replicate: the rows' clock, one interval added for the first
-        span = train[-1]["time"] - train[0]["time"]
-        out["wall_s"] = span * len(train) / (len(train) - 1)
+    if (wall := training_seconds(rows)) is not None:
+        out["wall_s"] = wall
     for name in ("prose-sample", "prose-threshold", "parallel-sample"):
         f = run_dir / f"eval-{name}.json"
         if f.is_file():

@@ -177,12 +177,7 @@ def train(run: dict, nproc: int) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))}
     cmd = local_command(run, nproc)
     log(f"{run['name']}: {shlex.join(cmd)}")
-    t0 = time.time()
     rc = subprocess.run(cmd, env=env).returncode
-    timing = Path(run["run_dir"]) / "replicate_timing.json"
-    timing.parent.mkdir(parents=True, exist_ok=True)
-    before = json.loads(timing.read_text())["seconds"] if timing.is_file() else 0.0
-    timing.write_text(json.dumps({"seconds": before + time.time() - t0}) + "\n")
     if rc:
         raise RuntimeError(f"{run['name']} failed with exit code {rc}; rerun the same command to resume it")
 

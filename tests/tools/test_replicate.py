@@ -174,3 +174,18 @@ def test_configs_are_written_for_the_ranks_that_train_them(tmp_path, shards):
     assert cfgs["policy-vr-seed0"].boundary.options["samples"] == 2
     assert cfgs["hnet-seed1"].boundary.strategy == "hnet"
     assert len({(c.train.max_steps, c.train.global_batch_size, c.data.seq_len) for c in cfgs.values()}) == 1
+
+
+def test_wall_time_counts_every_session_and_not_the_time_between():
+    from megatok.replication import training_seconds
+
+    def train(step, t):
+        return {"split": "train", "step": step, "time": t}
+
+    rows = [train(10, 100), train(20, 110), {"split": "val", "step": 20, "time": 125},
+            {"split": "event", "event": "stopped by signal", "step": 25, "time": 130},
+            train(30, 5000), train(40, 5010),  # resumed after a stop: 4870 s between sessions
+            train(30, 9000), train(40, 9010), train(50, 9020)]  # killed after step 40, resumed from step 20
+    # sessions 100-130, 5000-5010 and 9000-9020, each with one median interval (10 s) for its start-up
+    assert training_seconds(rows) == pytest.approx(30 + 10 + 10 + 10 + 20 + 10)
+    assert training_seconds([train(10, 100)]) is None
