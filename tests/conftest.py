@@ -247,13 +247,12 @@ class Ranks:
     def returncode(self):
         return self.poll()
 
-    def kill(self, sig=signal.SIGKILL) -> None:
-        """``sig`` to every live rank's session (SIGKILL: and wait for them)."""
+    def kill(self) -> None:
+        """SIGKILL to every live rank's session, and wait for them."""
         for p in self.procs:
             if p.poll() is None:
-                os.killpg(p.pid, sig)
-                if sig == signal.SIGKILL:
-                    p.wait()
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
 
     def wait(self, timeout: float, grace: float = 15):
         """Until every rank has ended; when one fails the others are killed after ``grace`` s (as a
