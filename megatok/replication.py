@@ -206,7 +206,7 @@ def _cell(r: dict, spec: str, scale: float = 1.0) -> str:
 def verdict(agg: dict) -> list[str]:
     """The goal's two tests, in words, from the aggregate (only where the methods ran)."""
     lines = []
-    for m in ("policy", "policy-vr"):
+    for m in POLICY_METHODS:
         if m not in agg:
             continue
         frac = agg[m]["sbw_boundary_fraction"]["mean"]
