@@ -335,12 +335,14 @@ def plots(summaries: list[dict], agg: dict, out: Path) -> list[str]:
     curves = [s for s in summaries if s.get("curve")]
     if curves:
         fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-        for s in curves:
-            color = f"C{list(POLICY_METHODS).index(s['method'])}"
+        for s in sorted(curves, key=lambda s: (list(POLICY_METHODS).index(s["method"]), s["seed"])):
+            # a colour per method, a line style per seed
+            style = {"color": f"C{list(POLICY_METHODS).index(s['method'])}", "alpha": 0.8,
+                     "ls": ("-", "--", ":", "-.")[s["seed"] % 4]}
             steps = [r["step"] for r in s["curve"]]
-            label = f"{s['method']} seed {s['seed']}"
-            axes[0].plot(steps, [r["sbw_boundary_fraction"] for r in s["curve"]], color=color, label=label, alpha=0.8)
-            axes[1].plot(steps, [(r["p_sbw"] or 0) - (r["p_other"] or 0) for r in s["curve"]], color=color, alpha=0.8)
+            axes[0].plot(steps, [r["sbw_boundary_fraction"] for r in s["curve"]],
+                         label=f"{s['method']} seed {s['seed']}", **style)
+            axes[1].plot(steps, [(r["p_sbw"] or 0) - (r["p_other"] or 0) for r in s["curve"]], **style)
         axes[0].axhline(0.6, ls="--", color="gray", lw=0.8)
         axes[0].set_title("spaces before a word that start a chunk (training)")
         axes[1].set_title("p at spaces before words minus p elsewhere")
