@@ -231,10 +231,15 @@ def verdict(agg: dict) -> list[str]:
     return lines
 
 
+def common_seeds(a: dict, b: dict) -> list[str]:
+    """The seeds both aggregates have a held-out bpb for, in order."""
+    return sorted(set(a.get("bpb_by_seed", {})) & set(b.get("bpb_by_seed", {})), key=int)
+
+
 def same_seed(a: dict, b: dict, m: str) -> str:
     """Where one method ran one seed and the other several: the difference on the seed both ran (a mean over
     other seeds mixes in the seed's own effect, which here is larger than the methods')."""
-    seeds = sorted(set(a.get("bpb_by_seed", {})) & set(b.get("bpb_by_seed", {})), key=int)
+    seeds = common_seeds(a, b)
     if len(seeds) != 1 or max(a["bpb"]["n"], b["bpb"]["n"]) < 2:
         return ""
     (s,) = seeds
@@ -245,7 +250,7 @@ def same_seed(a: dict, b: dict, m: str) -> str:
 
 def paired(a: dict, b: dict, m: str, base: str) -> str:
     """The difference seed by seed (the same seed: the same data order and initialisation), where both ran."""
-    seeds = sorted(set(a.get("bpb_by_seed", {})) & set(b.get("bpb_by_seed", {})), key=int)
+    seeds = common_seeds(a, b)
     if len(seeds) < 2:
         return ""
     gains = [b["bpb_by_seed"][s] - a["bpb_by_seed"][s] for s in seeds]
