@@ -260,6 +260,18 @@ def test_the_configuration_reference_in_docs_is_current():
     assert r.returncode == 0, r.stderr
 
 
+def test_a_stale_configuration_reference_is_named_with_the_command_that_refreshes_it(tmp_path):
+    from megatok.cli.config_reference import BEGIN, END
+
+    doc = tmp_path / "ref.md"
+    doc.write_text(f"intro\n{BEGIN}\nold\n{END}\nrest\n")
+    r = run_tool("config_reference", "--check", doc)
+    assert r.returncode == 1 and f"megatok-config-reference --write {doc}" in r.stderr
+    assert run_tool("config_reference", "--write", doc).returncode == 0
+    assert run_tool("config_reference", "--check", doc).returncode == 0
+    assert doc.read_text().startswith("intro\n") and doc.read_text().endswith("rest\n")
+
+
 def test_lr_schedule_warms_up_from_the_first_step_and_decays_to_the_floor(tmp_path):
     from megatok.config import lr_lambda
 

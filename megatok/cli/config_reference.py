@@ -1,11 +1,11 @@
 """Print the configuration reference (every key, its type, default and meaning) as markdown.
 
     megatok-config-reference            # print
-    megatok-config-reference --check README.md   # exit 1 if the README's copy is stale
-    megatok-config-reference --write README.md   # refresh the README's copy
+    megatok-config-reference --check docs/config.md   # exit 1 if the copy in docs/config.md is stale
+    megatok-config-reference --write docs/config.md   # refresh it
 
 It is generated from the schema in megatok/config.py and the strategies' Options, so it cannot
-drift from the code; the README holds a copy between two marker lines.
+drift from the code; docs/config.md holds a copy between two marker lines.
 """
 
 from __future__ import annotations
@@ -57,8 +57,8 @@ def reference() -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--check", metavar="README", help="compare with the copy between the markers in this file")
-    ap.add_argument("--write", metavar="README", help="replace the copy between the markers in this file")
+    ap.add_argument("--check", metavar="FILE", help="compare with the copy between the markers in this file")
+    ap.add_argument("--write", metavar="FILE", help="replace the copy between the markers in this file")
     args = ap.parse_args(argv)
     ref = reference()
     path = args.check or args.write
@@ -76,7 +76,7 @@ def main(argv=None) -> int:
         return 0
     if copy.strip("\n") + "\n" != ref:
         print(f"error: {path}: the configuration reference is stale; regenerate it with "
-              f"megatok-config-reference --write README.md", file=sys.stderr)
+              f"megatok-config-reference --write {path}", file=sys.stderr)
         return 1
     return 0
 

@@ -331,7 +331,8 @@ def report(runs: list[dict], methods: list[str], preset: Preset, seeds: list[int
     agg = aggregate(summaries, methods)
     progress = "" if len(done) == len(runs) else f" {len(done)} of the {len(runs)} runs finished so far."
     header = (f"# Replication study: preset {preset.name}\n\n{preset.description}. {len(seeds)} seed(s).{progress} "
-              f"Command: `{command}`. Date: {time.strftime('%Y-%m-%d')}. Machine: {machine()}.")
+              f"Command: `{command}`. Tables written {time.strftime('%Y-%m-%d')} on {machine()} (a study that spans "
+              f"sessions may have trained its runs on other machines).")
     for name, text in (("results.json", json.dumps({"preset": preset.name, "seeds": seeds, "command": command,
                                                     "aggregate": agg, "runs": summaries}, indent=1) + "\n"),
                        ("results.md", markdown(agg, preset, header)), ("command.txt", command + "\n")):
