@@ -88,8 +88,9 @@ def _archive_problem(path: Path) -> str | None:
 def damage(run_dir: str | Path, tag: str) -> str | None:
     """What makes a published checkpoint unusable, or None. Checks that megatok's files read (the
     metadata, every rank's RNG states and data cursors), that every DeepSpeed file is a complete
-    archive (see _archive_problem: the data itself is not read), and that a ZeRO checkpoint has one
-    optimizer partition per rank of the run that wrote it. A checkpoint a killed re-save had moved
+    archive (see _archive_problem: the data itself is not read), that DeepSpeed's model states are there
+    (one file, or one per rank under ZeRO-3), and that a ZeRO checkpoint has one optimizer partition per
+    rank of the run that wrote it. A checkpoint a killed re-save had moved
     aside counts as in place (the next start restores it)."""
     d = restorable(run_dir, tag)
     try:
@@ -114,6 +115,11 @@ def damage(run_dir: str | Path, tag: str) -> str | None:
     for f in files:
         if problem := _archive_problem(f):
             return problem
+    stage = int(meta.get("zero_stage", 0))
+    model_files = ([f"zero_pp_rank_{r}_mp_rank_00_model_states.pt" for r in range(world)] if stage == 3
+                   else ["mp_rank_00_model_states.pt"])  # ZeRO-3: every rank's; else rank 0 writes the one
+    if missing := [n for n in model_files if not (d / n).is_file()]:
+        return f"{', '.join(missing[:2])}{' ...' if len(missing) > 2 else ''} missing (ZeRO stage {stage}, {world} ranks)"
     partitions = len(list(d.glob("*_optim_states.pt")))
     if (partitions or meta.get("zero_stage", 0) >= 1) and partitions != world:  # none at all under ZeRO 1-3
         return f"{partitions} optimizer partitions for the {world} ranks that wrote it"

@@ -78,6 +78,21 @@ def test_damaged_checkpoints_are_named_and_auto_resume_falls_back_past_them(tmp_
         f.unlink()
     assert checkpoint.damage(tmp_path, "step00000007") == "0 optimizer partitions for the 2 ranks that wrote it"
     shutil.rmtree(gone)
+    no_model = published(tmp_path, "step00000005", 5, world=2)  # DeepSpeed's model states gone
+    (no_model / "mp_rank_00_model_states.pt").unlink()
+    assert checkpoint.damage(tmp_path, "step00000005") == "mp_rank_00_model_states.pt missing (ZeRO stage 2, 2 ranks)"
+    shutil.rmtree(no_model)
+    z3 = published(tmp_path, "step00000005", 5, world=2)  # ZeRO-3: every rank writes its own model states
+    meta = json.loads((z3 / checkpoint.META).read_text())
+    (z3 / checkpoint.META).write_text(json.dumps({**meta, "zero_stage": 3}))
+    (z3 / "mp_rank_00_model_states.pt").unlink()
+    for r in range(2):
+        torch.save({"module": None}, z3 / f"zero_pp_rank_{r}_mp_rank_00_model_states.pt")
+    assert checkpoint.damage(tmp_path, "step00000005") is None
+    (z3 / "zero_pp_rank_1_mp_rank_00_model_states.pt").unlink()
+    assert checkpoint.damage(tmp_path, "step00000005") == (
+        "zero_pp_rank_1_mp_rank_00_model_states.pt missing (ZeRO stage 3, 2 ranks)")
+    shutil.rmtree(z3)
     (published(tmp_path, "step00000008", 8, world=1) / checkpoint.META).unlink()
     assert checkpoint.damage(tmp_path, "step00000008").startswith("megatok.json: ")
 
