@@ -211,6 +211,11 @@ def exported_config(path: str | Path) -> Config:
     return written_config(path / CONFIG, path.resolve(), base_first=True)
 
 
+#: safetensors' dtype names -> torch's (every dtype a megatok model's parameters and buffers use)
+SAFETENSORS_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16, "BOOL": torch.bool,
+                      "I64": torch.int64, "I32": torch.int32, "U8": torch.uint8, "F64": torch.float64}
+
+
 def exported_weights(path: str | Path, cfg: Config) -> dict[str, LazyTensor]:
     """{megatok name: LazyTensor} of an export's safetensors, read a tensor at a time."""
     path = Path(path)
@@ -223,8 +228,9 @@ def exported_weights(path: str | Path, cfg: Config) -> dict[str, LazyTensor]:
         with safe_open(str(path / name), framework="pt") as f:
             for key in f.keys():
                 sl = f.get_slice(key)
-                dtype = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}.get(sl.get_dtype(),
-                                                                                                    torch.int64)
+                if sl.get_dtype() not in SAFETENSORS_DTYPES:
+                    raise ValueError(f"{path / name}: tensor {key}: dtype {sl.get_dtype()} is not one megatok writes")
+                dtype = SAFETENSORS_DTYPES[sl.get_dtype()]
                 stored[key] = LazyTensor(torch.Size(sl.get_shape()), dtype,
                                          (lambda to, file=str(path / name), key=key: _read(file, key).to(to)))
     info = json.loads((path / INFO).read_text())

@@ -66,6 +66,16 @@ def test_the_byte_model_exports_sharded_and_loads_back(tiny_run, tmp_path):
     assert run_tool("export", "--run", tiny_run, "--out", tmp_path / "bf16", "--dtype", "bf16").returncode == 0
     assert load_file(str(tmp_path / "bf16" / "model.safetensors"))["head.weight"].dtype == torch.bfloat16
     assert {p.dtype for p in megatok.load(tmp_path / "bf16").module.parameters()} == {torch.float32}
+    # buffers keep their dtype (the policy's delayed-start latch is a bool)
+    from safetensors.torch import save_file
+
+    from megatok.run.export import exported_config, exported_weights
+
+    weights = load_file(str(tmp_path / "bf16" / "model.safetensors"))
+    save_file({**weights, "boundary.started": torch.ones((), dtype=torch.bool)},
+              str(tmp_path / "bf16" / "model.safetensors"), metadata={"format": "pt"})
+    lazy = exported_weights(tmp_path / "bf16", exported_config(tmp_path / "bf16"))
+    assert lazy["boundary.started"].dtype == torch.bool and lazy["head.weight"].dtype == torch.bfloat16
     r = run_tool("export", "--run", tiny_run, "--out", tmp_path / "x", "--max-shard-size", "lots")
     assert r.returncode == 2 and r.stderr.strip() == ("error: --max-shard-size: 'lots' is not a size such as 5GB, "
                                                       "500MB or a number of bytes")
