@@ -167,7 +167,8 @@ def _write_llama_files(cfg: Config, out: Path, dtype: str) -> None:
     tok = LlamaTokenizer.from_pretrained(str(out), add_prefix_space=False, legacy=False,
                                          bos_token=sp.id_to_piece(enc.sep), eos_token=sp.id_to_piece(enc.sep),
                                          unk_token=sp.id_to_piece(sp.unk_id()), pad_token=sp.id_to_piece(enc.pad),
-                                         add_bos_token=True, add_eos_token=False)
+                                         add_bos_token=True, add_eos_token=False,
+                                         split_special_tokens=True)  # "</s>" in a text is its bytes, as in megatok
     tok.save_pretrained(str(out))
 
 

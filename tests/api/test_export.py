@@ -37,7 +37,7 @@ def test_transformers_opens_the_exported_token_model_with_megatoks_logits(bpe_ru
     hf = AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32).eval()
     assert isinstance(hf, LlamaForCausalLM) and not hf.config.tie_word_embeddings
     tok = AutoTokenizer.from_pretrained(str(out))
-    for text in TEXTS:
+    for text in TEXTS + ["x </s> y", "<s>hi <unk>"]:  # the special tokens' names in a text are plain text
         ids = tok(text)["input_ids"]  # </s> first: megatok's document separator
         assert ids == ours.encoding.doc_ids(text.encode()).tolist(), text[:40]
         assert tok.decode(ids, skip_special_tokens=True) == text
