@@ -9,7 +9,9 @@
 Both model kinds: megatok's byte U-net and the BPE token model. Everything here is built on the evaluator
 (megatok.eval.bpb.evaluate_documents: documents cut into windows of the run's ``data.seq_len``, every
 byte predicted once) and on megatok.generate, so ``score(text).bits_per_byte`` is exactly the bits per
-byte ``megatok-evaluate`` reports for that text under the same boundary rule.
+byte ``megatok-evaluate`` reports for that text under the same boundary rule. One exception:
+``loglikelihood`` reads a continuation whose context fills more than a window in windows that end at it,
+with as much of the context as fits (megatok-evaluate's windows would give it almost none).
 
 Deterministic by default. A byte model's boundaries follow a rule fixed at load time: ``"threshold"``
 (the default: a chunk starts where the strategy's boundary probability exceeds 0.5) or ``"sample"``
@@ -101,20 +103,6 @@ class _Pass:
     nll: float = 0.0  # the evaluator's NLL sums of the document's windows, added in its order
 
 
-class _GivenIds:
-    """The model's encoding, with each document's ids fixed in advance (a context and its continuation
-    tokenized apart), handed to evaluate_documents in the order it reads the documents."""
-
-    def __init__(self, encoding, ids: list[list[int]]):
-        self.sep, self.pad, self.dtype, self.byte_lengths = encoding.sep, encoding.pad, encoding.dtype, encoding.byte_lengths
-        self._ids = iter(ids)
-
-    def doc_ids(self, text: bytes):
-        import numpy as np
-
-        return np.asarray(next(self._ids), dtype=self.dtype)
-
-
 class Model:
     """A loaded model (see :func:`load`). ``module`` is the torch module (eval mode), ``config`` the run's
     config, ``kind`` "unet" (the byte model) or "bpe" (the token model)."""
@@ -148,28 +136,43 @@ class Model:
 
     # -------------------------------------------------------------------------------------- passes
 
-    def _passes(self, texts: list[bytes], ids: list[list[int]] | None = None) -> tuple[list[_Pass], dict]:
+    def _passes(self, texts: list[bytes], windows: list[list[tuple[torch.Tensor, int]]] | None = None
+                ) -> tuple[list[_Pass], dict]:
         """Score documents through evaluate_documents (batched, seeded as megatok-evaluate): each one's
         per-target log-probabilities, argmax flags and chunk starts, and the evaluator's figures.
-        ``ids``: the documents' ids given (separator first) instead of encoded from the texts."""
+        ``windows``: per document, its windows (ids, separator first in a document's first window) and how
+        many of each window's last targets to keep, instead of megatok-evaluate's windows (all kept)."""
         passes = [_Pass() for _ in texts]
 
-        def keep(doc_no, _window, w, out, row):
+        def keep(doc_no, i, w, out, row):
             n = len(w) - 1
+            lo = 0 if windows is None else n - windows[doc_no][i][1]  # the targets before lo are context
             p = passes[doc_no]
-            ce = out.ce_full[row, :n].double()
+            ce = out.ce_full[row, lo:n].double()
             p.logprobs.extend((-ce).tolist())
             p.nll += float(out.rows["nll"][row])
-            p.greedy.extend((out.logits[row, :n].argmax(-1).cpu() == w[1:]).tolist())
+            p.greedy.extend((out.logits[row, lo:n].argmax(-1).cpu() == w[lo + 1:]).tolist())
             if out.boundaries is not None:
-                p.starts.extend(out.boundaries.starts[row, :n].tolist())
+                p.starts.extend(out.boundaries.starts[row, lo:n].tolist())
 
-        encoding = self.encoding if ids is None else _GivenIds(self.encoding, ids)
+        given = None if windows is None else (lambda doc_no, _text: [w for w, _ in windows[doc_no]])
         docs = (Document(text=t, lang=None, domain=None, source="") for t in texts)
         figures = evaluate_documents(self.module, docs, seq_len=self.seq_len, batch_size=self.batch_size,
-                                     mode=self.boundary, seed=self.seed, device=self.device, encoding=encoding,
-                                     per_window=keep)
+                                     mode=self.boundary, seed=self.seed, device=self.device, encoding=self.encoding,
+                                     per_window=keep, windows=given)
         return passes, figures
+
+    def _ending_windows(self, ids: torch.Tensor, n: int) -> list[tuple[torch.Tensor, int]]:
+        """Windows that read the last ``n`` targets of ``ids`` (a document, separator first) with as much
+        of the ids before them as fits: the targets in groups of at most seq_len, aligned at the end (the
+        first group, the shortest, gets the most context), each group read in the seq_len + 1 ids ending
+        at its last target (the oldest dropped first, as the harness's ``hf`` model does). Ids that fit
+        in one window give megatok-evaluate's one window: the document."""
+        last = len(ids) - 1  # the index of the last target
+        out = []
+        for end in range(last, last - n, -self.seq_len):
+            out.append((ids[max(0, end - self.seq_len):end + 1], min(self.seq_len, end - (last - n))))
+        return out[::-1]
 
     # -------------------------------------------------------------------------------------- public
 
@@ -235,19 +238,21 @@ class Model:
     def loglikelihoods(self, pairs: list[tuple[str | bytes, str | bytes]]) -> list[tuple[float, bool]]:
         """:meth:`loglikelihood` of many (context, continuation) pairs, batched. The byte model reads
         context + continuation as one document; the BPE model tokenizes the two apart (a token never
-        spans the join) and reads the ids as one document."""
+        spans the join) and reads the ids as one document. A document longer than ``seq_len`` is not cut
+        as megatok-evaluate cuts it: the continuation is read in windows that end at it, filled on the
+        left with as much of the context as fits (the oldest dropped first; a byte model's boundaries
+        decided over each such window, seeded by its place among them)."""
         ctxs, conts = [_as_bytes(c) for c, _ in pairs], [_as_bytes(x) for _, x in pairs]
-        texts = [c + x for c, x in zip(ctxs, conts)]
-        ids, counts = None, [len(x) for x in conts]
-        if not self.byte_model:
-            ids, counts = [], []
-            for c, x in zip(ctxs, conts):
-                cont = self.encoding.doc_ids(x)[1:].tolist()
-                ids.append(self.encoding.doc_ids(c).tolist() + cont)
-                counts.append(len(cont))
-        passes, _ = self._passes(texts, ids)
-        return [(math.fsum(p.logprobs[len(p.logprobs) - n:]), all(p.greedy[len(p.greedy) - n:]))
-                for p, n in zip(passes, counts)]
+        texts, windows = [c + x for c, x in zip(ctxs, conts)], []
+        for c, x in zip(ctxs, conts):
+            if self.byte_model:
+                ids, n = self.encoding.doc_ids(c + x), len(x)
+            else:
+                cont = self.encoding.doc_ids(x)[1:]
+                ids, n = self.encoding.doc_ids(c).tolist() + cont.tolist(), len(cont)
+            windows.append(self._ending_windows(torch.as_tensor(ids, dtype=torch.long), n))
+        passes, _ = self._passes(texts, windows)  # each pass keeps the continuation's targets only
+        return [(math.fsum(p.logprobs), all(p.greedy)) for p in passes]
 
     def generate(self, prompt: str | bytes | list, max_bytes: int = 200, temperature: float = 1.0,
                  top_k: int | None = None, top_p: float | None = None, stop=None, seed: int | list[int] | None = None,

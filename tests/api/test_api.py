@@ -109,6 +109,36 @@ def test_the_token_model_scores_segments_and_continues(bpe_run):
     assert " " not in c.text and c.finish_reason in ("stop", "length", "separator")
 
 
+def test_a_long_contexts_continuation_is_read_in_windows_that_end_at_it(tiny_run, bpe_run):
+    """log p(continuation | context) when the two fill more than a window: the continuation read with as
+    much context as fits before it (the last seq_len + 1 ids), not in megatok-evaluate's windows (where a
+    continuation starting a window would see nothing of the context but its last id)."""
+    text = TEXT.encode()
+    for run in (tiny_run, bpe_run):
+        model = megatok.load(run)
+        # by hand: one forward over the last seq_len + 1 ids of the document
+        for context, continuation in ((text[:64], b" import os"), (text[:150], b" import os"), (text[:20], b"x = 1")):
+            ids = model.encoding.doc_ids(context).tolist()
+            cont = model.encoding.doc_ids(continuation)[1:].tolist()
+            window = torch.tensor([(ids + cont)[-(model.seq_len + 1):]])
+            with torch.no_grad():
+                ce = model.module(window[:, :-1], window[:, 1:]).ce_full[0]
+            lp, _ = model.loglikelihood(context, continuation)
+            assert lp == pytest.approx(-ce[-len(cont):].sum().item(), abs=1e-4)
+    # the byte model: two contexts ending with the same byte give different figures; a document that fits in
+    # a window keeps megatok-evaluate's figures; a continuation longer than a window is read in groups of
+    # seq_len targets aligned at its end, so it splits by the chain rule at seq_len bytes from its end
+    model = megatok.load(tiny_run)
+    assert model.loglikelihood(b"A" * 63 + b"x", b" import")[0] != model.loglikelihood(text[:63] + b"x", b" import")[0]
+    assert model.loglikelihood(text[:30], text[30:40])[0] == pytest.approx(
+        sum(model.score(text[:40]).byte_logprobs[30:]), abs=1e-5)
+    context, continuation = text[:100], text[100:250]
+    m = len(continuation) - model.seq_len
+    whole = model.loglikelihood(context, continuation)[0]
+    assert whole == pytest.approx(model.loglikelihood(context, continuation[:m])[0]
+                                  + model.loglikelihood(context + continuation[:m], continuation[m:])[0], abs=1e-4)
+
+
 def test_load_names_what_it_cannot_use(tiny_run, tmp_path):
     with pytest.raises(FileNotFoundError, match="neither a megatok run directory"):
         megatok.load(tmp_path)
