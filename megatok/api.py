@@ -23,6 +23,7 @@ loaded module (``model.module``) keeps the rule as its ``boundary.eval_mode``.
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import math
 from dataclasses import dataclass, field
@@ -81,7 +82,8 @@ class Score:
 class Completion:
     """A continuation of a prompt. ``text``/``data``: the generated text (decoded as UTF-8, an invalid
     byte as U+FFFD / exactly), cut before the stop string that ended it. ``finish_reason``: "stop" (a
-    stop string), "separator" (the model ended the document) or "length" (``max_bytes``).
+    stop string), "separator" (the model ended the document) or "length" (``max_bytes``). When
+    ``max_bytes`` cut a character, its first bytes are left out of ``text`` (``data`` keeps them).
     ``generation``: everything megatok.generate returned (the ids, their log-probabilities, the byte
     model's chunk starts), uncut."""
 
@@ -280,7 +282,11 @@ class Model:
         if g.stop is not None:
             cut = min((data.find(s), i) for i, s in enumerate(encoded) if s in data)
             data, which, reason = data[:cut[0]], stops[cut[1]], "stop"
-        return Completion(data.decode("utf-8", "replace"), data, reason, which, g)
+        text = data.decode("utf-8", "replace")
+        if reason == "length":  # max_bytes may stop inside a character: a decoder that is not told the
+            # text ended holds its first bytes back (other invalid bytes still read as U+FFFD)
+            text = codecs.getincrementaldecoder("utf-8")("replace").decode(data)
+        return Completion(text, data, reason, which, g)
 
 
 def load(path: str | Path, checkpoint: str | None = None, device: str | torch.device | None = None,

@@ -85,6 +85,20 @@ def test_generate_stop_strings_lists_of_prompts_and_seeds(tiny_run):
         model.generate("x", top_p=0)
 
 
+def test_a_completion_cut_by_max_bytes_inside_a_character_leaves_it_out_of_text(tiny_run, monkeypatch):
+    model = megatok.load(tiny_run)
+    want, forward = "привет".encode(), model.module.forward
+
+    def writes_russian(x, *args, **kw):  # the next byte of `want` made certain
+        out = forward(x, *args, **kw)
+        out.logits[0, -1, want[min(x.shape[1] - 1 - len(b"Hi: "), len(want) - 1)]] = 1e4
+        return out
+
+    monkeypatch.setattr(model.module, "forward", writes_russian)
+    c = model.generate("Hi: ", max_bytes=5, temperature=0, cache=False)  # "пр" and the first byte of "и"
+    assert c.finish_reason == "length" and c.data == want[:5] and c.text == "пр"
+
+
 def test_the_token_model_scores_segments_and_continues(bpe_run):
     model = megatok.load(bpe_run)
     text = " ".join(PARALLEL["en"] + PARALLEL["ru"])
