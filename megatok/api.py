@@ -261,7 +261,8 @@ class Model:
                  cache: bool = True):
         """Continue ``prompt`` (read as the start of a document) for up to ``max_bytes`` bytes (a BPE
         model's last token may run past), until the model ends the document or the text holds one of
-        the ``stop`` strings (str or bytes; the completion is cut before it). ``temperature`` 0 is
+        the ``stop`` strings (str or bytes; the completion is cut before it; an empty one is ignored, as
+        megatok.generate and lm-eval's cut of a generation ignore it). ``temperature`` 0 is
         greedy; ``top_k``/``top_p`` restrict the sampled ids. A list of prompts gives a list of
         completions, prompt i sampled with seed ``seed + i`` (or ``seed[i]``); ``seed`` defaults to the
         model's. Byte-model boundaries follow the model's rule (decided as each byte arrives)."""
@@ -273,7 +274,7 @@ class Model:
             return [self.generate(p, max_bytes, temperature, top_k, top_p, stop, s, cache) for p, s in zip(prompt, seeds)]
         if isinstance(stop, (str, bytes)):
             stop = [stop]
-        stops = list(stop or [])
+        stops = [s for s in stop or [] if len(s)]  # b"" is in every text: it would cut at 0
         encoded = [_as_bytes(s) for s in stops]
         g = _generate(self.module, _as_bytes(prompt), seq_len=self.seq_len, max_bytes=max_bytes,
                       temperature=temperature, top_k=top_k, top_p=top_p, seed=self.seed if seed is None else seed,

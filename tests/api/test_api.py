@@ -85,6 +85,18 @@ def test_generate_stop_strings_lists_of_prompts_and_seeds(tiny_run):
         model.generate("x", top_p=0)
 
 
+def test_an_empty_stop_string_is_ignored(tiny_run):
+    model = megatok.load(tiny_run)
+    one = model.generate("def ", max_bytes=40, seed=1)
+    k = next(k for k in range(1, 38) if one.data.find(one.data[k:k + 2]) == k)  # a stop string found after 0
+    cut = model.generate("def ", max_bytes=40, seed=1, stop=[one.data[k:k + 2]])
+    assert cut.finish_reason == "stop" and cut.data == one.data[:k]
+    # (b"" is in every text: taken as found at 0, it would cut a completion another stop string ends to nothing)
+    for empty in ("", b""):
+        assert model.generate("def ", max_bytes=40, seed=1, stop=[one.data[k:k + 2], empty]) == cut
+        assert model.generate("def ", max_bytes=40, seed=1, stop=empty) == one
+
+
 def test_a_completion_cut_by_max_bytes_inside_a_character_leaves_it_out_of_text(tiny_run, monkeypatch):
     model = megatok.load(tiny_run)
     want, forward = "привет".encode(), model.module.forward
