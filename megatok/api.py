@@ -9,7 +9,9 @@
 Both model kinds: megatok's byte U-net and the BPE token model. Everything here is built on the evaluator
 (megatok.eval.bpb.evaluate_documents: documents cut into windows of the run's ``data.seq_len``, every
 byte predicted once) and on megatok.generate, so ``score(text).bits_per_byte`` is exactly the bits per
-byte ``megatok-evaluate`` reports for that text under the same boundary rule.
+byte ``megatok-evaluate`` reports for that text under the same boundary rule. One exception:
+``loglikelihood`` reads a continuation whose context fills more than a window in windows that end at it,
+with as much of the context as fits (megatok-evaluate's windows would give it almost none).
 
 Deterministic by default. A byte model's boundaries follow a rule fixed at load time: ``"threshold"``
 (the default: a chunk starts where the strategy's boundary probability exceeds 0.5) or ``"sample"``
@@ -21,6 +23,7 @@ loaded module (``model.module``) keeps the rule as its ``boundary.eval_mode``.
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import math
 from dataclasses import dataclass, field
@@ -79,7 +82,8 @@ class Score:
 class Completion:
     """A continuation of a prompt. ``text``/``data``: the generated text (decoded as UTF-8, an invalid
     byte as U+FFFD / exactly), cut before the stop string that ended it. ``finish_reason``: "stop" (a
-    stop string), "separator" (the model ended the document) or "length" (``max_bytes``).
+    stop string), "separator" (the model ended the document) or "length" (``max_bytes``). When
+    ``max_bytes`` cut a character, its first bytes are left out of ``text`` (``data`` keeps them).
     ``generation``: everything megatok.generate returned (the ids, their log-probabilities, the byte
     model's chunk starts), uncut."""
 
@@ -99,20 +103,6 @@ class _Pass:
     greedy: list[bool] = field(default_factory=list)
     starts: list[bool] = field(default_factory=list)
     nll: float = 0.0  # the evaluator's NLL sums of the document's windows, added in its order
-
-
-class _GivenIds:
-    """The model's encoding, with each document's ids fixed in advance (a context and its continuation
-    tokenized apart), handed to evaluate_documents in the order it reads the documents."""
-
-    def __init__(self, encoding, ids: list[list[int]]):
-        self.sep, self.pad, self.dtype, self.byte_lengths = encoding.sep, encoding.pad, encoding.dtype, encoding.byte_lengths
-        self._ids = iter(ids)
-
-    def doc_ids(self, text: bytes):
-        import numpy as np
-
-        return np.asarray(next(self._ids), dtype=self.dtype)
 
 
 class Model:
@@ -148,28 +138,43 @@ class Model:
 
     # -------------------------------------------------------------------------------------- passes
 
-    def _passes(self, texts: list[bytes], ids: list[list[int]] | None = None) -> tuple[list[_Pass], dict]:
+    def _passes(self, texts: list[bytes], windows: list[list[tuple[torch.Tensor, int]]] | None = None
+                ) -> tuple[list[_Pass], dict]:
         """Score documents through evaluate_documents (batched, seeded as megatok-evaluate): each one's
         per-target log-probabilities, argmax flags and chunk starts, and the evaluator's figures.
-        ``ids``: the documents' ids given (separator first) instead of encoded from the texts."""
+        ``windows``: per document, its windows (ids, separator first in a document's first window) and how
+        many of each window's last targets to keep, instead of megatok-evaluate's windows (all kept)."""
         passes = [_Pass() for _ in texts]
 
-        def keep(doc_no, _window, w, out, row):
+        def keep(doc_no, i, w, out, row):
             n = len(w) - 1
+            lo = 0 if windows is None else n - windows[doc_no][i][1]  # the targets before lo are context
             p = passes[doc_no]
-            ce = out.ce_full[row, :n].double()
+            ce = out.ce_full[row, lo:n].double()
             p.logprobs.extend((-ce).tolist())
             p.nll += float(out.rows["nll"][row])
-            p.greedy.extend((out.logits[row, :n].argmax(-1).cpu() == w[1:]).tolist())
+            p.greedy.extend((out.logits[row, lo:n].argmax(-1).cpu() == w[lo + 1:]).tolist())
             if out.boundaries is not None:
-                p.starts.extend(out.boundaries.starts[row, :n].tolist())
+                p.starts.extend(out.boundaries.starts[row, lo:n].tolist())
 
-        encoding = self.encoding if ids is None else _GivenIds(self.encoding, ids)
+        given = None if windows is None else (lambda doc_no, _text: [w for w, _ in windows[doc_no]])
         docs = (Document(text=t, lang=None, domain=None, source="") for t in texts)
         figures = evaluate_documents(self.module, docs, seq_len=self.seq_len, batch_size=self.batch_size,
-                                     mode=self.boundary, seed=self.seed, device=self.device, encoding=encoding,
-                                     per_window=keep)
+                                     mode=self.boundary, seed=self.seed, device=self.device, encoding=self.encoding,
+                                     per_window=keep, windows=given)
         return passes, figures
+
+    def _ending_windows(self, ids: torch.Tensor, n: int) -> list[tuple[torch.Tensor, int]]:
+        """Windows that read the last ``n`` targets of ``ids`` (a document, separator first) with as much
+        of the ids before them as fits: the targets in groups of at most seq_len, aligned at the end (the
+        first group, the shortest, gets the most context), each group read in the seq_len + 1 ids ending
+        at its last target (the oldest dropped first, as the harness's ``hf`` model does). Ids that fit
+        in one window give megatok-evaluate's one window: the document."""
+        last = len(ids) - 1  # the index of the last target
+        out = []
+        for end in range(last, last - n, -self.seq_len):
+            out.append((ids[max(0, end - self.seq_len):end + 1], min(self.seq_len, end - (last - n))))
+        return out[::-1]
 
     # -------------------------------------------------------------------------------------- public
 
@@ -235,26 +240,29 @@ class Model:
     def loglikelihoods(self, pairs: list[tuple[str | bytes, str | bytes]]) -> list[tuple[float, bool]]:
         """:meth:`loglikelihood` of many (context, continuation) pairs, batched. The byte model reads
         context + continuation as one document; the BPE model tokenizes the two apart (a token never
-        spans the join) and reads the ids as one document."""
+        spans the join) and reads the ids as one document. A document longer than ``seq_len`` is not cut
+        as megatok-evaluate cuts it: the continuation is read in windows that end at it, filled on the
+        left with as much of the context as fits (the oldest dropped first; a byte model's boundaries
+        decided over each such window, seeded by its place among them)."""
         ctxs, conts = [_as_bytes(c) for c, _ in pairs], [_as_bytes(x) for _, x in pairs]
-        texts = [c + x for c, x in zip(ctxs, conts)]
-        ids, counts = None, [len(x) for x in conts]
-        if not self.byte_model:
-            ids, counts = [], []
-            for c, x in zip(ctxs, conts):
-                cont = self.encoding.doc_ids(x)[1:].tolist()
-                ids.append(self.encoding.doc_ids(c).tolist() + cont)
-                counts.append(len(cont))
-        passes, _ = self._passes(texts, ids)
-        return [(math.fsum(p.logprobs[len(p.logprobs) - n:]), all(p.greedy[len(p.greedy) - n:]))
-                for p, n in zip(passes, counts)]
+        texts, windows = [c + x for c, x in zip(ctxs, conts)], []
+        for c, x in zip(ctxs, conts):
+            if self.byte_model:
+                ids, n = self.encoding.doc_ids(c + x), len(x)
+            else:
+                cont = self.encoding.doc_ids(x)[1:]
+                ids, n = self.encoding.doc_ids(c).tolist() + cont.tolist(), len(cont)
+            windows.append(self._ending_windows(torch.as_tensor(ids, dtype=torch.long), n))
+        passes, _ = self._passes(texts, windows)  # each pass keeps the continuation's targets only
+        return [(math.fsum(p.logprobs), all(p.greedy)) for p in passes]
 
     def generate(self, prompt: str | bytes | list, max_bytes: int = 200, temperature: float = 1.0,
                  top_k: int | None = None, top_p: float | None = None, stop=None, seed: int | list[int] | None = None,
                  cache: bool = True):
         """Continue ``prompt`` (read as the start of a document) for up to ``max_bytes`` bytes (a BPE
         model's last token may run past), until the model ends the document or the text holds one of
-        the ``stop`` strings (str or bytes; the completion is cut before it). ``temperature`` 0 is
+        the ``stop`` strings (str or bytes; the completion is cut before it; an empty one is ignored, as
+        megatok.generate and lm-eval's cut of a generation ignore it). ``temperature`` 0 is
         greedy; ``top_k``/``top_p`` restrict the sampled ids. A list of prompts gives a list of
         completions, prompt i sampled with seed ``seed + i`` (or ``seed[i]``); ``seed`` defaults to the
         model's. Byte-model boundaries follow the model's rule (decided as each byte arrives)."""
@@ -266,7 +274,7 @@ class Model:
             return [self.generate(p, max_bytes, temperature, top_k, top_p, stop, s, cache) for p, s in zip(prompt, seeds)]
         if isinstance(stop, (str, bytes)):
             stop = [stop]
-        stops = list(stop or [])
+        stops = [s for s in stop or [] if len(s)]  # b"" is in every text: it would cut at 0
         encoded = [_as_bytes(s) for s in stops]
         g = _generate(self.module, _as_bytes(prompt), seq_len=self.seq_len, max_bytes=max_bytes,
                       temperature=temperature, top_k=top_k, top_p=top_p, seed=self.seed if seed is None else seed,
@@ -275,7 +283,11 @@ class Model:
         if g.stop is not None:
             cut = min((data.find(s), i) for i, s in enumerate(encoded) if s in data)
             data, which, reason = data[:cut[0]], stops[cut[1]], "stop"
-        return Completion(data.decode("utf-8", "replace"), data, reason, which, g)
+        text = data.decode("utf-8", "replace")
+        if reason == "length":  # max_bytes may stop inside a character: a decoder that is not told the
+            # text ended holds its first bytes back (other invalid bytes still read as U+FFFD)
+            text = codecs.getincrementaldecoder("utf-8")("replace").decode(data)
+        return Completion(text, data, reason, which, g)
 
 
 def load(path: str | Path, checkpoint: str | None = None, device: str | torch.device | None = None,

@@ -110,7 +110,7 @@ def document_windows(text: bytes, seq_len: int, encoding=BYTES) -> list[torch.Te
 @torch.no_grad()
 def evaluate_documents(model, docs: Iterator, *, seq_len: int, batch_size: int, mode: str, seed: int,
                        device, progress=None, encoding=BYTES, share: tuple[int, int] | None = None,
-                       gather=None, per_window=None) -> dict:
+                       gather=None, per_window=None, windows=None) -> dict:
     """Per-document evaluation with breakdowns by the documents' ``lang`` and ``domain``. ``encoding``
     turns documents into the model's ids (megatok.data.encoding.encoding_for(cfg)); for every model,
     "bytes" and bpb are over the documents' UTF-8 bytes.
@@ -125,7 +125,11 @@ def evaluate_documents(model, docs: Iterator, *, seq_len: int, batch_size: int, 
 
     ``per_window(doc_no, window_index, window, output, row)`` is called for every window after its
     batch's forward, with the model's Output for the batch and the window's row in it (megatok.api
-    reads per-position log-probabilities and boundaries there)."""
+    reads per-position log-probabilities and boundaries there).
+
+    ``windows(doc_no, text)``: the document's windows instead of :func:`document_windows` (megatok.api
+    reads a long context's continuation in windows that end at it); the figures then sum over every
+    target of every window given, so they are megatok-evaluate's only for the default windows."""
     module = getattr(model, "module", model)
     was_training = module.training
     module.eval()
@@ -169,7 +173,8 @@ def evaluate_documents(model, docs: Iterator, *, seq_len: int, batch_size: int, 
 
     for doc_no, d in enumerate(docs):
         meta[doc_no] = (d.lang or "unknown", d.domain or "unknown")
-        for i, w in enumerate(document_windows(d.text, seq_len, encoding)):
+        cuts = document_windows(d.text, seq_len, encoding) if windows is None else windows(doc_no, d.text)
+        for i, w in enumerate(cuts):
             pending.append((doc_no, w, d.text, i))
             if len(pending) == batch_size:
                 flush()

@@ -9,6 +9,8 @@ Both model kinds, through megatok.api (so every figure is the one ``megatok.load
   of the continuation is the model's argmax. The byte model reads context + continuation as one document
   (boundaries decided over both, as the model would read them); the BPE model tokenizes the two apart
   after moving the context's trailing spaces to the continuation, as the harness's own ``hf`` model does.
+  When the two are longer than the model's window, the continuation is read in windows that end at it,
+  filled on the left with as much of the context as fits (the oldest dropped first, as ``hf`` does).
 - ``loglikelihood_rolling`` (perplexity tasks): ``Model.score(text).logprob``: the text read as a
   document after the model's separator, window by window as megatok-evaluate reads it, every byte
   (token) predicted once. The harness's ``bits_per_byte`` over a task's documents is then the evaluator's

@@ -85,6 +85,32 @@ def test_generate_stop_strings_lists_of_prompts_and_seeds(tiny_run):
         model.generate("x", top_p=0)
 
 
+def test_an_empty_stop_string_is_ignored(tiny_run):
+    model = megatok.load(tiny_run)
+    one = model.generate("def ", max_bytes=40, seed=1)
+    k = next(k for k in range(1, 38) if one.data.find(one.data[k:k + 2]) == k)  # a stop string found after 0
+    cut = model.generate("def ", max_bytes=40, seed=1, stop=[one.data[k:k + 2]])
+    assert cut.finish_reason == "stop" and cut.data == one.data[:k]
+    # (b"" is in every text: taken as found at 0, it would cut a completion another stop string ends to nothing)
+    for empty in ("", b""):
+        assert model.generate("def ", max_bytes=40, seed=1, stop=[one.data[k:k + 2], empty]) == cut
+        assert model.generate("def ", max_bytes=40, seed=1, stop=empty) == one
+
+
+def test_a_completion_cut_by_max_bytes_inside_a_character_leaves_it_out_of_text(tiny_run, monkeypatch):
+    model = megatok.load(tiny_run)
+    want, forward = "привет".encode(), model.module.forward
+
+    def writes_russian(x, *args, **kw):  # the next byte of `want` made certain
+        out = forward(x, *args, **kw)
+        out.logits[0, -1, want[min(x.shape[1] - 1 - len(b"Hi: "), len(want) - 1)]] = 1e4
+        return out
+
+    monkeypatch.setattr(model.module, "forward", writes_russian)
+    c = model.generate("Hi: ", max_bytes=5, temperature=0, cache=False)  # "пр" and the first byte of "и"
+    assert c.finish_reason == "length" and c.data == want[:5] and c.text == "пр"
+
+
 def test_the_token_model_scores_segments_and_continues(bpe_run):
     model = megatok.load(bpe_run)
     text = " ".join(PARALLEL["en"] + PARALLEL["ru"])
@@ -107,6 +133,36 @@ def test_the_token_model_scores_segments_and_continues(bpe_run):
     assert lp == pytest.approx(by_hand, abs=1e-4)
     c = model.generate("All human", max_bytes=20, temperature=0, stop=" ")
     assert " " not in c.text and c.finish_reason in ("stop", "length", "separator")
+
+
+def test_a_long_contexts_continuation_is_read_in_windows_that_end_at_it(tiny_run, bpe_run):
+    """log p(continuation | context) when the two fill more than a window: the continuation read with as
+    much context as fits before it (the last seq_len + 1 ids), not in megatok-evaluate's windows (where a
+    continuation starting a window would see nothing of the context but its last id)."""
+    text = TEXT.encode()
+    for run in (tiny_run, bpe_run):
+        model = megatok.load(run)
+        # by hand: one forward over the last seq_len + 1 ids of the document
+        for context, continuation in ((text[:64], b" import os"), (text[:150], b" import os"), (text[:20], b"x = 1")):
+            ids = model.encoding.doc_ids(context).tolist()
+            cont = model.encoding.doc_ids(continuation)[1:].tolist()
+            window = torch.tensor([(ids + cont)[-(model.seq_len + 1):]])
+            with torch.no_grad():
+                ce = model.module(window[:, :-1], window[:, 1:]).ce_full[0]
+            lp, _ = model.loglikelihood(context, continuation)
+            assert lp == pytest.approx(-ce[-len(cont):].sum().item(), abs=1e-4)
+    # the byte model: two contexts ending with the same byte give different figures; a document that fits in
+    # a window keeps megatok-evaluate's figures; a continuation longer than a window is read in groups of
+    # seq_len targets aligned at its end, so it splits by the chain rule at seq_len bytes from its end
+    model = megatok.load(tiny_run)
+    assert model.loglikelihood(b"A" * 63 + b"x", b" import")[0] != model.loglikelihood(text[:63] + b"x", b" import")[0]
+    assert model.loglikelihood(text[:30], text[30:40])[0] == pytest.approx(
+        sum(model.score(text[:40]).byte_logprobs[30:]), abs=1e-5)
+    context, continuation = text[:100], text[100:250]
+    m = len(continuation) - model.seq_len
+    whole = model.loglikelihood(context, continuation)[0]
+    assert whole == pytest.approx(model.loglikelihood(context, continuation[:m])[0]
+                                  + model.loglikelihood(context + continuation[:m], continuation[m:])[0], abs=1e-4)
 
 
 def test_load_names_what_it_cannot_use(tiny_run, tmp_path):

@@ -16,7 +16,9 @@ from tests.conftest import PARALLEL
 
 DOCS = [*(" ".join(v) for v in PARALLEL.values()), "def main(argv=None):\n    return 0\n" * 3]
 QUESTIONS = [("The capital of France is", [" Paris", " Rome", " Berlin"], 0), ("def f(x): return", [" x", " y"], 1),
-             ("All human beings are", [" born free", " asleep"], 0)]
+             ("All human beings are", [" born free", " asleep"], 0),
+             ("def main(argv=None):\n    return 0\n" * 4 + "All human beings are", [" born free", " asleep"], 0)]
+# (the last context is longer than either model's window: the harness gives the API's figures there too)
 
 
 def write_tasks(where):
