@@ -18,7 +18,8 @@ document by document and logs one ``"split": "h2h"`` row with, side by side:
   "domain" metadata of the documents. A heldout file larger than ``eval.heldout_max_bytes`` gives
   every (lang, domain) group its turn (heldout_documents); on a parallel set, check that every
   language got the same documents;
-- ``h2h_seconds`` and ``h2h_cost_fraction``: time spent here, and its share of wall time since start.
+- ``h2h_seconds`` and ``h2h_cost_fraction``: time spent here since this process started (a resume starts
+  again), and its share of the wall time since then.
 
 The ranks share the documents' batches and merge their sums (under ZeRO-3, where every rank must
 take part in every forward, each rank scores all of them); rank 0 alone loads and scores the
