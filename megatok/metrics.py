@@ -124,14 +124,17 @@ class MetricsLogger:
             self.bar.n = step
             self.bar.set_postfix({k: f"{v:.4g}" for k, v in shown.items()}, refresh=True)
 
-    def close(self) -> None:
-        if not self.enabled:
+    def close(self, failed: bool = False) -> None:
+        """The metrics file, the progress bar and the wandb run (marked failed with ``failed``); once."""
+        if not self.enabled or self.file.closed:
             return
-        if self.bar is not None:
-            self.bar.close()
-        if self.wandb is not None:
-            self.wandb.finish()
-        self.file.close()
+        try:
+            if self.bar is not None:
+                self.bar.close()
+            if self.wandb is not None:
+                self.wandb.finish(exit_code=1 if failed else None)
+        finally:
+            self.file.close()
 
 
 def wandb_run_id(run_dir, name: str | None) -> str:

@@ -1,7 +1,7 @@
 """Is a checkpoint the model a config builds? Every checkpoint records its parameters' shapes and the
 digests of the files the model reads besides its weights (a tokenizer); a resume, an export or a tool
 that loads a run checks them against the config, so a changed model or a tokenizer replaced at the
-same path is named, not loaded."""
+same path is named, not loaded. A resume also checks the ZeRO stage and precision it was written with."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 from megatok.config import Config
+from megatok.dsconfig import uses_bf16, zero_stage
 from megatok.flops import build_meta_model
 from megatok.run.checkpoints import META, CheckpointError, checkpoint_dir, restorable
 
@@ -43,17 +44,61 @@ def check_model_files(meta: dict, where: Path, cfg: Config) -> None:
                                   f"file the run was trained with")
 
 
+def _deepspeed_config(ckpt: Path) -> dict:
+    """The DeepSpeed config a checkpoint was written with, as DeepSpeed saved it in its (rank 0's) model
+    states file; {} when that does not read. Its tensors are mapped, not read."""
+    import torch
+
+    for name in ("mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_model_states.pt"):
+        if (ckpt / name).is_file():
+            try:
+                state = torch.load(ckpt / name, map_location="cpu", mmap=True, weights_only=True)
+                return dict(state.get("ds_config") or {})
+            except Exception:  # noqa: BLE001 - another serialization, or damage, which resume_tag judges
+                return {}
+    return {}
+
+
+def check_same_engine(meta: dict, ckpt: Path, cfg: Config, where: Path | None = None) -> None:
+    """A CheckpointError, naming the keys and both values, when ``cfg`` trains under another ZeRO stage
+    (``zero_stage`` in the checkpoint's metadata ``meta``) or precision (``precision``) than the
+    checkpoint at ``ckpt`` (named ``where``, default ``ckpt``) was written with: DeepSpeed cannot load the one's states into the other, and
+    fails late, after the process group started, with errors that read like damage or a bug. ZeRO
+    stages 1 and 2 write the same files and resume each other. For a checkpoint written before the
+    precision was recorded, it is read from the DeepSpeed config saved in DeepSpeed's files."""
+    precision = meta.get("precision")
+    if precision is None:
+        bf16 = _deepspeed_config(ckpt).get("bf16", {}).get("enabled")
+        precision = None if bf16 is None else "bf16" if bf16 else "fp32"
+    saved_stage, stage = meta.get("zero_stage"), zero_stage(cfg)
+    differ = []
+    if saved_stage is not None and saved_stage != stage and {saved_stage, stage} != {1, 2}:
+        differ.append(f"deepspeed.zero_optimization.stage: {saved_stage} in the checkpoint, {stage} now")
+    if precision is not None and (precision == "bf16") != uses_bf16(cfg):
+        differ.append(f"deepspeed.bf16.enabled: {json.dumps(precision == 'bf16')} in the checkpoint, "
+                      f"{json.dumps(uses_bf16(cfg))} now")
+    if differ:
+        what = "another DeepSpeed setting" if len(differ) == 1 else "other DeepSpeed settings"
+        raise CheckpointError(f"{where or ckpt} was written under {what} than the config's "
+                              f"({'; '.join(differ)}), which DeepSpeed cannot resume; set the config back, or "
+                              f"use another train.run_dir, or --resume none to start over (the old run is set "
+                              f"aside)")
+
+
 def check_same_model(run_dir: str | Path, tag: str, cfg: Config) -> None:
     """A CheckpointError, naming what changed, when ``cfg`` builds another model than checkpoint ``tag``
-    holds (its ``param_shapes``), or points
-    it at another tokenizer file (:func:`check_model_files`)."""
-    meta = json.loads((restorable(run_dir, tag) / META).read_text())  # where resume_tag found it
+    holds (its ``param_shapes``), points it at another tokenizer file (:func:`check_model_files`), or
+    trains it under another ZeRO stage or precision (:func:`check_same_engine`): what a resume checks,
+    before any process group."""
+    ckpt = restorable(run_dir, tag)  # where resume_tag found it
+    meta = json.loads((ckpt / META).read_text())
     check_model_files(meta, checkpoint_dir(run_dir) / tag, cfg)
     saved, now = meta.get("param_shapes"), model_shapes(cfg)
     if saved is None:
         raise CheckpointError(f"{checkpoint_dir(run_dir) / tag}: its {META} records no param_shapes: not a checkpoint "
                               f"megatok's trainer wrote")
     if saved == now:
+        check_same_engine(meta, ckpt, cfg, checkpoint_dir(run_dir) / tag)
         return
     differ = [n for n in sorted(set(saved) | set(now)) if saved.get(n) != now.get(n)]
     first = differ[0]

@@ -37,6 +37,12 @@ class Callback:
     def on_fit_end(self, trainer: Trainer) -> None:
         """After the last step (and its checkpoint), before the trainer closes its components."""
 
+    def on_fit_error(self, trainer: Trainer, error: BaseException) -> None:
+        """fit() raised ``error`` (in a step, a save or a hook, on_fit_end included): release what the
+        callback holds (a thread, signal handlers, a profiler). The trainer then closes its data stream and
+        logger and re-raises ``error``; what this raises is noted on ``error``, and the other callbacks'
+        on_fit_error still run."""
+
     def stop_requested(self, trainer: Trainer) -> bool:
         """Whether this rank asks the run to checkpoint and stop after the current step."""
         return False
@@ -61,6 +67,10 @@ class Watchdog(Callback):
     def on_fit_end(self, trainer):
         self.dog.stop()
 
+    def on_fit_error(self, trainer, error):
+        if self.dog is not None:  # else it would end the process train.dist_timeout_s later
+            self.dog.stop()
+
 
 class StopRequest(Callback):
     """SIGTERM/SIGINT (a scheduler's pre-emption, Ctrl-C), or a file RUN_DIR/STOP (or the file the
@@ -69,7 +79,8 @@ class StopRequest(Callback):
     at different times; the trainer agrees on stopping through a collective, so every rank stops at the
     same step and the checkpoint is complete. The file works with any launcher and from any machine
     that sees it; rank 0 alone looks for it (the collective tells the others) and removes it once the
-    run has stopped. The handlers are installed at construction and restored at the end of the fit."""
+    run has stopped. The handlers are installed at construction and restored at the end of the fit, also
+    when it raises."""
 
     def __init__(self, run_dir: Path, rank: int):
         self.signalled, self.rank = False, rank
@@ -110,6 +121,9 @@ class StopRequest(Callback):
             if self.rank == 0:
                 self.remove_files()  # else the resumed run would stop again at once
         self.restore()
+
+    def on_fit_error(self, trainer, error):
+        self.restore()  # Ctrl-C interrupts again
 
 
 class LogMetrics(Callback):
@@ -164,6 +178,11 @@ class Profile(Callback):
     def on_fit_end(self, trainer):
         if self.profiler is not None:
             self._write(trainer)
+
+    def on_fit_error(self, trainer, error):
+        if self.profiler is not None:  # no trace: the window did not close
+            profiler, self.profiler = self.profiler, None
+            profiler.stop()
 
     def _write(self, trainer) -> None:
         self.profiler.stop()

@@ -7,6 +7,7 @@ import os
 import random
 import socket
 import sys
+import threading
 import time
 from datetime import timedelta
 
@@ -124,8 +125,6 @@ class Watchdog:
     piece of work another limit than ``timeout_s`` (a checkpoint save: ``train.save_timeout_s``)."""
 
     def __init__(self, timeout_s: float, describe, key: str = "train.dist_timeout_s"):
-        import threading
-
         self.describe, self.default = describe, (timeout_s, key)
         # (when, what, (seconds, config key)): one tuple, so the watching thread never sees half a beat
         self.state = (time.monotonic(), "starting", self.default)
@@ -138,7 +137,10 @@ class Watchdog:
         self.state = (time.monotonic(), doing, limit or self.default)
 
     def stop(self) -> None:
+        """No more watching: the thread has ended when this returns."""
         self.stopped.set()
+        if self.thread is not threading.current_thread():
+            self.thread.join()
 
     def _watch(self) -> None:
         while not self.stopped.wait(min(1.0, self.default[0] / 4)):

@@ -125,7 +125,8 @@ class Engine:
         return skipped
 
     def state_dict(self) -> dict:
-        return {"zero_stage": self.zero_stage, "skipped_in_row": self.skipped_in_row}
+        return {"zero_stage": self.zero_stage, "precision": "bf16" if self.ds.bfloat16_enabled() else "fp32",
+                "skipped_in_row": self.skipped_in_row}
 
     def load_state_dict(self, state: dict) -> None:
         """After DeepSpeed loaded its states: the streak of skipped steps goes on across the resume, and

@@ -77,20 +77,26 @@ class Trainer:
 
     def fit(self) -> dict:
         """Train to train.max_steps, or until a stop request (checkpointed at that step). Returns the last
-        training row ({} if none was logged), with "stopped": why, when a stop request ended the run."""
-        self._fire("on_fit_start")
-        self.metrics.begin()
-        self.engine.ds.train()
-        while self.step < self.max_steps and not self.stopping:
-            self._fire("on_step_begin")
-            self.lr = self.engine.lr
-            finite = self.train_step()
-            self.step += 1
-            self.stopping = self.agree(finite)
-            self._fire("on_step_end")  # the metrics row, evaluation
-            if self.checkpointer.due(self.step) or self.step == self.max_steps or self.stopping:
-                self.save()
-        self._fire("on_fit_end")
+        training row ({} if none was logged), with "stopped": why, when a stop request ended the run.
+        Whatever it raises (a step, a save, a callback) it re-raises after :meth:`abort`: no watchdog left
+        to end the process later, the signal handlers restored, the data workers and the metrics file closed."""
+        try:
+            self._fire("on_fit_start")
+            self.metrics.begin()
+            self.engine.ds.train()
+            while self.step < self.max_steps and not self.stopping:
+                self._fire("on_step_begin")
+                self.lr = self.engine.lr
+                finite = self.train_step()
+                self.step += 1
+                self.stopping = self.agree(finite)
+                self._fire("on_step_end")  # the metrics row, evaluation
+                if self.checkpointer.due(self.step) or self.step == self.max_steps or self.stopping:
+                    self.save()
+            self._fire("on_fit_end")
+        except BaseException as e:
+            self.abort(e)
+            raise
         self.close()
         return {**self.metrics.last_row, **({"stopped": self.stop_reason} if self.stop_reason else {})}
 
@@ -149,9 +155,27 @@ class Trainer:
             part.load_state_dict(state)
 
     def close(self) -> None:
-        self.data.close()
-        self.logger.close()
+        try:
+            self.data.close()
+        finally:
+            self.logger.close()
         dist.finish()
+
+    def abort(self, error: BaseException) -> None:
+        """fit() raised ``error``: every callback's on_fit_error (the watchdog stops, the signal handlers
+        are restored; each runs even when one before it raised), then the data stream and the logger
+        close (a wandb run is marked failed). What fails here is noted on ``error``, which fit() re-raises.
+        The process group stays up: a barrier now would wait on ranks that may still be in a collective
+        (launch/pretrain.py ends the process; an in-process caller may start another Trainer)."""
+        duties = [(f"{type(cb).__name__}.on_fit_error", lambda cb=cb: cb.on_fit_error(self, error))
+                  for cb in self.callbacks]
+        duties += [("closing the data stream", self.data.close),
+                   ("closing the metrics logger", lambda: self.logger.close(failed=True))]
+        for what, duty in duties:
+            try:
+                duty()
+            except Exception as e:  # noqa: BLE001 - the error that ended the fit is the one to report
+                error.add_note(f"megatok: then, {what}: {type(e).__name__}: {e}")
 
     def _fire(self, hook: str, *args) -> None:
         for cb in self.callbacks:

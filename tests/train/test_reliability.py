@@ -583,3 +583,64 @@ def test_resuming_with_another_model_is_refused_before_anything_changes(referenc
     (run / "checkpoints" / "step00000008" / "rng_rank1.json").unlink()
     assert launch.main(args(shards, run, "train.global_batch_size=8", "--resume", "step00000008")) == 2
     assert "cannot be resumed: rng_rank1.json missing (written by 2 ranks)" in capsys.readouterr().err
+
+
+def test_resuming_under_another_zero_stage_or_precision_is_refused_before_anything_changes(reference, shards,
+                                                                                         tmp_path, capsys,
+                                                                                         monkeypatch):
+    """DeepSpeed cannot load a checkpoint's states under another ZeRO stage or precision, and failed late
+    (after the process group started) with errors that read like damage or a bug. The checkpoint records
+    both; a changed one is one line naming the key and both values, exit 2, before any process group,
+    nothing in the run directory changed. A checkpoint written before the precision was recorded is read
+    from DeepSpeed's own files. ZeRO-1 writes ZeRO-2's files: it resumes (shown for real below)."""
+    launch = launch_module()
+    started = []
+    monkeypatch.setattr(launch, "run", lambda cfg, resume: started.append(resume) or 0)
+    run = tmp_path / "run"
+    shutil.copytree(reference, run)
+    assert checkpoint.read_meta(run, "step00000008")["precision"] == "fp32"
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    stage, bf16 = "deepspeed.zero_optimization.stage", "deepspeed.bf16.enabled"
+    cases = [([f"{stage}=3"], f"({stage}: 2 in the checkpoint, 3 now), "),
+             ([f"{stage}=0"], f"({stage}: 2 in the checkpoint, 0 now), "),
+             ([f"{bf16}=true"], f"({bf16}: false in the checkpoint, true now), "),
+             ([f"{stage}=3", f"{bf16}=true"], f"({stage}: 2 in the checkpoint, 3 now; {bf16}: false in the "
+                                              f"checkpoint, true now), ")]
+
+    def refused(extra, want, resume="auto", tag="step00000008"):
+        assert launch.main(args(shards, run, "train.max_steps=10", "train.global_batch_size=8", *extra,
+                                "--resume", resume)) == 2
+        (line,) = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("error:")]
+        assert line.startswith(f"error: --resume {resume}: {run / 'checkpoints' / tag} was written under "), line
+        assert want in line and line.endswith("which DeepSpeed cannot resume; set the config back, or use another "
+                                              "train.run_dir, or --resume none to start over (the old run is set "
+                                              "aside)"), line
+
+    for extra, want in cases:
+        refused(extra, want)
+    refused([f"{bf16}=true"], f"({bf16}: false in the checkpoint, true now), ", "step00000004", "step00000004")
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before and started == []
+
+    for meta in run.glob("checkpoints/step*/megatok.json"):  # as written before the precision was recorded
+        meta.write_text(json.dumps({k: v for k, v in json.loads(meta.read_text()).items() if k != "precision"}))
+    for extra, want in cases:
+        refused(extra, want)
+    for extra in [], [f"{stage}=1"]:
+        assert launch.main(args(shards, run, "train.max_steps=10", "train.global_batch_size=8", *extra)) == 0
+    assert started == ["auto", "auto"]
+
+
+def test_a_checkpoint_without_its_precision_resumes_and_zero2_resumes_under_zero1(tiny_run, shards, tmp_path):
+    """A checkpoint written before megatok.json recorded the precision resumes as before; one of ZeRO-2
+    resumes under ZeRO-1 (the same DeepSpeed files), bit for bit: the same losses as the ZeRO-2 run."""
+    runs = {}
+    for name, extra in ("zero2", []), ("zero1", ["deepspeed.zero_optimization.stage=1"]):
+        run = runs[name] = tmp_path / name
+        shutil.copytree(tiny_run, run)
+        meta = run / "checkpoints" / "step00000003" / "megatok.json"
+        meta.write_text(json.dumps({k: v for k, v in json.loads(meta.read_text()).items() if k != "precision"}))
+        r = pretrain(["--config", "configs/tiny.json", "--set", *TINY, f"data.shards={shards}", f"train.run_dir={run}",
+                      "train.max_steps=5", "train.micro_batch_size=2", "train.global_batch_size=2", *extra])
+        assert "start step 3 from step00000003" in r.stdout
+        assert checkpoint.read_meta(run, "step00000005")["precision"] == "fp32"
+    assert train_rows(runs["zero1"])[5]["loss"] == train_rows(runs["zero2"])[5]["loss"]
