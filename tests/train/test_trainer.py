@@ -14,6 +14,9 @@ from megatok.train.callbacks import Callback
 from megatok.train.trainer import Trainer
 
 cfg = load_config("configs/tiny.json", sys.argv[2:])
+# a fresh interpreter's handlers (a test worker's processes may inherit SIGINT ignored)
+signal.signal(signal.SIGINT, signal.default_int_handler)
+signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 class Boom(Callback):
