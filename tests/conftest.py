@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests import preloaded
+from tests.preloaded import Ranks  # noqa: F401 - the tests start ranks through conftest
 
 ROOT = Path(__file__).resolve().parents[1]
 # The suite runs on the CPU, also on a machine with GPUs: its figures are CPU figures, and DeepSpeed's
@@ -93,11 +94,8 @@ TOOL_ENV = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu", "WAND
 def python(*argv, env: dict | None = None, cwd=ROOT, timeout: float = 240) -> subprocess.CompletedProcess:
     """``python SCRIPT ARGS`` or ``python -m MODULE ARGS`` (str() of each) in its own process, output captured,
     with TOOL_ENV updated by ``env``: a fork of tests/preloaded.py's server (no interpreter start-up)."""
-    argv = [str(a) for a in argv]
-    full = {**TOOL_ENV, **(env or {})}
-    if preloaded.enabled():
-        return preloaded.run(argv, env=full, cwd=cwd, timeout=timeout)
-    return subprocess.run([sys.executable, *argv], capture_output=True, text=True, env=full, timeout=timeout, cwd=cwd)
+    return preloaded.run([str(a) for a in argv], env={**TOOL_ENV, **(env or {})}, cwd=cwd, timeout=timeout,
+                         forked=preloaded.enabled())
 
 
 def run_tool(name: str, *args, **kw) -> subprocess.CompletedProcess:
@@ -210,81 +208,6 @@ def _one_command(script: list[str], args: list[str], nproc: int, env: dict, time
         out, err = proc.communicate()
         raise AssertionError(f"pretrain timed out after {timeout} s:\n{out[-3000:]}\n{err[-3000:]}") from None
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
-
-
-class Ranks:
-    """``nproc`` ranks of ``python -u script args`` with the variables a launcher sets (one rank: a plain
-    process, none set), forked from tests/preloaded.py's server (``forked``) or fresh interpreters, each in
-    its own session; with what a test uses of a Popen: poll(), returncode, wait(), communicate(), kill().
-    Outputs are rank 0's then rank 1's ..."""
-
-    def __init__(self, script: str, args: list[str], nproc: int, env: dict, forked: bool):
-        import tempfile
-
-        from megatok.train.dist import free_port
-
-        port, self.procs, self.files = str(free_port()), [], []
-        self.tmp = tempfile.TemporaryDirectory()
-        self.args = [sys.executable, script, *args]
-        for rank in range(nproc):
-            out, err = Path(self.tmp.name) / f"{rank}.out", Path(self.tmp.name) / f"{rank}.err"
-            self.files.append((out, err))
-            rank_env = env if nproc == 1 else {
-                **env, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(nproc),
-                "LOCAL_WORLD_SIZE": str(nproc), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
-            if forked:
-                self.procs.append(preloaded.Forked([script, *args], rank_env, str(out), str(err), ROOT))
-            else:
-                with out.open("w") as o, err.open("w") as e:
-                    self.procs.append(subprocess.Popen([sys.executable, "-u", script, *args], stdout=o, stderr=e,
-                                                       env=rank_env, cwd=ROOT, start_new_session=True))
-
-    def poll(self):
-        codes = [p.poll() for p in self.procs]
-        return None if None in codes else next((c for c in codes if c != 0), 0)
-
-    @property
-    def returncode(self):
-        return self.poll()
-
-    def kill(self) -> None:
-        """SIGKILL to every live rank's session, and wait for them."""
-        for p in self.procs:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
-
-    def wait(self, timeout: float, grace: float = 15):
-        """Until every rank has ended; when one fails the others are killed after ``grace`` s (as a
-        launcher does). Past ``timeout`` s all are killed and subprocess.TimeoutExpired is raised."""
-        import time
-
-        deadline, failed_at = time.monotonic() + timeout, None
-        while any(p.poll() is None for p in self.procs):
-            now = time.monotonic()
-            if failed_at is None and any(p.poll() not in (None, 0) for p in self.procs):
-                failed_at = now
-            if now > deadline or (failed_at is not None and now > failed_at + grace):
-                self.kill()
-                if now > deadline:
-                    raise subprocess.TimeoutExpired(self.args, timeout, *self.output())
-            time.sleep(0.05)
-        return self.returncode
-
-    def output(self) -> tuple[str, str]:
-        """(stdout, stderr): each the ranks' in rank order."""
-        return tuple("".join(pair[i].read_text() if pair[i].exists() else "" for pair in self.files)
-                     for i in range(2))
-
-    def communicate(self, timeout: float | None = None) -> tuple[str, None]:
-        """As a Popen's with stderr=STDOUT: (the ranks' stdout then their stderr, None), once they end."""
-        self.wait(timeout if timeout is not None else 10**9)
-        out, err = self.output()
-        return out + err, None
-
-    def close(self) -> None:
-        self.kill()
-        self.tmp.cleanup()
 
 
 def _ranks(script: str, args: list[str], nproc: int, env: dict, timeout: float, forked: bool = False):

@@ -10,7 +10,8 @@ file-descriptor level), ``__main__``, exit status and exit handlers. The trainer
 are the real ones. What a fork cannot reproduce is what torch reads from the environment when it is
 imported: a test that sets such variables (TORCH_LOGS, TORCHINDUCTOR_CACHE_DIR, ...) starts a fresh
 interpreter (tests.conftest.pretrain does when given ``env``). MEGATOK_TEST_FRESH=1 makes every test
-start fresh interpreters.
+start fresh interpreters. :class:`Ranks` starts a test's processes either way (one, or the ranks of a job
+with the variables a launcher sets) and :func:`run` is ``subprocess.run`` over it.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
 
 _context = None
 
@@ -63,21 +66,86 @@ class Forked:
         return self.process.exitcode
 
 
-def run(argv: list[str], *, env: dict, cwd, timeout: float) -> subprocess.CompletedProcess:
-    """What ``subprocess.run([python, *argv], capture_output=True, text=True, ...)`` gives, forked; a
-    timeout kills the process's session and raises subprocess.TimeoutExpired."""
-    with tempfile.TemporaryDirectory() as tmp:
-        out, err = Path(tmp) / "out", Path(tmp) / "err"
-        p = Forked(argv, env, str(out), str(err), cwd)
-        deadline = time.monotonic() + timeout
-        while p.poll() is None and time.monotonic() < deadline:
-            p.wait(0.05)
-        text = [f.read_text() if f.exists() else "" for f in (out, err)]  # none: it failed before opening them
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
-            raise subprocess.TimeoutExpired([sys.executable, *argv], timeout, *text)
-        return subprocess.CompletedProcess([sys.executable, *argv], p.returncode, *text)
+class Ranks:
+    """``nproc`` ranks of ``python -u script args`` with the variables a launcher sets (one rank: a plain
+    process, none set), forked from tests/preloaded.py's server (``forked``) or fresh interpreters, each in
+    its own session; with what a test uses of a Popen: poll(), returncode, wait(), communicate(), kill().
+    Outputs are rank 0's then rank 1's ..."""
+
+    def __init__(self, script: str, args: list[str], nproc: int, env: dict, forked: bool, cwd=ROOT):
+        from megatok.train.dist import free_port
+
+        port, self.procs, self.files = str(free_port()), [], []
+        self.tmp = tempfile.TemporaryDirectory()
+        self.args = [sys.executable, script, *args]
+        for rank in range(nproc):
+            out, err = Path(self.tmp.name) / f"{rank}.out", Path(self.tmp.name) / f"{rank}.err"
+            self.files.append((out, err))
+            rank_env = env if nproc == 1 else {
+                **env, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(nproc),
+                "LOCAL_WORLD_SIZE": str(nproc), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
+            if forked:
+                self.procs.append(Forked([script, *args], rank_env, str(out), str(err), cwd))
+            else:
+                with out.open("w") as o, err.open("w") as e:
+                    self.procs.append(subprocess.Popen([sys.executable, "-u", script, *args], stdout=o, stderr=e,
+                                                       env=rank_env, cwd=cwd, start_new_session=True))
+
+    def poll(self):
+        codes = [p.poll() for p in self.procs]
+        return None if None in codes else next((c for c in codes if c != 0), 0)
+
+    @property
+    def returncode(self):
+        return self.poll()
+
+    def kill(self) -> None:
+        """SIGKILL to every live rank's session, and wait for them."""
+        for p in self.procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+
+    def wait(self, timeout: float, grace: float = 15):
+        """Until every rank has ended; when one fails the others are killed after ``grace`` s (as a
+        launcher does). Past ``timeout`` s all are killed and subprocess.TimeoutExpired is raised."""
+        deadline, failed_at = time.monotonic() + timeout, None
+        while any(p.poll() is None for p in self.procs):
+            now = time.monotonic()
+            if failed_at is None and any(p.poll() not in (None, 0) for p in self.procs):
+                failed_at = now
+            if now > deadline or (failed_at is not None and now > failed_at + grace):
+                self.kill()
+                if now > deadline:
+                    raise subprocess.TimeoutExpired(self.args, timeout, *self.output())
+            time.sleep(0.05)
+        return self.returncode
+
+    def output(self) -> tuple[str, str]:
+        """(stdout, stderr): each the ranks' in rank order."""
+        return tuple("".join(pair[i].read_text() if pair[i].exists() else "" for pair in self.files)
+                     for i in range(2))
+
+    def communicate(self, timeout: float | None = None) -> tuple[str, None]:
+        """As a Popen's with stderr=STDOUT: (the ranks' stdout then their stderr, None), once they end."""
+        self.wait(timeout if timeout is not None else 10**9)
+        out, err = self.output()
+        return out + err, None
+
+    def close(self) -> None:
+        self.kill()
+        self.tmp.cleanup()
+
+
+def run(argv: list[str], *, env: dict, cwd, timeout: float, forked: bool = True) -> subprocess.CompletedProcess:
+    """What ``subprocess.run([python, *argv], capture_output=True, text=True, ...)`` gives, forked (or a fresh
+    interpreter); a timeout kills the process's session and raises subprocess.TimeoutExpired."""
+    job = Ranks(argv[0], argv[1:], 1, env, forked, cwd)
+    try:
+        job.wait(timeout)
+        return subprocess.CompletedProcess(job.args, job.returncode, *job.output())
+    finally:
+        job.close()
 
 
 def _run(argv: list[str], env: dict, stdout: str, stderr: str, cwd: str) -> None:
