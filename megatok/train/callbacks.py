@@ -79,13 +79,15 @@ class StopRequest(Callback):
     at different times; the trainer agrees on stopping through a collective, so every rank stops at the
     same step and the checkpoint is complete. The file works with any launcher and from any machine
     that sees it; rank 0 alone looks for it (the collective tells the others) and removes it once the
-    run has stopped. The handlers are installed at construction and restored at the end of the fit, also
-    when it raises."""
+    run has stopped. The handlers are installed when the fit starts (a Trainer built and not fitted leaves
+them alone) and restored at its end, also when it raises."""
 
     def __init__(self, run_dir: Path, rank: int):
-        self.signalled, self.rank = False, rank
+        self.signalled, self.rank, self.previous = False, rank, {}
         self.files = [Path(run_dir) / "STOP"] + ([Path(os.environ["MEGATOK_STOP_FILE"])]
                                                  if os.environ.get("MEGATOK_STOP_FILE") else [])
+
+    def on_fit_start(self, trainer):
         self.previous = {sig: signal.signal(sig, self._handle) for sig in (signal.SIGTERM, signal.SIGINT)}
 
     def _handle(self, signum, frame):
@@ -109,6 +111,7 @@ class StopRequest(Callback):
     def restore(self):
         for sig, handler in self.previous.items():
             signal.signal(sig, handler)
+        self.previous = {}
 
     def stop_requested(self, trainer):
         return self.requested

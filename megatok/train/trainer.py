@@ -65,10 +65,14 @@ class Trainer:
         self.checkpointer.set_aside(self.start)  # before the logger opens metrics.jsonl, which it rewrites
         self.data.open()
         lg = cfg.logging
-        self.logger = MetricsLogger(t.run_dir, enabled=self.rank == 0, total_steps=t.max_steps,
-                                    start_step=self.step, wandb_mode=lg.wandb_mode, wandb_project=lg.wandb_project,
-                                    wandb_entity=lg.wandb_entity, wandb_name=lg.wandb_name, config=cfg.to_dict(),
-                                    progress=lg.progress)
+        try:
+            self.logger = MetricsLogger(t.run_dir, enabled=self.rank == 0, total_steps=t.max_steps,
+                                        start_step=self.step, wandb_mode=lg.wandb_mode,
+                                        wandb_project=lg.wandb_project, wandb_entity=lg.wandb_entity,
+                                        wandb_name=lg.wandb_name, config=cfg.to_dict(), progress=lg.progress)
+        except BaseException:
+            self.data.close()  # its reader worker would outlive the failed start
+            raise
         profile = [Profile(lg.profile_steps, Path(t.run_dir), self.rank, self.device)] if lg.profile_steps else []
         self.callbacks = [Watchdog(t.dist_timeout_s), StopRequest(Path(t.run_dir), self.rank), *profile,
                           LogMetrics(), Evaluate(), *callbacks]

@@ -32,7 +32,20 @@ def teardown_state(trainer):
             "children": multiprocessing.active_children(), "metrics_closed": trainer.logger.file.closed}
 
 
+import megatok.train.trainer as trainer_module
+real_logger = trainer_module.MetricsLogger
+def no_logger(*args, **kwargs):
+    raise OSError("metrics file not writable")
+trainer_module.MetricsLogger = no_logger
+try:
+    Trainer(cfg, resume="none")
+except OSError as e:
+    print("start failed:", e, "children:", multiprocessing.active_children(), flush=True)
+trainer_module.MetricsLogger = real_logger
+
 trainer = Trainer(cfg, resume="none", callbacks=[Boom()])
+print("built, handlers untouched:", signal.getsignal(signal.SIGINT) is signal.default_int_handler
+      and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL, flush=True)
 try:
     trainer.fit()
 except ValueError as e:
@@ -56,7 +69,8 @@ def test_a_fit_that_raises_in_process_leaves_no_watchdog_and_restores_the_signal
     """A user callback raises at step 1: the error reaches the caller, and by then the watchdog thread has
     ended (it would os._exit(4) train.dist_timeout_s later), SIGINT/SIGTERM have their handlers back
     (Ctrl-C interrupts), the data worker has ended and metrics.jsonl is closed. The process then trains
-    another Trainer to the end."""
+    another Trainer to the end. Before that: a Trainer whose start fails after its data stream opened
+    leaves no reader worker, and a Trainer built but not yet fitted leaves the signal handlers alone."""
     script = tmp_path / "fit.py"
     script.write_text(SCRIPT)
     timeout = 4
@@ -66,6 +80,7 @@ def test_a_fit_that_raises_in_process_leaves_no_watchdog_and_restores_the_signal
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     clean = "{'watchdogs': [], 'sigint': True, 'sigterm': True, 'children': [], 'metrics_closed': True}"
     lines = [ln for ln in r.stdout.splitlines() if not ln.startswith("megatok:")]
-    assert lines == ["raised: boom in a user callback", f"after the error: {clean}", "interrupted", "survived",
+    assert lines == ["start failed: metrics file not writable children: []", "built, handlers untouched: True",
+                     "raised: boom in a user callback", f"after the error: {clean}", "interrupted", "survived",
                      "trained to step 3", f"after the fit: {clean}"], r.stdout + r.stderr[-3000:]
     assert "no training progress" not in r.stderr
