@@ -80,7 +80,7 @@ class StopRequest(Callback):
     same step and the checkpoint is complete. The file works with any launcher and from any machine
     that sees it; rank 0 alone looks for it (the collective tells the others) and removes it once the
     run has stopped. The handlers are installed when the fit starts (a Trainer built and not fitted leaves
-them alone) and restored at its end, also when it raises."""
+    them alone) and restored at its end, also when it raises."""
 
     def __init__(self, run_dir: Path, rank: int):
         self.signalled, self.rank, self.previous = False, rank, {}
