@@ -68,6 +68,8 @@ class ModelConfig(_Section):
     n_encoder_layers: int = Field(1, ge=0, description="byte-rate layers before the boundaries")
     n_main_layers: int = Field(2, gt=0, description="chunk-rate layers (most parameters belong here)")
     n_decoder_layers: int = Field(1, ge=0, description="byte-rate layers after upsampling")
+    byte_window: int | None = Field(None, gt=0, description="the byte-rate layers (encoder and decoder) attend to the "
+                                    "last byte_window bytes only (sliding-window attention; default: every earlier byte)")
     d_main: int | None = Field(None, gt=0, description="width of the main network (default d_model)")
     n_main_heads: int | None = Field(None, gt=0, description="heads in the main network (default n_heads)")
     ffn_multiple_of: int = Field(64, gt=0, description="SwiGLU hidden size is rounded up to a multiple of this")
@@ -90,6 +92,8 @@ class ModelConfig(_Section):
             if missing:
                 raise ValueError(f"model.kind 'bpe' needs model.{', model.'.join(missing)} (megatok-match-bpe writes "
                                  "a complete config)")
+            if self.byte_window is not None:
+                raise ValueError("model.byte_window is for the byte model's byte-rate layers; model.kind 'bpe' has none")
             for k in ("n_encoder_layers", "n_decoder_layers"):
                 if getattr(self, k):
                     raise ValueError(f"model.{k} must be 0 for model.kind 'bpe' (the token model is n_main_layers "

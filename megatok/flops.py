@@ -27,8 +27,9 @@ FLOPs (a multiply-add is 2 FLOPs; a [n, a] x [a, b] product is 2 n a b)::
 
     per byte, forward:
       byte-rate matmuls  2 (n_enc + n_dec) (block(w) - 2w) at w = d        every byte
-      byte attention     (n_enc + n_dec) x 2 d (T + 1)                       causal: QK^T and AV over the
-                                                                             (T + 1) / 2 keys a query sees on average
+      byte attention     (n_enc + n_dec) x 4 d k                             causal: QK^T and AV over the
+                                                                             k = (T + 1) / 2 keys a query sees on average
+                                                                             (model.byte_window W < T: k = W - W (W - 1) / (2 T))
       main matmuls       rho x 2 n_main (block(dm) - 2 dm)                  every chunk
       main attention     rho x n_main x 2 dm (K + 1)                        causal over K chunks
       down projection    rho x 2 d dm          (at chunk rate; 0 if dm == d)
@@ -226,6 +227,13 @@ def bpe_terms(w: int, f: int, n: int, vocab: int, rate: float, T: float) -> dict
     return terms
 
 
+def mean_keys(T: float, window: int | None) -> float:
+    """Keys a causal query sees on average over a T-long sequence, with a sliding ``window`` or without."""
+    if window is None or window >= T:
+        return (T + 1) / 2
+    return window - window * (window - 1) / (2 * T)
+
+
 def flops_per_byte(cfg, rate: float | None = None, seq_len: int | None = None) -> dict[str, float]:
     """Forward FLOPs per byte by term, ``forward`` (their sum) and ``training`` (3 x forward; with the
     policy's ``samples`` K, 3 x the forward with everything after the encoder K times).
@@ -241,7 +249,7 @@ def flops_per_byte(cfg, rate: float | None = None, seq_len: int | None = None) -
     n_byte = s.n_enc + s.n_dec
     terms = {
         "byte_matmul": 2 * n_byte * (block_params(s.d, s.f) - 2 * s.d),
-        "byte_attention": n_byte * 2 * s.d * (T + 1),
+        "byte_attention": n_byte * 4 * s.d * mean_keys(T, cfg.model.byte_window),
         "main_matmul": rho * 2 * s.n_main * (block_params(s.dm, s.fm) - 2 * s.dm),
         "main_attention": rho * s.n_main * 2 * s.dm * (K + 1),
         "projections": rho * 2 * 2 * s.d * s.dm if s.dm != s.d else 0,  # down and up, both per chunk

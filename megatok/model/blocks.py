@@ -43,24 +43,38 @@ def attention_backend(q: torch.Tensor) -> str:
     return "sdpa"
 
 
-def document_mask(segments: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+def document_mask(segments: torch.Tensor, dtype: torch.dtype = torch.float32, window: int | None = None) -> torch.Tensor:
     """[B, T] non-decreasing document ids -> additive [B, T, T] mask of ``dtype``: 0 where position i
-    may attend to j (j <= i, same document), -inf elsewhere. Every row holds its diagonal, so no row
-    is empty."""
+    may attend to j (j <= i, same document, and with a ``window`` i - j < window), -inf elsewhere.
+    Every row holds its diagonal, so no row is empty."""
     T = segments.shape[1]
-    causal = torch.ones(T, T, dtype=torch.bool, device=segments.device).tril()
-    allowed = (segments[:, :, None] == segments[:, None, :]) & causal
+    allowed = (segments[:, :, None] == segments[:, None, :]) & causal_window(T, window, segments.device)
     return torch.zeros(allowed.shape, dtype=dtype, device=segments.device).masked_fill_(~allowed, float("-inf"))
 
 
-def document_block_mask(segments: torch.Tensor, compile: bool = False):
-    """[B, T] document ids -> FlexAttention BlockMask: position i attends to j <= i in its document."""
+def causal_window(T: int, window: int | None, device) -> torch.Tensor:
+    """bool [T, T]: True where query i may see key j: j <= i, and i - j < ``window`` when one is given."""
+    i = torch.arange(T, device=device)
+    lag = i[:, None] - i[None, :]
+    return (lag >= 0) if window is None else (lag >= 0) & (lag < window)
 
-    def same_document_causal(b, h, q_idx, kv_idx):
-        return (segments[b, q_idx] == segments[b, kv_idx]) & (kv_idx <= q_idx)
 
-    B, T = segments.shape
-    return create_block_mask(same_document_causal, B, None, T, T, device=segments.device, _compile=compile)
+def document_block_mask(segments: torch.Tensor | None, compile: bool = False, window: int | None = None,
+                        shape: tuple[int, int] | None = None, device=None):
+    """[B, T] document ids (None: one document per row of a ``shape`` (B, T) on ``device``) -> FlexAttention BlockMask:
+    position i attends to j <= i in its document (and with a ``window``, i - j < window)."""
+
+    def allowed(b, h, q_idx, kv_idx):
+        ok = kv_idx <= q_idx
+        if segments is not None:
+            ok = ok & (segments[b, q_idx] == segments[b, kv_idx])
+        if window is not None:
+            ok = ok & (q_idx - kv_idx < window)
+        return ok
+
+    B, T = segments.shape if segments is not None else shape
+    device = segments.device if segments is not None else device
+    return create_block_mask(allowed, B, None, T, T, device=device, _compile=compile)
 
 
 def _flex(q, k, v, block_mask):
@@ -96,12 +110,23 @@ def flex_usable(device: torch.device) -> bool:
     return _FLEX_OK[device]
 
 
-def document_attention_mask(segments: torch.Tensor, dtype: torch.dtype):
-    """The mask a stack's layers share for documents ``segments`` [B, T]: a FlexAttention BlockMask
-    where :func:`flex_usable`, else the dense additive [B, 1, T, T] mask of ``dtype``."""
+def document_attention_mask(segments: torch.Tensor, dtype: torch.dtype, window: int | None = None):
+    """The mask a stack's layers share for documents ``segments`` [B, T] (and a sliding ``window``): a
+    FlexAttention BlockMask where :func:`flex_usable`, else the dense additive [B, 1, T, T] mask of ``dtype``."""
     if flex_usable(segments.device):
-        return document_block_mask(segments, compile=True)
-    return document_mask(segments, dtype)[:, None]
+        return document_block_mask(segments, compile=True, window=window)
+    return document_mask(segments, dtype, window)[:, None]
+
+
+def window_attention_mask(x: torch.Tensor, window: int):
+    """The mask a stack's layers share for a sliding ``window`` over one document per row of ``x``
+    [B, T, D]: a FlexAttention BlockMask where :func:`flex_usable`, else a dense additive [T, T] mask in
+    x's dtype (shared by the rows: no [B, T, T] tensor)."""
+    B, T = x.shape[:2]
+    if flex_usable(x.device):
+        return document_block_mask(None, compile=True, window=window, shape=(B, T), device=x.device)
+    allowed = causal_window(T, window, x.device)
+    return torch.zeros(T, T, dtype=x.dtype, device=x.device).masked_fill_(~allowed, float("-inf"))
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend: str | None = None,
@@ -140,9 +165,9 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 
 
 class Attention(nn.Module):
-    def __init__(self, d: int, n_heads: int):
+    def __init__(self, d: int, n_heads: int, window: int | None = None):
         super().__init__()
-        self.n_heads = n_heads
+        self.n_heads, self.window = n_heads, window
         self.qkv = nn.Linear(d, 3 * d, bias=False)
         self.out = nn.Linear(d, d, bias=False)
 
@@ -165,6 +190,8 @@ class Attention(nn.Module):
                 if T != 1:
                     raise ValueError("a filled cache takes one position at a time")
                 k, v, causal = torch.cat([kv["k"], k], 2), torch.cat([kv["v"], v], 2), False
+                if self.window is not None:  # the new position sees its last ``window`` keys (itself included)
+                    k, v = k[:, :, -self.window:], v[:, :, -self.window:]
             kv["k"], kv["v"] = k, v
         y = attention(q, k, v, mask=mask, causal=causal).transpose(1, 2).reshape(B, T, D)
         return self.out(y if packed is None else packed.pack(y))
@@ -182,10 +209,10 @@ class SwiGLU(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, d: int, n_heads: int, hidden: int, eps: float):
+    def __init__(self, d: int, n_heads: int, hidden: int, eps: float, window: int | None = None):
         super().__init__()
         self.attn_norm = nn.RMSNorm(d, eps=eps)
-        self.attn = Attention(d, n_heads)
+        self.attn = Attention(d, n_heads, window)
         self.mlp_norm = nn.RMSNorm(d, eps=eps)
         self.mlp = SwiGLU(d, hidden)
 
@@ -257,13 +284,15 @@ def ffn_hidden(d: int, mult: float, multiple_of: int) -> int:
 
 
 class Stack(nn.Module):
-    """A sequence of blocks sharing one rotary table; optional activation checkpointing per block."""
+    """A sequence of blocks sharing one rotary table; optional activation checkpointing per block.
+    ``window``: every layer attends to the last ``window`` positions only (sliding-window attention;
+    None: every earlier position)."""
 
     def __init__(self, n_layers: int, d: int, n_heads: int, hidden: int, *, eps: float, theta: float,
-                 checkpointing: bool = False):
+                 checkpointing: bool = False, window: int | None = None):
         super().__init__()
-        self.layers = nn.ModuleList(Block(d, n_heads, hidden, eps) for _ in range(n_layers))
-        self.head_dim, self.theta, self.checkpointing = d // n_heads, theta, checkpointing
+        self.layers = nn.ModuleList(Block(d, n_heads, hidden, eps, window) for _ in range(n_layers))
+        self.head_dim, self.theta, self.checkpointing, self.window = d // n_heads, theta, checkpointing, window
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, segments: torch.Tensor | None = None,
                 cache: list[dict] | None = None, rows: torch.Tensor | None = None) -> torch.Tensor:
@@ -275,7 +304,13 @@ class Stack(nn.Module):
         # [T, Dh/2] or [B, 1, T, Dh/2] -> [(B,) T, 1, 1, Dh/2]: the layout of Attention's [B, T, 2, H, Dh] q and k
         cos, sin = (t[..., None, None, :] if t.dim() == 2 else t[:, 0, :, None, None, :]
                     for t in rotary_tables(positions, self.head_dim, self.theta))
-        mask = None if segments is None else document_attention_mask(segments, x.dtype)
+        window = self.window if self.window is not None and self.window < x.shape[1] else None
+        if segments is not None:
+            mask = document_attention_mask(segments, x.dtype, window)
+        elif window is not None:  # (one new position on a filled cache: Attention keeps the window)
+            mask = window_attention_mask(x, window)
+        else:
+            mask = None
         packed = None if rows is None else Packed(rows, x.shape[0], x.shape[1])
         if packed is not None:
             x = packed.pack(x)

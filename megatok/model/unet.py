@@ -1,7 +1,7 @@
 """The byte U-net: bytes -> encoder -> boundaries -> chunks -> main network -> bytes -> decoder.
 
     x [B, T] byte ids
-      embed -> encoder (byte rate, causal)                    h [B, T, d]
+      embed -> encoder (byte rate, causal; model.byte_window: sliding window)   h [B, T, d]
       boundary strategy                                       starts [B, T], chunk 0 at t = 0
       downsample: h at chunk starts                           [B, K, d_main]
       main network (chunk rate, causal; rotary on the byte position of each chunk start)
@@ -62,19 +62,19 @@ class ByteUNet(nn.Module):
         self.cfg = cfg
         d, dm = cfg.d_model, cfg.main_width
 
-        def stack(n, width, heads):
+        def stack(n, width, heads, window=None):
             return Stack(n, width, heads, ffn_hidden(width, cfg.ffn_mult, cfg.ffn_multiple_of), eps=cfg.norm_eps,
-                         theta=cfg.rope_theta, checkpointing=cfg.activation_checkpointing)
+                         theta=cfg.rope_theta, checkpointing=cfg.activation_checkpointing, window=window)
 
         self.embed = nn.Embedding(VOCAB_SIZE, d)
-        self.encoder = stack(cfg.n_encoder_layers, d, cfg.n_heads)
+        self.encoder = stack(cfg.n_encoder_layers, d, cfg.n_heads, cfg.byte_window)
         self.boundary = build_strategy(boundary.strategy, d_model=d, target_rate=boundary.target_rate,
                                        options=boundary.options)
         self.down_proj = nn.Linear(d, dm, bias=False) if dm != d else nn.Identity()
         self.main = stack(cfg.n_main_layers, dm, cfg.main_heads)
         self.main_norm = nn.RMSNorm(dm, eps=cfg.norm_eps)
         self.up_proj = nn.Linear(dm, d, bias=False) if dm != d else nn.Identity()
-        self.decoder = stack(cfg.n_decoder_layers, d, cfg.n_heads)
+        self.decoder = stack(cfg.n_decoder_layers, d, cfg.n_heads, cfg.byte_window)
         self.out_norm = nn.RMSNorm(d, eps=cfg.norm_eps)
         self.head = nn.Linear(d, VOCAB_SIZE, bias=False)
         self.early_norm = nn.RMSNorm(d, eps=cfg.norm_eps)
