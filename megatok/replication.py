@@ -26,6 +26,12 @@ METHODS: dict[str, tuple[list[str], str]] = {
     "policy-vr": (["boundary.strategy=policy", *(f"boundary.{k}={v}" for k, v in VR_OPTIONS.items())],
                   "score function with the variance reduction found best"),
     "policy-gamma1": (["boundary.strategy=policy", "boundary.gamma=1.0"], "score function, undiscounted (gamma 1)"),
+    "policy-rloo4": (["boundary.strategy=policy", "boundary.samples=4"],
+                     "score function, 4 samples of each sequence, each baselined by the other 3 (leave-one-out)"),
+    "policy-disarm": (["boundary.strategy=policy", "boundary.estimator=disarm", "boundary.samples=2"],
+                      "antithetic DisARM over 2 samples of each sequence (u and 1 - u)"),
+    "policy-value": (["boundary.strategy=policy", "boundary.value_baseline=true"],
+                     "score function with a learned value baseline on top of the batch baseline"),
     "hnet": (["boundary.strategy=hnet"], "H-Net cosine router, straight-through, ratio loss"),
     "gumbel": (["boundary.strategy=gumbel"], "Gumbel-sigmoid, straight-through, binomial prior"),
     "uniform": (["boundary.strategy=uniform"], "uniform random positions at the target rate"),
@@ -33,7 +39,7 @@ METHODS: dict[str, tuple[list[str], str]] = {
     "whitespace": (["boundary.strategy=whitespace"], "a chunk after whitespace or punctuation"),
     "bpe": ([], "BPE token model (sentencepiece) at matched FLOPs per byte"),
 }
-POLICY_METHODS = ("policy", "policy-vr", "policy-gamma1")
+POLICY_METHODS = ("policy", "policy-vr", "policy-gamma1", "policy-rloo4", "policy-disarm", "policy-value")
 #: The sentences every method's boundaries are drawn on (boundaries.png).
 SENTENCES = ("The committee will report on the state of the economy before the end of the year.\n"
              "Enter the king, attended by his lords, and a messenger with letters from France.")
@@ -46,16 +52,22 @@ class Preset:
     nproc: int  # ranks per training run
     bpe_vocab: int
     methods: tuple[str, ...]
-    data: str  # "prose": built by make_corpus --preset prose; "given": --shards/--heldout/--parallel
+    data: str  # "prose": built by make_corpus --preset prose; "control": --preset control; "given": --shards/...
     eval_max_bytes: int  # held-out bytes scored per set
     description: str
     overrides: tuple[str, ...] = field(default=())
 
 
-ALL = tuple(METHODS)
+#: The methods of the prose studies (the control adds the estimators it maps).
+ALL = ("policy", "policy-vr", "policy-gamma1", "hnet", "gumbel", "uniform", "fixed", "whitespace", "bpe")
 PRESETS = {p.name: p for p in (
     Preset("toy", "configs/replication/toy.json", 1, 512, ALL, "given", 20_000,
            "a test: every method for a few steps on a tiny model (minutes on 2 CPU cores)"),
+    Preset("control", "configs/replication/control.json", 1, 0,
+           ("policy", "policy-vr", "policy-gamma1", "policy-rloo4", "policy-disarm", "policy-value", "hnet", "gumbel",
+            "uniform", "fixed", "whitespace"), "control", 100_000,
+           "the positive control (megatok/data/control.py): byte layers that see one byte, main 192 x 2, 256-byte "
+           "windows, 600 steps of 16 sequences on one rank (about 3 minutes a run on one CPU core)"),
     Preset("cpu-small", "configs/replication/cpu-small.json", 2, 4096, ALL, "prose", 600_000,
            "2 CPU cores: byte layers 128 x 1+1, main 384 x 4, 1024-byte windows, prose"),
     Preset("gpu-18m", "configs/replication/gpu-18m.json", 1, 8192,
@@ -121,12 +133,14 @@ def training_seconds(rows: list[dict]) -> float | None:
     return total
 
 
-def run_summary(run_dir: Path, method: str, seed: int) -> dict:
-    """What the tables need from one finished run: its evaluations, training FLOPs and wall time."""
+def run_summary(run_dir: Path, method: str, seed: int, level: float | None = None) -> dict:
+    """What the tables need from one finished run: its evaluations, training FLOPs and wall time (and for
+    the control, its corpus's level and every byte method's alignment over training)."""
     rows = read_metrics(run_dir)
     train = [r for r in rows if r.get("split") == "train"]
     last = train[-1] if train else {}
-    out = {"method": method, "seed": seed, "run": str(run_dir), "steps": last.get("step"),
+    out = {"method": method, "seed": seed, **({} if level is None else {"level": level}),
+           "run": str(run_dir), "steps": last.get("step"),
            "bytes_seen": last.get("bytes_seen"), "flops": last.get("flops"),
            "realised_rate": _mean([r.get("boundary_rate") for r in train[len(train) // 2:]])}
     if (wall := training_seconds(rows)) is not None:
@@ -135,7 +149,7 @@ def run_summary(run_dir: Path, method: str, seed: int) -> dict:
         f = run_dir / f"eval-{name}.json"
         if f.is_file():
             out[name] = json.loads(f.read_text())
-    if method in POLICY_METHODS:
+    if method in POLICY_METHODS or (level is not None and method != "bpe"):
         curve = alignment_curve(run_dir)
         out["curve"] = curve
         out["first_sign_step"] = first_step(curve, lambda r: (r["p_sbw"] or 0) - (r["p_other"] or 0) >= 0.05)

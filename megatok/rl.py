@@ -110,6 +110,23 @@ def discounted_returns(adv: torch.Tensor, gamma: float, block: int = 128,
     return out.view(B, -1)[:, :T].to(adv.dtype)
 
 
+def disarm_credit(returns: torch.Tensor, starts: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    """DisARM (Dong, Mnih & Tucker 2020) per decision, for rows that come in antithetic pairs: rows 2i and
+    2i + 1 are one sequence whose decisions were drawn from the same uniforms u and 1 - u (b = [u < p],
+    b~ = [1 - u < p]). Returns g [B / 2, T], an unbiased estimate of d E[G_t] / d logit_t for each pair:
+
+        g_t = 1/2 (G_t(b) - G_t(b~)) (-1)^(b~_t) [b_t != b~_t] sigmoid(|logit_t|)
+
+    (docs/method.md derives it for the discounted returns G_t, each a function of all the decisions).
+    ``returns`` and ``starts`` are [B, T] over both rows of every pair, ``logits`` [B / 2, T] the pair's
+    shared logits. Where the two draws agree the pair says nothing about t (g_t = 0); a baseline common to
+    both rows cancels in the difference."""
+    g_a, g_b = returns[0::2].float(), returns[1::2].float()
+    b_a, b_b = starts[0::2], starts[1::2]
+    sign = torch.where(b_b, -1.0, 1.0) * (b_a != b_b).float()
+    return 0.5 * (g_a - g_b) * sign * torch.sigmoid(logits.float().abs())
+
+
 def policy_loss(log_probs: torch.Tensor, returns: torch.Tensor, decision_mask: torch.Tensor,
                 weight: float) -> torch.Tensor:
     """-weight * mean over decisions of G_t * log pi(b_t), with G_t treated as a constant."""

@@ -51,6 +51,10 @@ class Options(BaseModel):
     window: int = Field(1, ge=1, le=64, description="condition each decision on the previous window-1 decisions (1: independent per byte)")
     rate_scope: Literal["batch", "sequence"] = Field("batch", description="hold the rate at target over the micro-batch (published), or in every sequence")
     # Variance reduction and schedules beyond the published estimator; every one is off by default.
+    estimator: Literal["reinforce", "disarm"] = Field(
+        "reinforce", description="reinforce: the score function G_t grad log pi(b_t) (published); disarm: the "
+                                 "antithetic DisARM estimator over two samples drawn from u and 1 - u (needs samples 2 "
+                                 "and window 1; the pair's difference replaces every baseline)")
     samples: int = Field(1, ge=1, le=16, description="boundary samples per training sequence: the model runs each "
                          "sequence this many times (the encoder once), and each sample's baseline is the mean reward "
                          "of the sequence's other samples at the same position (replaces the batch baseline; costs "
@@ -73,6 +77,14 @@ class Options(BaseModel):
     def _combinations(self):
         if self.gamma_start is not None and not self.gamma_steps:
             raise ValueError("gamma_start needs gamma_steps > 0 (the steps over which gamma moves to its value)")
+        if self.estimator == "disarm":
+            if self.samples != 2 or self.window != 1:
+                raise ValueError("estimator 'disarm' draws two antithetic samples of independent decisions: set "
+                                 "samples 2 and window 1")
+            if self.value_baseline or self.normalize_advantage:
+                raise ValueError("estimator 'disarm' takes no value_baseline or normalize_advantage (the pair's "
+                                 "difference is its baseline)")
+            return self
         if self.samples > 1 and (not self.batch_baseline or self.leave_one_out or self.baseline_scope != "micro_batch"):
             raise ValueError("samples > 1 takes each sample's baseline from the other samples of its sequence: "
                              "batch_baseline, leave_one_out and baseline_scope do not apply (leave them at their defaults)")
@@ -146,7 +158,10 @@ class Strategy(BoundaryStrategy):
             logits = self.logits(h)
             probs = torch.sigmoid(logits)
             if mode == "sample":
-                starts = uniform_noise(probs, self.window) < probs
+                noise = uniform_noise(probs, self.window)
+                if self.training and self.options.estimator == "disarm":  # rows 2i, 2i + 1: u and 1 - u
+                    noise = torch.stack([noise[0::2], 1 - noise[0::2]], 1).flatten(0, 1)
+                starts = noise < probs
             else:  # "threshold". (A "top rho fraction per sequence" rule would look at later bytes: not causal.)
                 starts = probs > 0.5
             starts = finalize_starts(starts.detach(), mask, forced)
@@ -166,6 +181,8 @@ class Strategy(BoundaryStrategy):
         reward = (ce_early - ce_full) if o.early_exit_reward else -ce_full
         reward = reward.detach().float() * mask
         across = o.baseline_scope == "data_parallel" and self.training  # evaluation: no collective
+        if self.training and o.estimator == "disarm":
+            return self._disarm_loss(b, reward, ce_full, ce_early, mask)
         if self.training and self.samples > 1:  # rows i*K .. i*K+K-1 are samples of one sequence
             adv = rl.group_baseline(reward, mask, self.samples)
         elif o.batch_baseline:
@@ -187,7 +204,25 @@ class Strategy(BoundaryStrategy):
         terms["policy_loss"] = rl.policy_loss(b.log_probs, returns, decisions, weight)
         terms["rate_loss"] = rl.rate_loss(b.extra["logits"], b.probs, mask, self.target_rate, o.lambda_rate,
                                           per_sequence=o.rate_scope == "sequence")
-        b.extra["rows"] = score_rows(returns, b.starts, b.probs, decisions, b.extra["sbw"])
+        b.extra["rows"] = score_rows(returns.detach() * (b.starts.float() - b.probs.detach()), decisions, b.extra["sbw"])
+        return terms
+
+    def _disarm_loss(self, b, reward, ce_full, ce_early, mask):
+        """The policy term from antithetic pairs (rows 2i, 2i + 1): the surrogate -lambda mean(g_t logit_t)
+        over the pair's decisions, whose gradient is -lambda g_t per logit (rl.disarm_credit)."""
+        o = self.options
+        returns = rl.discounted_returns(reward, self.gamma_now(), resets=b.resets)
+        logits = b.extra["logits"]
+        g = rl.disarm_credit(returns, b.starts, logits[0::2].detach())
+        decisions = (mask & ~b.forced)[0::2]
+        weight = o.lambda_policy
+        if o.start_margin is not None:
+            weight = weight * float(self._latch_start((ce_early - ce_full).detach().float() * mask, mask))
+        terms = {"policy_loss": -weight * rl.masked_mean(g.detach() * logits[0::2], decisions),
+                 "rate_loss": rl.rate_loss(logits, b.probs, mask, self.target_rate, o.lambda_rate,
+                                           per_sequence=o.rate_scope == "sequence")}
+        # the statistics' score terms: each pair's g at its decisions, in both of its rows
+        b.extra["rows"] = score_rows(g.repeat_interleave(2, 0), mask & ~b.forced, b.extra["sbw"])
         return terms
 
     def _latch_start(self, gap: torch.Tensor, mask: torch.Tensor) -> bool:
@@ -207,12 +242,12 @@ class Strategy(BoundaryStrategy):
 
 
 @torch.no_grad()
-def score_rows(returns, starts, probs, decisions, sbw) -> dict[str, torch.Tensor]:
-    """Per-row sums of the score-function terms u_t = G_t (b_t - p_t) (the gradient of G_t log pi(b_t)
-    with respect to the logit: positive pushes p_t up), over decisions at spaces before a word and
-    elsewhere: the training row's snr_sbw / snr_other (mean / standard deviation of u per decision;
-    1 / snr^2 decisions make one standard error)."""
-    u = returns.float() * (starts.float() - probs.float())
+def score_rows(u, decisions, sbw) -> dict[str, torch.Tensor]:
+    """Per-row sums of the estimator's per-decision terms u_t (the estimate of the gradient with respect to
+    the logit: positive pushes p_t up; G_t (b_t - p_t) for the score function), over decisions at spaces
+    before a word and elsewhere: the training row's snr_sbw / snr_other (mean / standard deviation of u
+    per decision; 1 / snr^2 decisions make one standard error)."""
+    u = u.float()
     rows = {}
     for cls, where in (("sbw", decisions & sbw), ("other", decisions & ~sbw)):
         w = where.float()

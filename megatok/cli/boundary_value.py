@@ -5,9 +5,10 @@
 
 Draws the run's own boundaries on a fixed held-out batch, adds one chunk start at a time where the sample
 has none, and reports the discounted loss each saves (nats; > 0: that boundary helps), per class (a space
-before a word, a word's first byte, inside a word, other), with standard errors; for a policy run also the
-standard deviation of the estimator's return, the noise each decision's credit carries in training
-(megatok/eval/policy_probe.py). Prints a table; --out writes JSON.
+before a word, a word's first byte, inside a word, other), with standard errors; and the standard deviation
+of the estimator's return on the same batch, the noise each decision's credit carries in training (for any
+strategy: the return a policy would meet on this model) (megatok/eval/policy_probe.py). Prints a table;
+--out writes JSON.
 """
 
 from __future__ import annotations

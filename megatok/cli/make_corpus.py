@@ -3,6 +3,11 @@
     megatok-make-corpus --out data/corpus.jsonl.gz [--cache data/.cache] [--max-mb 16]
                                 [--sources sotu,udhr,pycode] [--udhr-langs eng,fra,...] [--offline]
                                 [--heldout-out data/heldout_udhr.jsonl [--heldout-articles 5,10,15,20,25,30]]
+    megatok-make-corpus --preset prose --out data/prose.jsonl.gz [--heldout-out FILE] [--strict]
+    megatok-make-corpus --preset control --level 1 [--seed 0] --out data/control.jsonl.gz [--heldout-out FILE]
+
+--preset control writes the generated positive control (megatok/data/control.py: words whose ending the
+whitespace before them announces with probability --level), no sources involved.
 
 Output: gzipped JSONL, one document per line:
     {"text": str, "lang": str, "domain": str, "source": str}
@@ -48,7 +53,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from megatok.data import prose
+from megatok.data import control, prose
 from megatok.data.corpus_sources import (
     SOTU_PKG,
     SOTU_VERSION,
@@ -219,9 +224,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True, type=Path, help="output .jsonl.gz path")
-    p.add_argument("--preset", choices=["default", "prose"], default="default",
+    p.add_argument("--preset", choices=["default", "prose", "control"], default="default",
                    help="'prose': English prose only (the replication corpus, megatok/data/prose.py), "
-                        "40 MB by default, with --heldout-out holding out whole documents of every source")
+                        "40 MB by default, with --heldout-out holding out whole documents of every source; "
+                        "'control': the generated positive control (megatok/data/control.py), 8 MB by default, "
+                        "--heldout-out 200 kB more of the same process")
+    p.add_argument("--level", type=float, default=None,
+                   help="--preset control: how often the separator before a word announces its ending, in [0, 1] (0: "
+                        "never, no chunk start is worth anything)")
+    p.add_argument("--seed", type=int, default=0, help="--preset control: the seed of lexicon, table and text")
     p.add_argument("--strict", action="store_true",
                    help="--preset prose: exit 2 if any source is missing instead of building without it "
                         "(a study's corpus must not change with what happens to be installed)")
@@ -250,7 +261,11 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error(f"--sources: unknown {','.join(bad) or '(empty)'}; choose from {','.join(ALL_SOURCES)}")
     args.udhr_langs = [c.strip() for c in args.udhr_langs.split(",") if c.strip()]
     if args.max_mb is None:
-        args.max_mb = 40.0 if args.preset == "prose" else 16.0
+        args.max_mb = {"prose": 40.0, "control": 8.0}.get(args.preset, 16.0)
+    if (args.level is None) != (args.preset != "control"):
+        p.error("--level goes with --preset control, and --preset control needs --level")
+    if args.level is not None and not 0 <= args.level <= 1:
+        p.error(f"--level must be in [0, 1], not {args.level:g}")
     if not 0 <= args.heldout_fraction < 1:
         p.error("--heldout-fraction must be in [0, 1)")
     if args.max_mb <= 0:
@@ -355,10 +370,27 @@ def main_prose(args) -> int:
     return 0
 
 
+def main_control(args) -> int:
+    gen = control.Generator(control.Control(level=args.level, seed=args.seed))
+    docs = gen.documents(int(args.max_mb * MB))
+    bits = control.ending_bits(args.level)
+    write_jsonl_gz(args.out, docs)
+    print(f"wrote {args.out}: {len(docs):,} documents, {sum(nbytes(d['text']) for d in docs):,} bytes of "
+          f"level {args.level:g} (seed {args.seed}); an ending costs {bits['given_separator']:.2f} bits given the "
+          f"separator before its word, {bits['without']:.2f} without")
+    if args.heldout_out is not None:
+        held = gen.documents(200_000, name="control-heldout")
+        write_jsonl_gz(args.heldout_out, held, compress=args.heldout_out.name.endswith(".gz"))
+        print(f"wrote {args.heldout_out}: {len(held):,} held-out documents from the same process")
+    return 0
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.preset == "prose":
         return main_prose(args)
+    if args.preset == "control":
+        return main_control(args)
     t0 = time.perf_counter()
     exclude = args.heldout_articles if args.heldout_out is not None else ()
     by_source = build(args.sources, args.cache, int(args.max_mb * MB), args.offline, args.udhr_langs,

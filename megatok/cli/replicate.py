@@ -46,6 +46,8 @@ from megatok.config import ConfigError, find_config, load_config
 from megatok.data.documents import DataError
 from megatok.replication import (METHODS, POLICY_METHODS, PRESETS, SENTENCES, Preset, aggregate, markdown, plots,
                                  run_name, run_summary)
+from megatok.studies import control as control_study
+from megatok.studies.control import LEVELS as CONTROL_LEVELS
 
 
 def log(msg: str) -> None:
@@ -82,9 +84,24 @@ def balanced(src: list[str], out: Path, max_bytes: int) -> Path:
     return out
 
 
-def prepare_data(preset: Preset, work: Path, args) -> dict:
-    """Shards, held-out prose and parallel sets: given on the command line, or built once under WORK/data."""
+def prepare_data(preset: Preset, work: Path, args, level: float | None = None) -> dict:
+    """Shards, held-out prose and parallel sets: given on the command line, or built once under WORK/data
+    (the control: the corpus of ``level``)."""
     data = work / "data"
+    if preset.data == "control":
+        corpus, heldout = data / "control.jsonl.gz", data / "control_heldout.jsonl.gz"
+        if not heldout.is_file():
+            log(f"building the control corpus at level {level:g} (megatok-make-corpus --preset control)")
+            command("make_corpus", "--preset", "control", "--level", f"{level:g}", "--out", str(corpus),
+                    "--heldout-out", str(heldout))
+        shards = data / "control_shards"
+        if not (shards / "manifest.json").is_file():
+            command("build_shards", str(corpus), "--out", str(shards), "--val-fraction", "0.01", "--num-shards", "4",
+                    "--no-progress")
+        eval_file = data / "eval_control.jsonl"
+        if not eval_file.is_file():
+            balanced([str(heldout)], eval_file, preset.eval_max_bytes)
+        return {"shards": str(shards), "heldout": [str(eval_file)], "parallel": []}
     if args.shards or preset.data == "given":
         if not (args.shards and args.heldout):
             raise ConfigError(f"preset {preset.name} takes its data from --shards and --heldout (and --parallel)")
@@ -120,8 +137,9 @@ def prepare_data(preset: Preset, work: Path, args) -> dict:
 # ----------------------------------------------------------------------------- configs and training
 
 def write_configs(preset: Preset, work: Path, data: dict, seeds: list[int], methods: list[str],
-                  extra: list[str], nproc: int) -> list[dict]:
-    """One complete config per (method, seed), validated for ``nproc`` ranks before anything trains."""
+                  extra: list[str], nproc: int, level: float | None = None) -> list[dict]:
+    """One complete config per (method, seed), validated for ``nproc`` ranks before anything trains (for the
+    control, of the corpus at ``level``: WORK is that level's directory)."""
     runs = []
     config = str(CHECKOUT / preset.config if (CHECKOUT / preset.config).is_file() else find_config(preset.config))
     tok = work / "bpe-tokenizer"
@@ -149,28 +167,44 @@ def write_configs(preset: Preset, work: Path, data: dict, seeds: list[int], meth
                     tmp = path.with_suffix(".tmp")
                     tmp.write_text(json.dumps(raw, indent=2) + "\n")
                     os.replace(tmp, path)
-            runs.append({"name": name, "method": m, "seed": seed, "config": str(path), "run_dir": str(run_dir),
+            runs.append({"name": name if level is None else f"{name}-level{level:g}", "method": m, "seed": seed,
+                         "level": level, "config": str(path), "run_dir": str(run_dir),
                          "max_steps": cfg.train.max_steps, "digest": config_digest(cfg)})
     return runs
 
 
+#: Config keys added after studies were recorded: left out of the digest while they hold these values (what
+#: the recorded runs trained with), so a new key never makes a finished run a new experiment.
+ADDED_KEYS = {("model", "byte_window"): None, ("model", "chunk_capacity"): None, ("model", "static_chunks"): False,
+              ("boundary", "estimator"): "reinforce"}
+
+
 def config_digest(cfg) -> str:
-    """What makes two runs the same experiment: the resolved config without where its files are."""
+    """What makes two runs the same experiment: the resolved config without where its files are (and
+    without keys added since, at the value every earlier run had: ADDED_KEYS)."""
     raw = cfg.to_dict()
     raw["train"].pop("run_dir", None)
     raw["data"].pop("shards", None)
     raw["model"].pop("tokenizer", None)
+    for (section, key), value in ADDED_KEYS.items():
+        if key in raw[section] and raw[section][key] == value:
+            del raw[section][key]
     return hashlib.sha256(json.dumps(raw, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def run_key(run: dict) -> tuple:
+    """What names a run within a study: (method, seed, level), the level None outside the control."""
+    return run["method"], run["seed"], run.get("level")
+
+
 def earlier_results(out: Path) -> dict:
-    """{(method, seed): summary} of the runs an earlier invocation recorded in OUT/results.json: a study
-    that spans sessions keeps them when their run directories are gone (a fresh checkout)."""
+    """{(method, seed, level): summary} of the runs an earlier invocation recorded in OUT/results.json: a
+    study that spans sessions keeps them when their run directories are gone (a fresh checkout)."""
     try:
         runs = json.loads((out / "results.json").read_text())["runs"]
     except (OSError, ValueError, KeyError):
         return {}
-    return {(r["method"], r["seed"]): r for r in runs if r.get("config_digest") and "prose-sample" in r}
+    return {run_key(r): r for r in runs if r.get("config_digest") and "prose-sample" in r}
 
 
 def train(run: dict, nproc: int) -> None:
@@ -242,12 +276,42 @@ def boundaries_picture(runs: list[dict], out: Path, tokenizer: Path) -> None:
 
 # ----------------------------------------------------------------------------- main
 
+def parse_seeds(text: str) -> list[int]:
+    """``--seeds``: a count N (seeds 0..N-1) or a comma-separated list of seeds."""
+    items = [t for t in text.split(",") if t.strip()]
+    try:
+        values = [int(t) for t in items]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a count or a comma-separated list of seeds, not {text!r}") from None
+    if len(values) == 1 and "," not in text:
+        if values[0] < 1:
+            raise argparse.ArgumentTypeError("a count of seeds must be at least 1")
+        return list(range(values[0]))
+    if not values or min(values) < 0 or len(set(values)) != len(values):
+        raise argparse.ArgumentTypeError(f"seeds must be distinct and not negative: {text!r}")
+    return values
+
+
+def parse_levels(text: str) -> list[float]:
+    try:
+        values = [float(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers in [0, 1], not {text!r}") from None
+    if not values or not all(0 <= v <= 1 for v in values):
+        raise argparse.ArgumentTypeError(f"levels are numbers in [0, 1]: {text!r}")
+    return sorted(set(values))
+
+
 def parse_args(argv):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--preset", required=True, choices=sorted(PRESETS))
     ap.add_argument("--out", required=True, type=Path, help="results directory (tables, plots, results.json)")
     ap.add_argument("--work", type=Path, default=None, help="runs, configs and data (default runs/replicate-PRESET)")
-    ap.add_argument("--seeds", type=int, default=1, help="seeds 0..N-1 (default 1)")
+    ap.add_argument("--seeds", type=parse_seeds, default=[0], help="a count N (seeds 0..N-1) or a list such as "
+                                                                   "5,11,17 (default 1)")
+    ap.add_argument("--level", dest="levels", type=parse_levels, default=None,
+                    help="--preset control: the corpus's level(s), comma-separated (default: the preset's, "
+                         f"{','.join(f'{v:g}' for v in CONTROL_LEVELS)})")
     ap.add_argument("--methods", default=None, help=f"comma-separated subset of {','.join(METHODS)} "
                                                     "(default: the preset's)")
     ap.add_argument("--nproc", type=int, default=None, help="ranks per training run (default: the preset's)")
@@ -264,8 +328,14 @@ def parse_args(argv):
     bad = [m for m in args.methods if m not in METHODS]
     if bad:
         ap.error(f"--methods: unknown {','.join(bad)}; choose from {','.join(METHODS)}")
-    if args.seeds < 1:
-        ap.error("--seeds must be at least 1")
+    if preset.data == "control":
+        if args.shards or args.heldout or args.parallel:
+            ap.error("--preset control builds its own data: --shards, --heldout and --parallel do not apply")
+        args.levels = args.levels or list(CONTROL_LEVELS)
+    elif args.levels is not None:
+        ap.error("--level is for --preset control")
+    else:
+        args.levels = [None]
     return args, preset
 
 
@@ -273,11 +343,13 @@ def main(argv=None) -> int:
     args, preset = parse_args(argv)
     work = (args.work or Path("runs") / f"replicate-{preset.name}").resolve()
     out = args.out.resolve()
-    seeds = list(range(args.seeds))
     nproc = args.nproc or preset.nproc
+    datas, runs = {}, []
     try:
-        data = prepare_data(preset, work, args)
-        runs = write_configs(preset, work, data, seeds, args.methods, args.overrides, nproc)
+        for level in args.levels:
+            where = work if level is None else work / f"level{level:g}"
+            datas[level] = prepare_data(preset, where, args, level)
+            runs += write_configs(preset, where, datas[level], args.seeds, args.methods, args.overrides, nproc, level)
     except (ConfigError, DataError, RuntimeError, OSError) as e:
         print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
@@ -288,11 +360,13 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     earlier = earlier_results(out)
     for run in runs:  # decided up front, so a report written part way keeps them too
-        kept = earlier.get((run["method"], run["seed"]))
+        kept = earlier.get(run_key(run))
         if not finished(run) and kept is not None and kept["config_digest"] == run["digest"]:
             run["kept"] = kept
-        elif evaluated(run, data):
+        elif evaluated(run, datas[run["level"]]):
             run["evaluated"] = True
+    # runs recorded by other invocations into the same OUT (other methods, seeds or levels) stay in the tables
+    others = [r for key, r in earlier.items() if key not in {run_key(run) for run in runs}]
     argv = [a for a in (argv if argv is not None else sys.argv[1:]) if a != "--report-only"]
     command = "megatok-replicate " + shlex.join(argv)
     try:
@@ -308,38 +382,77 @@ def main(argv=None) -> int:
             else:
                 log(f"[{i}/{len(runs)}] {run['name']}: training")
                 train(run, nproc)
-            evaluate(run, data)
+            evaluate(run, datas[run["level"]])
             run["evaluated"] = True
+            if preset.data == "control":
+                probe_level(run, runs, datas[run["level"]], out)
             if i < len(runs):  # the tables so far: a kill or a session's end keeps every finished run
-                report(runs, args.methods, preset, seeds, out, command)
-        boundaries_picture(runs, out, work / "bpe-tokenizer")
+                report(runs, others, args.methods, preset, args.seeds, out, command)
+        if preset.data != "control":
+            boundaries_picture(runs, out, work / "bpe-tokenizer")
     except RuntimeError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    written = report(runs, args.methods, preset, seeds, out, command)
+    written = report(runs, others, args.methods, preset, args.seeds, out, command)
     log(f"wrote {out / 'results.md'}, results.json, {', '.join(written)}")
     return 0
 
 
-def report(runs: list[dict], methods: list[str], preset: Preset, seeds: list[int], out: Path,
+def probe_level(run: dict, runs: list[dict], data: dict, out: Path) -> None:
+    """OUT/boundary_value-level<L>.json: megatok-boundary-value on the level's uniform run of the first seed
+    (the value of a chunk start per class of positions, for a model trained without a preference where
+    chunks start, and the return noise the estimator meets on it), once that run is evaluated."""
+    firsts = [r for r in runs if r["method"] == "uniform" and r["level"] == run["level"]]
+    target = out / f"boundary_value-level{run['level']:g}.json"
+    if not firsts or run is not firsts[0] or target.is_file():
+        return
+    log(f"{run['name']}: the value of a chunk start by class (megatok-boundary-value)")
+    command("boundary_value", "--run", run["run_dir"], "--rounds", "16", "--batch-size", "16", "--data",
+            data["heldout"][0], "--out", str(target))
+
+
+def report(runs: list[dict], others: list[dict], methods: list[str], preset: Preset, seeds: list[int], out: Path,
            command: str) -> list[str]:
-    """results.json, results.md, command.txt and the plots for the runs evaluated or kept so far."""
+    """results.json, results.md, command.txt and the plots for the runs evaluated or kept so far, and the
+    runs other invocations recorded in OUT (``others``)."""
     done = [r for r in runs if "kept" in r or r.get("evaluated")]
-    summaries = [r["kept"] if "kept" in r else {**run_summary(Path(r["run_dir"]), r["method"], r["seed"]),
+    summaries = [r["kept"] if "kept" in r else {**run_summary(Path(r["run_dir"]), r["method"], r["seed"], r["level"]),
                                                 "config_digest": r["digest"]} for r in done]
-    summaries = _relative(summaries, f"{Path.cwd()}{os.sep}")
-    agg = aggregate(summaries, methods)
+    summaries = others + _relative(summaries, f"{Path.cwd()}{os.sep}")
+    summaries.sort(key=lambda r: (r.get("level") or 0, list(METHODS).index(r["method"]), r["seed"]))
+    commands = list(dict.fromkeys([*earlier_commands(out), command]))
     progress = "" if len(done) == len(runs) else f" {len(done)} of the {len(runs)} runs finished so far."
-    header = (f"# Replication study: preset {preset.name}\n\n{preset.description}. {len(seeds)} seed(s).{progress} "
-              f"Command: `{command}`. Tables written {time.strftime('%Y-%m-%d')} on {machine()} (a study that spans "
-              f"sessions may have trained its runs on other machines).")
-    for name, text in (("results.json", json.dumps({"preset": preset.name, "seeds": seeds, "command": command,
-                                                    "aggregate": agg, "runs": summaries}, indent=1) + "\n"),
-                       ("results.md", markdown(agg, preset, header)), ("command.txt", command + "\n")):
+    header = (f"# Replication study: preset {preset.name}\n\n{preset.description}.{progress} "
+              f"{'Commands' if len(commands) > 1 else 'Command'}: {', '.join(f'`{c}`' for c in commands)}. Tables "
+              f"written {time.strftime('%Y-%m-%d')} on {machine()} (a study that spans sessions may have trained its "
+              f"runs on other machines).")
+    if preset.data == "control":
+        summaries = [{**s, **control_study.run_figures(s)} for s in summaries]
+        agg = control_study.aggregate(summaries, control_study.read_probes(out))
+        text = control_study.markdown(agg, header)
+    else:
+        agg = aggregate(summaries, methods)
+        text = markdown(agg, preset, header)
+    seeds_seen = sorted({r["seed"] for r in summaries} | set(seeds))
+    for name, content in (("results.json", json.dumps({"preset": preset.name, "seeds": seeds_seen, "command": command,
+                                                       "commands": commands, "aggregate": agg, "runs": summaries},
+                                                      indent=1) + "\n"),
+                          ("results.md", text), ("command.txt", "\n".join(commands) + "\n")):
         tmp = out / f".{name}.tmp"  # replaced whole: a kill never leaves a torn results.json
-        tmp.write_text(text)
+        tmp.write_text(content)
         os.replace(tmp, out / name)
+    if preset.data == "control":
+        return control_study.plots(summaries, agg, out)
     return plots(summaries, agg, out)
+
+
+def earlier_commands(out: Path) -> list[str]:
+    """The commands recorded in OUT/results.json by earlier invocations."""
+    try:
+        recorded = json.loads((out / "results.json").read_text())
+    except (OSError, ValueError):
+        return []
+    return recorded.get("commands") or ([recorded["command"]] if recorded.get("command") else [])
 
 
 def _relative(obj, prefix: str):

@@ -68,8 +68,7 @@ def discounted_future(d: torch.Tensor, gamma: float, t: torch.Tensor) -> torch.T
 @torch.no_grad()
 def boundary_values(model, tokens: torch.Tensor, *, gamma: float, rounds: int, seed: int) -> dict:
     """Per class: n, mean V (nats), its standard error, mean p (the strategy's probability there, where
-    it has one); and the estimator's return noise (std of the batch-baselined discounted return G_t
-    over decisions, policy strategies only). See the module docstring."""
+    it has one); and the estimator's return noise (:func:`return_noise`). See the module docstring."""
     model.eval()
     x, y = tokens[:, :-1], tokens[:, 1:]
     B, T = x.shape
@@ -116,20 +115,29 @@ def boundary_values(model, tokens: torch.Tensor, *, gamma: float, rounds: int, s
             "p": float(probs[classes[c]].float().mean()) if probs is not None and classes[c].any() else None,
         }
     out["chunkings"] = whole_chunkings(ce, x, y < 256, real, forced, base_starts, probs, gen)
-    if first.boundaries.probs is not None and hasattr(model.boundary, "gamma_now"):
-        model.train()
-        samples, model.boundary.samples = model.boundary.samples, 1  # the estimator's noise for one sample
-        torch.manual_seed(seed)
-        out_train = model(x, y)
-        model.boundary.samples = samples
-        from megatok import rl
-
-        reward = (out_train.ce_early - out_train.ce_full).float() * (y != PAD)
-        G = rl.discounted_returns(rl.batch_baseline(reward, y != PAD), gamma, resets=out_train.boundaries.resets)
-        dec = (y != PAD) & ~forced
-        out["return_std"] = float(G[dec].std())
-        model.eval()
+    out["return_std"] = return_noise(model, x, y, forced, gamma, seed)
     return out
+
+
+def return_noise(model, x, y, forced, gamma: float, seed: int) -> float:
+    """The standard deviation, over decisions, of the published estimator's discounted return G_t (reward
+    CE_early - CE_full, batch baseline) on this batch, one training-mode draw of the model's own boundaries:
+    the noise a decision's credit carries in training (measured for any strategy, as the return a policy
+    would meet on this model)."""
+    from megatok import rl
+
+    model.train()
+    samples, model.boundary.samples = model.boundary.samples, 1
+    try:
+        with torch.no_grad():
+            torch.manual_seed(seed)
+            trained = model(x, y)
+    finally:
+        model.boundary.samples = samples
+        model.eval()
+    reward = (trained.ce_early - trained.ce_full).float() * (y != PAD)
+    G = rl.discounted_returns(rl.batch_baseline(reward, y != PAD), gamma, resets=trained.boundaries.resets)
+    return float(G[(y != PAD) & ~forced].std())
 
 
 def whole_chunkings(ce, x, byte_targets, real, forced, sampled, probs, gen) -> dict:

@@ -149,7 +149,7 @@ def test_the_verdict_says_what_the_figures_say():
     assert "(policy-vr lower by 0.0900; on seed 0, the one both ran: 3.2900 against 3.3000, policy-vr lower by 0.0100)" \
         in vr[1] and "one seed, so no spread" in vr[1]
     assert markdown(aggregate([], ["policy"]), PRESETS["toy"], "# t").startswith("# t")
-    assert set(PRESETS["cpu-small"].methods) == set(METHODS)
+    assert set(PRESETS["cpu-small"].methods) < set(METHODS)
 
 
 def test_configs_are_written_for_the_ranks_that_train_them(tmp_path, shards):

@@ -1,0 +1,1 @@
+"""Studies built on megatok: each a library the megatok-* commands call (tables, plots, verdicts)."""

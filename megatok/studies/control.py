@@ -1,0 +1,224 @@
+"""The learnability map (``megatok-replicate --preset control``): which estimators learn to start chunks where
+a start pays, and how much a start must be worth before they do.
+
+Each run trains on the positive control (megatok/data/control.py) at one ``level``; a run *aligns* when at
+least ALIGNED of the spaces before words start a chunk on held-out text (sampled boundaries, seed 0): its
+``aligned_fraction``. Its ``steps_to_align`` is the first logged training step where ALIGNED of them did.
+Per level, ``megatok-boundary-value`` on the level's uniform run measures what a start at each class of
+positions is worth (nats of discounted loss saved) and the noise of the estimator's return: their ratio is
+the x axis the map is read against ("aligns reliably once a start is worth X of the return's noise").
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from pathlib import Path
+
+#: The control's levels by default (megatok-replicate --level).
+LEVELS = (0.0, 0.25, 0.5, 0.75, 1.0)
+#: A run aligns when this fraction of the spaces before words start a chunk.
+ALIGNED = 0.9
+#: A method aligns reliably at a level when this share of its seeds do (4 of 5).
+RELIABLE = 0.8
+
+
+def run_figures(summary: dict) -> dict:
+    """``aligned_fraction`` (held-out, sampled) and ``steps_to_align`` (training rows) of one run."""
+    held = summary.get("prose-sample", {}).get("sbw_boundary_fraction")
+    step = next((r["step"] for r in summary.get("curve", []) if (r.get("sbw_boundary_fraction") or 0) >= ALIGNED), None)
+    return {"aligned_fraction": held, "steps_to_align": step}
+
+
+def read_probes(out: Path) -> dict[float, dict]:
+    """{level: the boundary-value result} from OUT/boundary_value-level<L>.json."""
+    probes = {}
+    for f in sorted(out.glob("boundary_value-level*.json")):
+        try:
+            probes[float(f.stem.removeprefix("boundary_value-level"))] = json.loads(f.read_text())
+        except (ValueError, OSError):
+            continue
+    return probes
+
+
+def probe_figures(probe: dict) -> dict:
+    """The value of a start at a space before a word (nats, with its standard error), the largest other
+    class's, the return noise and the value-to-noise ratio."""
+    classes = probe["classes"]
+    sbw = classes["space_before_word"]
+    others = {c: v for c, v in classes.items() if c != "space_before_word" and v["n"] > 1
+              and v.get("stderr") not in (None, 0) and math.isfinite(v["value"])}
+    best = max(others, key=lambda c: others[c]["value"]) if others else None
+    noise = probe.get("return_std")
+    return {"value": sbw["value"], "stderr": sbw["stderr"], "z": sbw["value"] / sbw["stderr"] if sbw["stderr"] else None,
+            "best_other": best, "best_other_value": others[best]["value"] if best else None,
+            "best_other_stderr": others[best]["stderr"] if best else None,
+            "return_std": noise, "ratio": sbw["value"] / noise if noise else None,
+            "chunkings": {k: v["bpb"] for k, v in probe.get("chunkings", {}).items()}}
+
+
+def aggregate(summaries: list[dict], probes: dict[float, dict]) -> dict:
+    """{"levels": [...], "methods": {method: {level: figures over seeds}}, "probes": {level: ...},
+    "thresholds": {method: ...}}."""
+    levels = sorted({s["level"] for s in summaries if s.get("level") is not None} | set(probes))
+    methods: dict[str, dict] = {}
+    for s in summaries:
+        if s.get("level") is None:
+            continue
+        fig = {**run_figures(s), "seed": s["seed"], "bpb": s.get("prose-sample", {}).get("bpb"),
+               "rate": s.get("realised_rate"), "wall_s": s.get("wall_s")}
+        methods.setdefault(s["method"], {}).setdefault(s["level"], []).append(fig)
+    table = {}
+    for m, by_level in methods.items():
+        table[m] = {}
+        for level, runs in sorted(by_level.items()):
+            fractions = [r["aligned_fraction"] for r in runs if r["aligned_fraction"] is not None]
+            steps = [r["steps_to_align"] for r in runs]
+            bpbs = [r["bpb"] for r in runs if r["bpb"] is not None]
+            table[m][f"{level:g}"] = {
+                "seeds": [r["seed"] for r in runs], "n": len(runs),
+                "aligned": sum(f >= ALIGNED for f in fractions),
+                "aligned_fraction": [round(f, 4) for f in fractions],
+                "steps_to_align": steps,
+                "median_steps": statistics.median([x for x in steps if x is not None]) if any(x is not None for x in steps)
+                else None,
+                "bpb": {"mean": statistics.fmean(bpbs), "min": min(bpbs), "max": max(bpbs)} if bpbs else None,
+                "wall_s": statistics.fmean([r["wall_s"] for r in runs if r["wall_s"]]) if any(r["wall_s"] for r in runs)
+                else None}
+    probe_table = {f"{level:g}": probe_figures(p) for level, p in sorted(probes.items())}
+    return {"levels": [f"{v:g}" for v in levels], "methods": table, "probes": probe_table,
+            "thresholds": {m: threshold(table[m], probe_table) for m in table}}
+
+
+def threshold(by_level: dict, probes: dict) -> dict:
+    """The lowest level from which on (every higher level tested too) at least RELIABLE of the seeds align,
+    with the probe's value-to-noise ratio there; None when no level qualifies."""
+    levels = sorted(by_level, key=float)
+    reliable = [lv for lv in levels if by_level[lv]["n"] and by_level[lv]["aligned"] / by_level[lv]["n"] >= RELIABLE]
+    lowest = None
+    for lv in reversed(levels):
+        if lv not in reliable:
+            break
+        lowest = lv
+    below = [lv for lv in levels if lowest is not None and float(lv) < float(lowest)]
+    return {"level": lowest, "ratio": (probes.get(lowest) or {}).get("ratio") if lowest else None,
+            "highest_unreliable": below[-1] if below else None,
+            "ratio_below": (probes.get(below[-1]) or {}).get("ratio") if below else None}
+
+
+def _num(v, spec: str) -> str:
+    return "n/a" if v is None else format(v, spec)
+
+
+def markdown(agg: dict, header: str) -> str:
+    levels = agg["levels"]
+    lines = [header, "",
+             f"A run aligns when at least {ALIGNED:g} of the spaces before words start a chunk on held-out control "
+             f"text (sampled boundaries, seed 0); steps: the first logged training step where they did.", "",
+             "## The map: seeds aligned, by level", "",
+             "Each cell: seeds aligned / seeds run (median steps to align; aligned fractions per seed).", "",
+             "| method | " + " | ".join(f"level {lv}" for lv in levels) + " |", "|---|" + "---|" * len(levels)]
+    for m, by_level in agg["methods"].items():
+        cells = []
+        for lv in levels:
+            c = by_level.get(lv)
+            cells.append("" if c is None else f"{c['aligned']}/{c['n']} ({_num(c['median_steps'], 'g')}; "
+                                              f"{', '.join(f'{f:.2f}' for f in c['aligned_fraction'])})")
+        lines.append(f"| {m} | " + " | ".join(cells) + " |")
+    if agg["probes"]:
+        lines += ["", "## What a chunk start is worth, by level", "",
+                  "megatok-boundary-value on the level's uniform run (first seed, held-out text, 16 added starts per "
+                  "sequence and class, gamma 0.99): the discounted loss one added start saves at a space before a word "
+                  "(nats, standard error, z = value / standard error), the largest other class, the standard "
+                  "deviation of the estimator's return on the same batch, and their ratio.", "",
+                  "| level | space before word | z | largest other class | return noise | value / noise |",
+                  "|---|---|---|---|---|---|"]
+        for lv, p in agg["probes"].items():
+            other = "n/a" if p["best_other"] is None else (f"{p['best_other']} {p['best_other_value']:.4f} "
+                                                           f"+- {p['best_other_stderr']:.4f}")
+            lines.append(f"| {lv} | {p['value']:.4f} +- {p['stderr']:.4f} | {_num(p['z'], '.1f')} | {other} | "
+                         f"{_num(p['return_std'], '.3f')} | {_num(p['ratio'], '.4f')} |")
+    lines += ["", "## Thresholds", "",
+              f"The lowest level from which every level tested has at least {RELIABLE:.0%} of a method's seeds "
+              "aligned, and the value-to-noise ratio there.", ""]
+    for m, t in agg["thresholds"].items():
+        if t["level"] is None:
+            lines.append(f"- {m}: aligns reliably at no level tested.")
+        else:
+            below = "" if t["highest_unreliable"] is None else (
+                f" (not at level {t['highest_unreliable']}, ratio {_num(t['ratio_below'], '.4f')})")
+            lines.append(f"- {m}: from level {t['level']} on, where a start at a space before a word is worth "
+                         f"{_num(t['ratio'], '.4f')} of the return's noise{below}.")
+    lines += ["", "## Held-out bits per byte", "", "Mean (min-max) over seeds.", "",
+              "| method | " + " | ".join(f"level {lv}" for lv in levels) + " |", "|---|" + "---|" * len(levels)]
+    for m, by_level in agg["methods"].items():
+        cells = []
+        for lv in levels:
+            b = (by_level.get(lv) or {}).get("bpb")
+            cells.append("" if b is None else f"{b['mean']:.4f} ({b['min']:.4f}-{b['max']:.4f})")
+        lines.append(f"| {m} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plots(summaries: list[dict], agg: dict, out: Path) -> list[str]:
+    """map.png: the share of seeds that align against the level (and against the probe's value-to-noise
+    ratio, where measured), one line per method; alignment.png: every policy run's fraction of spaces
+    before words that start a chunk over training, a panel per level."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ratios = {lv: p["ratio"] for lv, p in agg["probes"].items() if p.get("ratio") is not None}
+    fig, axes = plt.subplots(1, 2 if ratios else 1, figsize=(11 if ratios else 6, 4), squeeze=False)
+    for i, (m, by_level) in enumerate(agg["methods"].items()):
+        lvs = sorted(by_level, key=float)
+        share = [by_level[lv]["aligned"] / by_level[lv]["n"] for lv in lvs]
+        style = {"label": m, "marker": "os^Dv<>p*hX"[i % 11], "color": f"C{i % 10}"}
+        axes[0][0].plot([float(lv) for lv in lvs], share, **style)
+        if ratios:
+            pts = [(ratios[lv], s) for lv, s in zip(lvs, share) if lv in ratios]
+            if pts:
+                axes[0][1].plot(*zip(*sorted(pts)), **style)
+    axes[0][0].set_xlabel("control level")
+    if ratios:
+        axes[0][1].set_xlabel("value of a start at a space / return noise")
+        axes[0][1].set_xscale("symlog", linthresh=1e-3)
+    for ax in axes[0]:
+        ax.set_ylabel(f"share of seeds aligned (>= {ALIGNED:g})")
+        ax.set_ylim(-0.05, 1.05)
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "map.png", dpi=110)
+    plt.close(fig)
+    written = ["map.png"]
+    levels = agg["levels"]
+    curves = [s for s in summaries if s.get("curve") and s.get("level") is not None and s["method"].startswith("policy")]
+    if curves and levels:
+        fig, axes = plt.subplots(1, len(levels), figsize=(3.2 * len(levels), 3.2), squeeze=False, sharey=True)
+        methods = sorted({s["method"] for s in curves})
+        for s in curves:
+            ax = axes[0][levels.index(f"{s['level']:g}")]
+            ax.plot([r["step"] for r in s["curve"]], [r["sbw_boundary_fraction"] for r in s["curve"]],
+                    color=f"C{methods.index(s['method']) % 10}", alpha=0.7, lw=1,
+                    label=s["method"] if s["seed"] == min(x["seed"] for x in curves if x["method"] == s["method"]) else None)
+        for lv, ax in zip(levels, axes[0]):
+            ax.set_title(f"level {lv}")
+            ax.axhline(ALIGNED, ls="--", color="gray", lw=0.8)
+            ax.set_xlabel("step")
+            ax.grid(alpha=0.3)
+        axes[0][0].set_ylabel("spaces before words starting a chunk")
+        handles, labels = [], []
+        for ax in axes[0]:
+            for h, lab in zip(*ax.get_legend_handles_labels()):
+                if lab not in labels:
+                    handles.append(h)
+                    labels.append(lab)
+        axes[0][-1].legend(handles, labels, fontsize=7)
+        fig.tight_layout()
+        fig.savefig(out / "alignment.png", dpi=110)
+        plt.close(fig)
+        written.append("alignment.png")
+    return written
