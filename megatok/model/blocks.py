@@ -50,8 +50,11 @@ def _flex(q, k, v, block_mask, use: str = "model"):
     """flex_attention compiled for ``use`` (the model's stacks, or the one-time check), each in a recompile
     region of its own (torch.compile's isolate_recompiles: the check's fp32 variant costs the stacks
     none). Past RECOMPILE_LIMIT variants the call is SDPA with the block mask made dense ([B, 1, T, T]
-    booleans: SDPA's memory-efficient kernel, no score matrix), said once."""
+    booleans: SDPA's memory-efficient kernel, no score matrix), said once. Inside a compiled block
+    (train.compile) flex_attention is compiled as part of the block."""
     global _flex_fallback_warned
+    if torch.compiler.is_compiling():  # traced into a compiled block (train.compile): compiled with it
+        return flex_attention(q, k, v, block_mask=block_mask)
     fn = _compiled_flex.get(use)
     if fn is None:
         fn = _compiled_flex[use] = torch.compile(flex_attention, fullgraph=True, backend=COMPILE_BACKEND,

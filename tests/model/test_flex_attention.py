@@ -117,6 +117,26 @@ def test_the_compiled_flex_keeps_its_variants_apart_from_the_check_and_past_its_
     assert blocks.flex_compiled_variants() == 2
 
 
+def test_a_first_call_from_inside_a_compiled_block_leaves_the_eager_path_compiled(monkeypatch):
+    """With train.compile the first masked attention runs inside a compiled block: flex_attention is
+    compiled with the block there, and a later call outside one (a block past its limit, another caller)
+    still finds flex_attention compiled, not a function that runs it uncompiled."""
+    monkeypatch.setattr(blocks, "COMPILE_BACKEND", "eager")
+    monkeypatch.setattr(blocks, "_compiled_flex", {})
+    segments = torch.tensor([[0] * 40 + [1] * 88, [0] * 128])
+    mask = document_block_mask(segments)
+
+    def block(q, k, v):
+        return blocks._flex(q * 2, k, v, mask)
+
+    compiled = torch.compile(block, backend="eager")
+    q, k, v = _qkv(128, 16)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("error")  # "flex_attention called without torch.compile()" would raise
+        torch.testing.assert_close(compiled(q, k, v), block(q, k, v))
+    assert blocks.flex_compiled_variants() == 1
+
+
 def test_the_compiled_blocks_keep_every_variant_of_a_train_eval_generate_cycle(monkeypatch):
     """train.compile's blocks share one compiled forward: training and evaluation (grad modes, batch
     sizes), byte and chunk rate, document masks and generation's cache each add variants, and a tiny
