@@ -127,37 +127,26 @@ def test_sigterm_to_the_gpu_bench_reaches_the_running_part_and_starts_no_other(t
     """The script ended by SIGTERM while its first part (the trainer check, here in its CPU smoke mode) runs:
     that part writes what it finished and is marked stopped, no later part starts, and the script ends
     with 143."""
-    import os
-    import signal
     import subprocess
     import sys
-    import time
 
-    from tests.conftest import ROOT, TOOL_ENV
+    from tests.conftest import ROOT, TOOL_ENV, sigterm_when
 
     out = tmp_path / "out"
-    proc = subprocess.Popen(["bash", str(ROOT / "tools/gpu_bench.sh"), "--cpu-smoke", "--quick"], cwd=ROOT,
-                            env={**TOOL_ENV, "PYTHON": sys.executable, "OUT": str(out)}, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        deadline, rep = time.monotonic() + 150, {}
-        while "loss_last" not in rep.get("trainer", {}) and time.monotonic() < deadline and proc.poll() is None:
-            time.sleep(0.2)
-            try:
-                rep = json.loads((out / "trainer.json").read_text())
-            except (OSError, ValueError):
-                pass
-        assert "loss_last" in rep.get("trainer", {}), proc.communicate(timeout=60)[0][-3000:]
-        proc.send_signal(signal.SIGTERM)
-        output = proc.communicate(timeout=60)[0]
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == 143, output[-3000:]
+
+    def trained() -> bool:  # the trainer check's first part is in its JSON
+        try:
+            return "loss_last" in json.loads((out / "trainer.json").read_text()).get("trainer", {})
+        except (OSError, ValueError):  # not written yet, or being written
+            return False
+
+    rc, output, pid = sigterm_when(["bash", ROOT / "tools/gpu_bench.sh", "--cpu-smoke", "--quick"], trained,
+                                   env={**TOOL_ENV, "PYTHON": sys.executable, "OUT": str(out)})
+    assert rc == 143, output[-3000:]
     rep = json.loads((out / "trainer.json").read_text())
     assert rep["stopped"] == "SIGTERM" and rep["trainer"]["built_partitioned"]
     assert math.isfinite(rep["trainer"]["loss_last"]) and "stopped early: SIGTERM" in (out / "trainer.log").read_text()
     assert not (out / "training.json").exists() and "== training" not in output
     assert (out / "plan.txt").read_text().startswith("gpu_bench: budget 270 s")
-    left = subprocess.run(["pgrep", "-s", str(proc.pid)], capture_output=True, text=True).stdout.split()
+    left = subprocess.run(["pgrep", "-s", str(pid)], capture_output=True, text=True).stdout.split()
     assert left == [], left  # no trainer process outlives it

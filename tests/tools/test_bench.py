@@ -35,28 +35,14 @@ def test_the_bench_writes_every_figure(tmp_path):
 def test_sigterm_before_the_first_round_still_leaves_the_json(tmp_path):
     """A bench ended by SIGTERM (`timeout`, a job's time limit) while it builds its variants, before any
     round: --json-out already holds the environment and settings, and says how far it got; exit 143."""
-    import os
-    import signal
-    import subprocess
     import sys
-    import time
 
-    from tests.conftest import ROOT, TOOL_ENV
+    from tests.conftest import sigterm_when
 
     out = tmp_path / "bench.json"
-    proc = subprocess.Popen([sys.executable, "-m", "megatok.cli.bench", "--quick", "--shapes", "tiny", "--json-out",
-                             str(out)], cwd=ROOT, env=TOOL_ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 120
-        while not out.exists() and time.monotonic() < deadline and proc.poll() is None:
-            time.sleep(0.1)
-        proc.send_signal(signal.SIGTERM)
-        output = proc.communicate(timeout=60)[0]
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == 143, output[-3000:]
+    rc, output, _ = sigterm_when([sys.executable, "-m", "megatok.cli.bench", "--quick", "--shapes", "tiny",
+                                  "--json-out", out], out.exists)
+    assert rc == 143, output[-3000:]
     report = json.loads(out.read_text())
     assert report["stopped"].startswith("SIGTERM while ") and report["environment"]["device"] == "cpu"
     assert report["settings"]["shapes"] == ["tiny"] and "rounds" not in report["measured"]
