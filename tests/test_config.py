@@ -328,7 +328,8 @@ def test_every_gpu_config_sets_what_a_first_multi_gpu_run_needs():
     for name in ("100m", "350m", "1b", "3b", "7b", "13b"):
         cfg = load_config(ROOT / f"configs/{name}.json", world_size=8)
         t = cfg.train
-        assert (t.dist_timeout_s, t.save_timeout_s, t.compile, cfg.model.chunk_capacity) == (1800, 3600, True, 0.4), name
+        got = (t.dist_timeout_s, t.save_timeout_s, t.compile, cfg.model.chunk_capacity)
+        assert got == (1800, 3600, True, 0.4), name
 
 
 def test_keep_every_is_a_multiple_of_save_every():

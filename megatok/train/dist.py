@@ -130,9 +130,9 @@ class Watchdog:
     """Ends this rank when the training loop stops making progress for ``timeout_s`` seconds.
 
     A rank that dies or hangs leaves the others blocked in a collective, and a collective's timeout
-    does not cover what runs outside collectives (a hung data reader, a rank stuck before it reaches the
-    next collective). The loop calls ``beat(doing)`` at every step, evaluation and checkpoint; if no beat comes in
-    time, this prints one clear line, naming what this rank was doing and the config key that bounds it,
+    does not cover what runs outside collectives (a hung data reader, a rank stuck before it reaches
+    the next collective). The loop calls ``beat(doing)`` at every step, evaluation and checkpoint; if no
+    beat comes in time, this prints one clear line, naming what this rank was doing and the config key that bounds it,
     and exits the process, so the launcher ends the job. Never an endless wait. A beat may allow the next
     piece of work another limit than ``timeout_s`` (a checkpoint save: ``train.save_timeout_s``)."""
 

@@ -119,8 +119,8 @@ class Trainer:
     def agree(self, finite: torch.Tensor) -> bool:
         """One small collective per step: did any rank see a non-finite loss, or a stop request? The
         engine counts the updates DeepSpeed skipped (and gives up after too many). Returns whether to stop.
-        Reading the answer is the step's one device-to-host sync of megatok's own (tests/train/test_host_syncs.py
-        counts them)."""
+        Reading the answer is a device-to-host sync, once per step (tests/train/test_host_syncs.py counts
+        megatok's)."""
         wants_stop = any(cb.stop_requested(self) for cb in self.callbacks)
         flags = torch.stack([(~finite).float(), torch.full((), float(wants_stop), device=self.device)])
         tdist.all_reduce(flags, op=tdist.ReduceOp.MAX)

@@ -109,7 +109,8 @@ def test_the_gpu_bench_runs_the_trainer_first_and_fits_its_slot(mode, slot):
         tool = {"megatok.cli.gpu_check": gpu_check, "megatok.cli.bench": bench}[command[2]]
         args = tool.build_parser().parse_args(command[3:])
         assert args.json_out == f"out/{p['part']}.json"
-    assert "--sections" in parts[0]["command"] and parts[0]["command"][parts[0]["command"].index("--sections") + 1] == "trainer"
+    first = parts[0]["command"]
+    assert first[first.index("--sections") + 1:first.index("--sections") + 3] == ["trainer", "--trainer-steps"]
 
 
 def test_the_gpu_bench_refuses_a_budget_too_small_for_its_parts():
