@@ -83,6 +83,8 @@ class ModelConfig(_Section):
     tokenizer: str | None = Field(None, description="bpe: tokenizer.model (or its directory) from megatok-train-bpe")
     vocab_size: int | None = Field(None, gt=0, description="bpe: embedding rows, at least the tokenizer's pieces (round up to a multiple of 64)")
     bytes_per_token: float | None = Field(None, gt=0, description="bpe: expected bytes per token of the training data (megatok-train-bpe reports it), for FLOPs per byte before training")
+    chunk_capacity: float | None = Field(None, gt=0, le=1, description="the most chunks per byte the main network holds: its length never exceeds this x data.seq_len (rounded up to one of 8 sizes per octave), whatever rate the boundaries reach, so its memory is bounded (megatok-model-size sizes it); a row with more starts joins its last ones to the chunk before them. None: as many as the batch's busiest row. (unet only; a bpe model ignores it)")
+    static_chunks: bool = Field(False, description="with chunk_capacity: the main network's length is always the capacity's, known without reading the boundaries (no device-to-host sync per forward), at the cost of computing the pad chunks up to it")
 
     @model_validator(mode="after")
     def _check(self) -> "ModelConfig":
@@ -102,6 +104,8 @@ class ModelConfig(_Section):
             given = [k for k in bpe_keys if getattr(self, k) is not None]
             if given:
                 raise ValueError(f"model.{given[0]} is only for model.kind 'bpe'")
+        if self.static_chunks and self.chunk_capacity is None:
+            raise ValueError("model.static_chunks needs model.chunk_capacity (the length it fixes)")
         if self.d_model % self.n_heads:
             raise ValueError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
         if self.main_width % self.main_heads:
@@ -521,6 +525,11 @@ def _check_derived(cfg: Config, where: str, world_size: int) -> None:
     if t.keep_every is not None and t.keep_every % t.save_every:
         raise ConfigError(f"{where}: train.keep_every={t.keep_every} is not a multiple of train.save_every "
                           f"({t.save_every}): no checkpoint would be written at most of its steps")
+    capacity = cfg.model.chunk_capacity
+    if capacity is not None and cfg.model.kind == "unet" and capacity < cfg.boundary.target_rate:
+        raise ConfigError(f"{where}: model.chunk_capacity={capacity:g} is below boundary.target_rate "
+                          f"({cfg.boundary.target_rate:g}): rows at the target rate would lose starts; set it above "
+                          f"the rate the boundaries may reach (e.g. twice the target)")
     opts = cfg.boundary.options
     across = opts.get("baseline_scope") == "data_parallel"
     if opts.get("batch_baseline") and t.micro_batch_size * (world_size if across else 1) < 2:

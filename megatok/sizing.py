@@ -9,6 +9,7 @@ checked against the measured peak of real CPU runs in tests/scale/test_memory.py
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from megatok.config import ConfigError, load_config, warnings_for
@@ -191,6 +192,16 @@ def activation_bytes(cfg, micro_batch: int | None = None, *, checkpointing: bool
             "total": float(blocks + other + masks)}
 
 
+def max_chunk_rate(cfg) -> float:
+    """The most chunks per byte the main network may hold: model.chunk_capacity's length (rounded up as
+    megatok.model.chunking.chunk_slots rounds it) over data.seq_len, or 1 without a capacity (a policy
+    that starts a chunk at every byte runs the main network at byte rate)."""
+    from megatok.model.chunking import bucket
+
+    c, T = cfg.model.chunk_capacity, cfg.data.seq_len
+    return 1.0 if c is None else min(T, bucket(math.ceil(c * T))) / T
+
+
 def largest_layer_params(cfg) -> int:
     s = Shape.of(cfg.model)
     if s.bpe:
@@ -228,11 +239,17 @@ def memory_table(cfg, world: int) -> dict[str, Any]:
         # Every rank builds the whole model in fp32 on its GPU (megatok/train/engine.py build), which the
         # engine then casts to the working precision one parameter at a time.
         init_host, init_gpu = 0.0, 4 * P
-    return {"world": world, "bf16": bf16, "stages": rows, "activations": act, "configured": {
+    out = {"world": world, "bf16": bf16, "stages": rows, "activations": act, "configured": {
         "stage": zero_stage(cfg), "model_states_gpu_bytes": configured["device"], "host_bytes": configured["host"],
         "activation_bytes": act["configured"]["total"],
         "total_gpu_bytes": configured["device"] + act["configured"]["total"],
         "init_partitioned": partitioned, "init_host_bytes": float(init_host), "init_gpu_bytes": float(init_gpu)}}
+    if not is_bpe(cfg):  # the boundaries' rate moves; the capacity (or every byte) is the most it can cost
+        rate = max_chunk_rate(cfg)
+        most = activation_bytes(cfg, rate=rate)["total"]
+        out["at_most"] = {"rate": rate, "capacity": cfg.model.chunk_capacity, "activation_bytes": most,
+                          "total_gpu_bytes": configured["device"] + most}
+    return out
 
 
 # ----------------------------------------------------------------------------- checkpoint size on disk
@@ -349,6 +366,13 @@ def format_report(r: dict[str, Any]) -> str:
                f"{'host' if c['init_host_bytes'] else 'GPU'}, never the whole model" if c.get("init_partitioned") else
                f"at start-up each rank builds the whole model in fp32 on its GPU ({c['init_gpu_bytes'] / GIB:.2f} GiB), "
                f"then casts it to the working precision")]
+    if "at_most" in mem:
+        m = mem["at_most"]
+        lines.append(f"at most, with the main network at {m['rate']:g} chunks per byte "
+                     + (f"(model.chunk_capacity {m['capacity']:g}, rounded up)" if m["capacity"] is not None else
+                        "(no model.chunk_capacity: a policy that starts a chunk at every byte; set one to bound it)")
+                     + f": activations {m['activation_bytes'] / GIB:.2f} GiB, {m['total_gpu_bytes'] / GIB:.2f} GiB "
+                       f"per GPU")
     lines += ["", *format_checkpoint(r)]
     return "\n".join(lines)
 

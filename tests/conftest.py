@@ -103,6 +103,27 @@ def run_tool(name: str, *args, **kw) -> subprocess.CompletedProcess:
     return python("-m", f"megatok.cli.{name}", *args, **kw)
 
 
+def sigterm_when(cmd: list, ready, *, env: dict | None = None, timeout: float = 150) -> tuple[int, str, int]:
+    """Start ``cmd`` (in ROOT, a session of its own), send it SIGTERM as soon as ``ready()`` is true (polled;
+    an assertion error with its output if it never is), and wait for it: (exit status, its stdout and
+    stderr, its pid, which is also its session's id). What is left of the session is killed."""
+    import time
+
+    proc = subprocess.Popen([str(c) for c in cmd], cwd=ROOT, env=env or TOOL_ENV, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + timeout
+        while not ready() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.1)
+        assert ready(), proc.communicate(timeout=60)[0][-3000:]
+        proc.send_signal(signal.SIGTERM)
+        output = proc.communicate(timeout=60)[0]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    return proc.returncode, output, proc.pid
+
+
 def launch_module():
     """launch/pretrain.py as a module, to call its main() and run() in this process."""
     import importlib.util

@@ -308,6 +308,30 @@ def test_wsd_and_constant_schedules():
         load_config(None, sets + ["train.decay_steps=5"], world_size=1)
 
 
+def test_a_chunk_capacity_is_above_the_target_rate_and_a_static_one_needs_it():
+    cfg = load_config(None, ["model.chunk_capacity=0.4", "model.static_chunks=true"], world_size=1)
+    assert (cfg.model.chunk_capacity, cfg.model.static_chunks) == (0.4, True)
+    with pytest.raises(ConfigError, match=r"model.chunk_capacity=0.1 is below boundary.target_rate \(0.2\)"):
+        load_config(None, ["model.chunk_capacity=0.1"], world_size=1)
+    with pytest.raises(ConfigError, match="model.static_chunks needs model.chunk_capacity"):
+        load_config(None, ["model.static_chunks=true"], world_size=1)
+    for bad in ("0", "1.5"):
+        with pytest.raises(ConfigError, match="model.chunk_capacity"):
+            load_config(None, [f"model.chunk_capacity={bad}"], world_size=1)
+    assert load_config(ROOT / "configs/bpe/1b.json", world_size=8).model.kind == "bpe"  # inherits it, ignores it
+
+
+def test_every_gpu_config_sets_what_a_first_multi_gpu_run_needs():
+    """The timeouts of a run whose first step compiles on every rank (and whose rank 0 scores the
+    head-to-head while the others wait), compiled blocks and a chunk capacity: docs/training.md's "a first
+    multi-GPU run". 100m too, which once extended base.json and its 600 s."""
+    for name in ("100m", "350m", "1b", "3b", "7b", "13b"):
+        cfg = load_config(ROOT / f"configs/{name}.json", world_size=8)
+        t = cfg.train
+        got = (t.dist_timeout_s, t.save_timeout_s, t.compile, cfg.model.chunk_capacity)
+        assert got == (1800, 3600, True, 0.4), name
+
+
 def test_keep_every_is_a_multiple_of_save_every():
     cfg = load_config(None, ["train.save_every=50", "train.keep_every=200"], world_size=1)
     assert cfg.train.keep_every == 200

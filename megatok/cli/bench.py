@@ -42,6 +42,8 @@ import json
 import math
 import os
 import platform
+import shutil
+import signal
 import statistics
 import sys
 import sysconfig
@@ -78,7 +80,7 @@ VARIANTS = {
 HOT_PATH = {
     "policy-docmask": (["boundary.strategy=policy", "model.document_mask=true"], {}, True),
     "policy-docmask-dense": (["boundary.strategy=policy", "model.document_mask=true"], {}, False),
-    "policy-nosync": (["boundary.strategy=policy"], {"chunk_capacity": 0.3}, True),
+    "policy-nosync": (["boundary.strategy=policy", "model.chunk_capacity=0.3", "model.static_chunks=true"], {}, True),
 }
 TARGETS = {  # issue 24's targets: (figure, comparison, value)
     "policy_share/small": ("<=", 0.02), "policy_share/tiny": ("<=", 0.02),
@@ -230,7 +232,8 @@ def environment(device: torch.device, threads: int) -> dict:
     return env
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (tools/gpu_bench.sh's commands are checked against it)."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", default=str(ROOT / "configs" / "tiny.json"), help="base config (default configs/tiny.json)")
     ap.add_argument("--set", dest="overrides", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
@@ -250,11 +253,18 @@ def main(argv=None) -> int:
     ap.add_argument("--h2h-bytes", type=int, default=65536, help="held-out bytes of the timed head-to-head")
     ap.add_argument("--matmul", type=int, default=None, help="matmul size (default 1024 on a CPU, 8192 on a GPU)")
     ap.add_argument("--quick", action="store_true", help="3 rounds of 2 steps, fewer bytes: a smoke run")
-    ap.add_argument("--json-out", default=None, help="write the report as JSON here")
+    ap.add_argument("--json-out", default=None,
+                    help="write the report as JSON here: at every stage of the set-up, after every round and when "
+                         "SIGTERM ends the bench (``stage`` says how far it got, ``stopped`` why it ended early)")
     ap.add_argument("--budget-s", type=float, default=None,
                     help="start no round after this many seconds (the rounds done are reported; at least one runs)")
     ap.add_argument("--profile", default=None, metavar="SHAPE/VARIANT",
                     help="instead: torch.profiler's top operators over --steps steps of one variant, e.g. small/policy")
+    return ap
+
+
+def main(argv=None) -> int:
+    ap = build_parser()
     args = ap.parse_args(argv)
     if args.quick:
         args.reps, args.steps = min(args.reps, 3), min(args.steps, 2)
@@ -292,6 +302,25 @@ def main(argv=None) -> int:
     report: dict = {"environment": environment(device, args.threads), "settings": {
         k: getattr(args, k) for k in ("config", "overrides", "shapes", "reps", "steps", "eval_bytes", "gen_bytes",
                                       "h2h_bytes", "quick")}, "figures": {}, "measured": {}}
+    temporary: list[Path] = []
+
+    def write(stage: str | None = None) -> None:
+        """--json-out now: what is measured so far, and where the bench is (a run cut short keeps it)."""
+        if stage:
+            report["stage"] = stage
+            print(f"bench: {stage} ({time.perf_counter() - t_wall:.0f} s)", file=sys.stderr, flush=True)
+        if args.json_out:
+            Path(args.json_out).write_text(json.dumps(report, indent=2) + "\n")
+
+    def stop(signum, frame):  # `timeout`, a job's time limit: keep what was measured, then end
+        report["stopped"] = f"SIGTERM while {report.get('stage', 'starting')}"
+        write()
+        for path in temporary:
+            shutil.rmtree(path, ignore_errors=True)
+        sys.exit(143)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    write("building the variants")
     trainees = {f"{s}/{v}": Trainee(f"{s}/{v}", config(s, v), device) for s in args.shapes for v in VARIANTS}
     if args.hot_path:
         s = args.shapes[-1]
@@ -305,7 +334,9 @@ def main(argv=None) -> int:
     from megatok.eval.bpb import evaluate_documents
     from megatok.generate import generate
 
+    write("building the data, evaluation and head-to-head measurements")
     tmp = Path(tempfile.mkdtemp(prefix="megatok-bench-"))
+    temporary.append(tmp)
     shards = build_shards_here(tmp, 2_000_000)
     stream = PackedByteStream(resolve_shards(shards, "train"), seq_len=base.data.seq_len,
                               batch_size=base.train.micro_batch_size, seed=0)
@@ -355,6 +386,7 @@ def main(argv=None) -> int:
         return (clock() - t0) / h2h_bytes
 
     # warm-up: a step of every variant (on a GPU three: compiling FlexAttention for a few chunk counts)
+    write("warming up")
     for tr in trainees.values():
         tr.run(3 if device.type == "cuda" else 1)
         tr.sums = {"chunks": 0.0, "positions": 0.0, "targets": 0.0, "steps": 0}
@@ -367,7 +399,6 @@ def main(argv=None) -> int:
               "generate-w3": lambda: gen_rate(trainees[f"{args.shapes[0]}/policy-w3"].model),
               "h2h": h2h_seconds_per_byte}
     rounds: list[dict[str, float]] = []
-    t_start = time.perf_counter()
 
     def rotated(names: list[str], k: int) -> list[str]:
         return names[k % len(names):] + names[:k % len(names)]
@@ -411,7 +442,8 @@ def main(argv=None) -> int:
             figure(f"docmask_dense_cost/{s}", [(d - p) / p for d, p in zip(t["policy-docmask-dense"], t["policy"])],
                    "(document mask - none) / none, step time, the dense [B, T, T] mask")
             figure(f"sync_share/{s}", [(p - n) / p for p, n in zip(t["policy"], t["policy-nosync"])],
-                   "(K from the batch's count - K from chunk_capacity 0.3, no host sync) / the first, step time")
+                   "(K from the batch's count - K from a static chunk_capacity 0.3, no host sync) / the first, "
+                   "step time")
             report["measured"][f"{s}/hot_path"] = {v: {"step_s": summary(t[v])} for v in HOT_PATH}
         s0 = args.shapes[0]
         train_bps = [tiny.bytes_per_step / g[f"{s0}/policy"] for g in rounds]
@@ -439,8 +471,7 @@ def main(argv=None) -> int:
         report["measured"]["h2h_s_per_mb"] = summary([g["h2h"] * 2**20 for g in rounds])
         report["measured"]["wall_s"] = time.perf_counter() - t_wall
         report["measured"]["rounds"] = len(rounds)
-        if args.json_out:
-            Path(args.json_out).write_text(json.dumps(report, indent=2) + "\n")
+        write(f"round {len(rounds)} of {args.reps} done")
 
     for r in range(args.reps):
         if args.budget_s is not None and rounds and time.perf_counter() - t_wall > args.budget_s:
@@ -454,13 +485,9 @@ def main(argv=None) -> int:
             got[name] = others[name]()
         rounds.append(got)
         summarise()
-        print(f"bench: round {r + 1}/{args.reps} done ({time.perf_counter() - t_start:.0f} s)", file=sys.stderr,
-              flush=True)
 
-
+    signal.signal(signal.SIGTERM, previous)
     print(show(report))
-    import shutil
-
     shutil.rmtree(tmp, ignore_errors=True)
     return 0
 

@@ -10,28 +10,31 @@ from the checkout without installing megatok:
 
     PYTHONPATH=/tmp/site:$PWD python3 -m megatok.cli.gpu_check --json-out gpu_check.json
 
-It prints:
+It runs three sections, by default in this order (--sections picks and orders them), and prints each:
 
-1. flash-attn against torch SDPA (if flash_attn is importable): largest difference of outputs and input
-   gradients on the same bf16 inputs, and forward+backward time of each, at megatok's byte-rate shape
-   (T = seq_len) and main-network shape (T = rho x seq_len). Without flash-attn: SDPA timings only.
-2. For each config (default 100m and 1b): bf16 training steps on one GPU, one micro-batch per step
-   (train.micro_batch_size, or --micro), on real text (the Python standard library's sources, on every
-   machine): bytes/s, model FLOPs per byte at the realised boundary rate (megatok/flops.py, training =
-   3 x forward), MFU = achieved FLOP/s / the dense bf16 peak of the device (H100/H200: 989 TFLOP/s,
-   detected from the device name; --peak-tflops overrides), peak memory against megatok.flops'
+1. trainer: the trainer as users start it (with DeepSpeed): launch/pretrain.py on --trainer-config
+   (default 100m, compiled as its config says) for --trainer-steps steps under ZeRO-3 (the model built
+   partitioned), on shards built from the standard library's sources; a new process resumed from the
+   halfway checkpoint, whose losses are compared with the first run's (on a GPU not necessarily
+   bit-exact: some kernels are not deterministic); megatok-generate on the result; then 2 steps under
+   ZeRO-2, whose model is built whole directly on the GPU. Each part is recorded as it ends.
+2. training: for each config (default 100m and 1b): bf16 training steps on one GPU, one micro-batch per
+   step (train.micro_batch_size, or --micro), on real text (the Python standard library's sources, on
+   every machine): bytes/s, model FLOPs per byte at the realised boundary rate (megatok/flops.py,
+   training = 3 x forward), MFU = achieved FLOP/s / the dense bf16 peak of the device (H100/H200: 989
+   TFLOP/s, detected from the device name; --peak-tflops overrides), peak memory against megatok.flops'
    estimate for one rank. The engine is DeepSpeed (the config's ZeRO stage and bf16, as the trainer
    runs it) when importable, else a plain torch loop (autocast bf16, fp32 weights, fused AdamW);
-   --engine picks one. Then the first config once more with model.document_mask (attention with an
-   explicit per-document mask, which rules out SDPA's flash backend): its cost in bytes/s and memory;
-   and once more with train.compile (every transformer block through torch.compile; the untimed
-   warm-up steps compile): its gain in bytes/s (not in --cpu-smoke unless --compile is given).
-3. The trainer as users start it (with DeepSpeed): launch/pretrain.py on --trainer-config (default
-   100m) for --trainer-steps steps under ZeRO-3 (the model built partitioned), on shards built from
-   the standard library's sources; a new process resumed from the halfway checkpoint, whose losses
-   are compared with the first run's (on a GPU not necessarily bit-exact: some kernels are not
-   deterministic); megatok-generate on the result; then 2 steps under ZeRO-2, whose model is built
-   whole directly on the GPU.
+   --engine picks one. Then the first config once more with model.document_mask (attention through
+   FlexAttention's block mask): its cost in bytes/s and memory; and once more with train.compile the
+   other way (the GPU configs compile; the untimed warm-up steps compile): what compiling the blocks
+   gains (not in --cpu-smoke unless --compile is given).
+3. attention: flash-attn against torch SDPA (if flash_attn is importable): largest difference of
+   outputs and input gradients on the same bf16 inputs, and forward+backward time of each, at
+   megatok's byte-rate shape (T = seq_len) and main-network shape (T = rho x seq_len). Without
+   flash-attn: SDPA timings only.
+
+The report (stdout, --json-out) is written after every part and when SIGTERM ends the check.
 """
 
 from __future__ import annotations
@@ -69,6 +72,11 @@ GIB = 2**30
 SMOKE_SETS = ["model.d_model=64", "model.n_heads=2", "model.n_encoder_layers=1", "model.n_main_layers=2",
               "model.n_decoder_layers=1", "data.seq_len=128", "deepspeed.bf16.enabled=false",
               "deepspeed.zero_optimization.stage=1"]
+
+
+#: The sections, in the order they run by default: the trainer (does megatok train, resume and generate
+#: on this GPU at all) first, then the training figures (MFU, bytes/s, memory), then attention backends.
+SECTIONS = ("trainer", "training", "attention")
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -262,23 +270,38 @@ def _train_losses(run_dir: Path) -> dict[int, float]:
 
 
 def trainer_check(config: str, overrides: list[str], *, device: torch.device, steps: int, micro: int | None,
-                  timeout: float = 600) -> dict:
+                  timeout: float = 600, row: dict | None = None, save=lambda: None) -> dict:
     """The real trainer on the device, as users start it (launch/pretrain.py, one process): ``steps``
     steps under ZeRO-3 (the model built partitioned) with a checkpoint halfway, a new process resumed
-    from that checkpoint, whose losses are compared with the first run's, and megatok-generate on
-    the result. Data: shards built here from the Python standard library's sources."""
+    from that checkpoint, whose losses are compared with the first run's, megatok-generate on the
+    result, then 2 steps under ZeRO-2. Data: shards built here from the Python standard library's
+    sources. Each part's figures go into ``row`` (returned) as soon as it ends, and ``save()`` is
+    called then, so a check cut short keeps the parts it finished; a part that would start with under
+    a minute of ``timeout`` left is skipped (``skipped``)."""
     import shutil
     import tempfile
 
+    row = {} if row is None else row
+    row.update(config=config, zero_stage=3, steps=steps)
     if not (CHECKOUT / "launch" / "pretrain.py").is_file():
-        return {"config": config, "error": f"no launch/pretrain.py in {CHECKOUT}: the trainer check runs the trainer "
-                                           f"of a megatok checkout (run this check from one)"}
+        row["error"] = (f"no launch/pretrain.py in {CHECKOUT}: the trainer check runs the trainer of a megatok "
+                        f"checkout (run this check from one)")
+        return row
     tmp = Path(tempfile.mkdtemp(prefix="megatok-gpu-check-"))
-    row: dict = {"config": config, "zero_stage": 3, "steps": steps}
     end = time.monotonic() + timeout  # for all its processes together
 
     def left() -> float:
         return max(1.0, end - time.monotonic())
+
+    def fail(error: str) -> dict:
+        row["error"] = error
+        return row
+
+    def enough(part: str) -> bool:
+        if end - time.monotonic() >= 60:
+            return True
+        row.setdefault("skipped", []).append(part)
+        return False
 
     try:
         stdlib = sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py"))
@@ -299,41 +322,49 @@ def trainer_check(config: str, overrides: list[str], *, device: torch.device, st
         r = _run(["launch/pretrain.py", "--config", config, "--set", *sets, f"train.run_dir={first}"], left())
         row["train_s"] = round(time.perf_counter() - t, 1)
         if r.returncode:
-            return {**row, "error": f"trainer exited {r.returncode}: {r.stderr.strip()[-400:]}"}
+            return fail(f"trainer exited {r.returncode}: {r.stderr.strip()[-400:]}")
         row["built_partitioned"] = "(built partitioned)" in r.stdout
+        row["compiled"] = "torch.compile" in r.stdout
         a = _train_losses(first)
         row.update(loss_first=round(a[1], 4), loss_last=round(a[steps], 4))
+        save()
 
-        tag = f"step{half:08d}"
-        shutil.copytree(first / "checkpoints" / tag, again / "checkpoints" / tag)
-        r = _run(["launch/pretrain.py", "--config", str(first / "config.json"), "--set", f"train.run_dir={again}",
-                  "--resume", tag], left())
-        if r.returncode:
-            return {**row, "error": f"resumed trainer exited {r.returncode}: {r.stderr.strip()[-400:]}"}
-        b = _train_losses(again)
-        diffs = [abs(b[s] - a[s]) / abs(a[s]) for s in range(half + 1, steps + 1)]
-        row.update(resume_max_rel_diff=max(diffs), resume_exact=max(diffs) == 0.0)
+        if enough("resume"):
+            tag = f"step{half:08d}"
+            shutil.copytree(first / "checkpoints" / tag, again / "checkpoints" / tag)
+            r = _run(["launch/pretrain.py", "--config", str(first / "config.json"), "--set",
+                      f"train.run_dir={again}", "--resume", tag], left())
+            if r.returncode:
+                return fail(f"resumed trainer exited {r.returncode}: {r.stderr.strip()[-400:]}")
+            b = _train_losses(again)
+            diffs = [abs(b[s] - a[s]) / abs(a[s]) for s in range(half + 1, steps + 1)]
+            row.update(resume_max_rel_diff=max(diffs), resume_exact=max(diffs) == 0.0)
+            save()
 
-        t = time.perf_counter()
-        r = _run(["-m", "megatok.cli.generate", "--run", str(first), "--prompt", "def ", "--max-bytes", "64",
-                  "--device", str(device), "--json"], left())
-        if r.returncode:
-            return {**row, "error": f"generate exited {r.returncode}: {r.stderr.strip()[-400:]}"}
-        sample = json.loads(r.stdout.splitlines()[-1])
-        row.update(generate_bytes=sample["bytes"], generate_s=round(time.perf_counter() - t, 1))
+        if enough("generate"):
+            t = time.perf_counter()
+            r = _run(["-m", "megatok.cli.generate", "--run", str(first), "--prompt", "def ", "--max-bytes", "64",
+                      "--device", str(device), "--json"], left())
+            if r.returncode:
+                return fail(f"generate exited {r.returncode}: {r.stderr.strip()[-400:]}")
+            sample = json.loads(r.stdout.splitlines()[-1])
+            row.update(generate_bytes=sample["bytes"], generate_s=round(time.perf_counter() - t, 1))
+            save()
 
         # ZeRO-2: the whole model built directly on the GPU (megatok/train/engine.py build), 2 steps
-        t = time.perf_counter()
-        r = _run(["launch/pretrain.py", "--config", config, "--set", *sets, "deepspeed.zero_optimization.stage=2",
-                  "train.max_steps=2", "train.save_every=2", f"train.run_dir={tmp / 'zero2'}"], left())
-        if r.returncode:
-            return {**row, "error": f"ZeRO-2 trainer exited {r.returncode}: {r.stderr.strip()[-400:]}"}
-        z = _train_losses(tmp / "zero2")
-        row.update(zero2_s=round(time.perf_counter() - t, 1), zero2_loss_first=round(z[1], 4),
-                   zero2_loss_last=round(z[2], 4))
+        if enough("zero2"):
+            t = time.perf_counter()
+            r = _run(["launch/pretrain.py", "--config", config, "--set", *sets,
+                      "deepspeed.zero_optimization.stage=2", "train.max_steps=2", "train.save_every=2",
+                      f"train.run_dir={tmp / 'zero2'}"], left())
+            if r.returncode:
+                return fail(f"ZeRO-2 trainer exited {r.returncode}: {r.stderr.strip()[-400:]}")
+            z = _train_losses(tmp / "zero2")
+            row.update(zero2_s=round(time.perf_counter() - t, 1), zero2_loss_first=round(z[1], 4),
+                       zero2_loss_last=round(z[2], 4))
         return row
     except subprocess.TimeoutExpired as e:
-        return {**row, "error": f"timed out after {e.timeout} s: {' '.join(map(str, e.cmd[1:3]))}"}
+        return fail(f"timed out after {e.timeout} s: {' '.join(map(str, e.cmd[1:3]))}")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -341,20 +372,37 @@ def trainer_check(config: str, overrides: list[str], *, device: torch.device, st
 # ----------------------------------------------------------------------------- report
 
 def show(report: dict) -> str:
+    """The report as text: its sections in the order they ran."""
     lines = ["environment: " + ", ".join(f"{k}={v}" for k, v in report["environment"].items())]
-    lines += ["", "attention: flash-attn vs SDPA (forward + backward)",
-              "| B,H,T,D | flash ms | SDPA ms | flash TFLOP/s | SDPA TFLOP/s | equal | max |out diff| |",
-              "|---|---:|---:|---:|---:|---|---:|"]
+    shown = {"trainer": _show_trainer, "training": _show_training, "attention": _show_attention}
+    for name in report.get("sections", SECTIONS):
+        lines += ["", *shown[name](report)]
+    if report.get("stopped"):
+        lines += ["", f"stopped early: {report['stopped']} (what is above was measured before)"]
+    return "\n".join(lines)
+
+
+def _show_attention(report: dict) -> list[str]:
+    lines = ["attention: flash-attn vs SDPA (forward + backward)",
+             "| B,H,T,D | flash ms | SDPA ms | flash TFLOP/s | SDPA TFLOP/s | equal | max |out diff| |",
+             "|---|---:|---:|---:|---:|---|---:|"]
     for r in report["attention"]:
+        if "error" in r:
+            lines.append(f"| error: {r['error']} |")
+            continue
         lines.append(f"| {','.join(map(str, r['shape']))} | {r.get('flash_attn_ms', '-')} | {r['sdpa_ms']} | "
                      f"{r.get('flash_attn_tflops', '-')} | {r['sdpa_tflops']} | {r.get('equal', 'n/a')} | "
                      f"{r.get('max_abs_diff', {}).get('out', '-')} |")
         if "note" in r:
             lines.append(f"  ({r['note']})")
-    lines += ["", "training (one micro-batch per step, median step time)",
-              "| config | engine | params | micro x seq | step s | bytes/s | rate | TFLOP/s | MFU | peak mem GiB | "
-              "estimate GiB | loss first -> last |",
-              "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+    return lines
+
+
+def _show_training(report: dict) -> list[str]:
+    lines = ["training (one micro-batch per step, median step time)",
+             "| config | engine | params | micro x seq | step s | bytes/s | rate | TFLOP/s | MFU | peak mem GiB | "
+             "estimate GiB | loss first -> last |",
+             "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in report["training"]:
         if "error" in r:
             lines.append(f"| {r['config']} | {r.get('engine', '-')} | error: {r['error']} |")
@@ -365,24 +413,36 @@ def show(report: dict) -> str:
                      f"{r['micro_batch']} x {r['seq_len']} | {r['step_s_median']} | {r['bytes_per_s']:,} | "
                      f"{r['realised_rate']} | {r['achieved_tflops']} | {mfu} | {mem} | {r.get('estimate_gib', '-')} | "
                      f"{r['loss_first']} -> {r['loss_last']} |")
-    if report.get("trainer"):
-        r = report["trainer"]
-        lines += ["", "trainer (launch/pretrain.py, ZeRO-3 built partitioned; resumed from the halfway checkpoint "
-                      "in a new process; megatok-generate on the result)"]
-        if "error" in r:
-            lines.append(f"{r['config']}: error: {r['error']}")
-        else:
-            lines.append(f"{r['config']}: {r['steps']} steps in {r['train_s']} s (start-up included), built "
-                         f"partitioned: {r['built_partitioned']}, loss {r['loss_first']} -> {r['loss_last']}; "
-                         f"resumed losses: max relative difference {r['resume_max_rel_diff']:.2e} "
-                         f"({'bit-exact' if r['resume_exact'] else 'not bit-exact'}); generated "
-                         f"{r['generate_bytes']} bytes in {r['generate_s']} s (start-up included); ZeRO-2 (built "
-                         f"on the device): 2 steps in {r['zero2_s']} s, loss {r['zero2_loss_first']} -> "
-                         f"{r['zero2_loss_last']}")
-    return "\n".join(lines)
+    return lines
 
 
-def main(argv=None) -> int:
+def _show_trainer(report: dict) -> list[str]:
+    r = report.get("trainer")
+    if not r:
+        return ["trainer: not run (--trainer-config none, or no DeepSpeed)"]
+    parts = []
+    if "train_s" in r and "loss_first" in r:
+        parts.append(f"{r['steps']} steps in {r['train_s']} s (start-up included), built partitioned: "
+                     f"{r['built_partitioned']}, compiled: {r['compiled']}, loss {r['loss_first']} -> {r['loss_last']}")
+    if "resume_exact" in r:
+        parts.append(f"resumed losses: max relative difference {r['resume_max_rel_diff']:.2e} "
+                     f"({'bit-exact' if r['resume_exact'] else 'not bit-exact'})")
+    if "generate_bytes" in r:
+        parts.append(f"generated {r['generate_bytes']} bytes in {r['generate_s']} s (start-up included)")
+    if "zero2_s" in r:
+        parts.append(f"ZeRO-2 (built on the device): 2 steps in {r['zero2_s']} s, loss {r['zero2_loss_first']} -> "
+                     f"{r['zero2_loss_last']}")
+    if r.get("skipped"):
+        parts.append(f"skipped for time: {', '.join(r['skipped'])}")
+    if "error" in r:
+        parts.append(f"error: {r['error']}")
+    return ["trainer (launch/pretrain.py, ZeRO-3 built partitioned; resumed from the halfway checkpoint in a new "
+            "process; megatok-generate on the result; 2 steps under ZeRO-2)",
+            f"{r.get('config', '-')}: {'; '.join(parts) or 'nothing finished'}"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (tools/gpu_bench.sh's commands are checked against it)."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--configs", nargs="+", default=["configs/100m.json", "configs/1b.json"])
     ap.add_argument("--set", dest="overrides", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
@@ -400,12 +460,21 @@ def main(argv=None) -> int:
     ap.add_argument("--no-document-mask", dest="document_mask", action="store_false",
                     help="skip the first config's second run with model.document_mask")
     ap.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
-                    help="the first config once more with train.compile (default: on a GPU, not in --cpu-smoke)")
+                    help="the first config once more with train.compile the other way: its gain, or its cost "
+                         "(default: on a GPU, not in --cpu-smoke)")
+    ap.add_argument("--sections", nargs="+", choices=SECTIONS, default=list(SECTIONS),
+                    help="what to run, in this order (default: %(default)s: the trainer first, the figure that "
+                         "matters most when GPU time is short)")
     ap.add_argument("--cpu-smoke", action="store_true", help="tiny config on the CPU, 2 steps: tests the code paths")
     ap.add_argument("--budget-s", type=float, default=480,
                     help="wall-clock budget: work that would start past it is skipped and reported as such, and the "
                          "trainer check's processes get what is left (the report and --json-out are written after "
                          "every section and on SIGTERM, so a run cut short keeps what it measured)")
+    return ap
+
+
+def main(argv=None) -> int:
+    ap = build_parser()
     args = ap.parse_args(argv)
     deadline = time.monotonic() + args.budget_s
 
@@ -438,58 +507,82 @@ def main(argv=None) -> int:
         engine = "deepspeed" if _importable("deepspeed") else "torch"
     peak = peak_tflops(device, args.peak_tflops)
 
-    report = {"environment": environment(device), "attention": [], "training": []}
+    report = {"environment": environment(device), "sections": args.sections, "attention": [], "training": []}
 
-    def save(done: str) -> None:  # after every section: a run cut short keeps what it measured
-        print(f"gpu_check: {done} ({time.monotonic() - deadline + args.budget_s:.0f} s)", flush=True)
+    def write() -> None:
         if args.json_out:
             Path(args.json_out).write_text(json.dumps(report, indent=2) + "\n")
 
-    previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # e.g. `timeout`: the finally still reports
-    try:
-        report["attention"] = attention_check(device, shapes, args.attn_iters)
-        save("attention done")
+    def save(done: str) -> None:  # after every part: a run cut short keeps what it measured
+        print(f"gpu_check: {done} ({time.monotonic() - deadline + args.budget_s:.0f} s)", flush=True)
+        write()
+
+    def trainer_section() -> None:
+        if not trainer_config or engine != "deepspeed":
+            return
+        left = deadline - time.monotonic()
+        if left < 60:
+            report["trainer"] = {"config": trainer_config, "error": f"skipped: --budget-s spent ({left:.0f} s left)"}
+        else:
+            report["trainer"] = {}
+            try:
+                trainer_check(str(Path(trainer_config).absolute()), overrides, device=device,
+                              steps=max(2, trainer_steps // 2 * 2), micro=micro, timeout=left, row=report["trainer"],
+                              save=lambda: save("trainer part done"))
+            except Exception as e:  # noqa: BLE001 - what it finished is kept
+                traceback.print_exc()
+                report["trainer"]["error"] = f"{type(e).__name__}: {e}"[:300]
+            report["trainer"]["config"] = trainer_config
+        save("trainer done")
+
+    def training_section() -> None:
         runs = [(config, overrides, config) for config in configs]
         if args.document_mask and configs:
             runs.append((configs[0], overrides + ["model.document_mask=true"], f"{configs[0]} + document_mask"))
         if (args.compile if args.compile is not None else not args.cpu_smoke) and configs:
-            runs.append((configs[0], overrides + ["train.compile=true"], f"{configs[0]} + compile"))
+            compiled = load_config(configs[0], overrides, world_size=1).train.compile
+            runs.append((configs[0], overrides + [f"train.compile={str(not compiled).lower()}"],
+                         f"{configs[0]} {'- compile' if compiled else '+ compile'}"))
         for config, sets, label in runs:
-            if time.monotonic() > deadline:
-                report["training"].append({"config": label, "engine": engine, "error": "skipped: --budget-s spent"})
-                continue
-            try:
-                report["training"].append(train_check(config, sets, device=device, engine=engine, steps=steps,
-                                                      warmup=warmup, micro=micro, peak=peak))
-                report["training"][-1]["config"] = label
-            except torch.cuda.OutOfMemoryError as e:  # report and go on with the next config
-                report["training"].append({"config": label, "engine": engine, "error": f"out of memory: {e}"[:300]})
-                gc.collect()
-                torch.cuda.empty_cache()
-            except Exception as e:  # noqa: BLE001 - one failing run must not cost the rest of a GPU session
-                traceback.print_exc()
-                report["training"].append({"config": label, "engine": engine,
-                                           "error": f"{type(e).__name__}: {e}"[:300]})
-            save(f"training {label} done")
-        if trainer_config and engine == "deepspeed":
-            left = deadline - time.monotonic()
-            if left < 60:
-                report["trainer"] = {"error": f"skipped: --budget-s spent ({left:.0f} s left)"}
-            else:
-                try:
-                    report["trainer"] = trainer_check(str(Path(trainer_config).absolute()), overrides, device=device,
-                                                      steps=max(2, trainer_steps // 2 * 2), micro=micro,
-                                                      timeout=left)
-                except Exception as e:  # noqa: BLE001 - the sections before it are kept
-                    traceback.print_exc()
-                    report["trainer"] = {"error": f"{type(e).__name__}: {e}"[:300]}
-            report["trainer"]["config"] = trainer_config
-            save("trainer done")
+            save(f"training {label} done" if run_training(config, sets, label) else f"training {label} skipped")
+
+    def run_training(config: str, sets: list[str], label: str) -> bool:
+        if time.monotonic() > deadline:
+            report["training"].append({"config": label, "engine": engine, "error": "skipped: --budget-s spent"})
+            return False
+        try:
+            report["training"].append(train_check(config, sets, device=device, engine=engine, steps=steps,
+                                                  warmup=warmup, micro=micro, peak=peak))
+            report["training"][-1]["config"] = label
+        except torch.cuda.OutOfMemoryError as e:  # report and go on with the next config
+            report["training"].append({"config": label, "engine": engine, "error": f"out of memory: {e}"[:300]})
+            gc.collect()
+            torch.cuda.empty_cache()
+        except Exception as e:  # noqa: BLE001 - one failing run must not cost the rest of a GPU session
+            traceback.print_exc()
+            report["training"].append({"config": label, "engine": engine, "error": f"{type(e).__name__}: {e}"[:300]})
+        return True
+
+    def attention_section() -> None:
+        if time.monotonic() > deadline:
+            report["attention"] = [{"error": "skipped: --budget-s spent"}]
+        else:
+            report["attention"] = attention_check(device, shapes, args.attn_iters)
+        save("attention done")
+
+    def stop(signum, frame):
+        report["stopped"] = "SIGTERM"
+        sys.exit(143)
+
+    sections = {"trainer": trainer_section, "training": training_section, "attention": attention_section}
+    previous = signal.signal(signal.SIGTERM, stop)  # e.g. `timeout`: the finally still reports
+    try:
+        for name in args.sections:
+            sections[name]()
     finally:  # whatever ended the check (an error, SIGTERM): the report of what was measured
         signal.signal(signal.SIGTERM, previous)
         print(show(report), flush=True)
-        if args.json_out:
-            Path(args.json_out).write_text(json.dumps(report, indent=2) + "\n")
+        write()
     try:
         dist.finish()
     except Exception:  # noqa: BLE001 - no process group was started

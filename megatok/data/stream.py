@@ -447,12 +447,14 @@ class PackedByteStream(IterableDataset):
                    "reader": reader, "cursor": cursor}
 
 
-def make_loader(dataset: PackedByteStream, num_workers: int) -> DataLoader:
-    """A DataLoader that yields the dataset's batches as they are, round-robin over workers in order.
+def make_loader(dataset: PackedByteStream, num_workers: int, pin_memory: bool = False) -> DataLoader:
+    """A DataLoader that yields the dataset's batches as they are, round-robin over workers in order;
+    ``pin_memory`` (for a GPU): in page-locked memory, whose copy to the GPU (``non_blocking``) does not
+    wait for the GPU's queue.
 
     Workers ignore SIGTERM/SIGINT: a pre-empted rank finishes its step and checkpoints with its
     workers still alive (launchers signal the whole process tree); they exit with their parent."""
-    return DataLoader(dataset, batch_size=None, num_workers=num_workers, in_order=True,
+    return DataLoader(dataset, batch_size=None, num_workers=num_workers, in_order=True, pin_memory=pin_memory,
                       persistent_workers=num_workers > 0, worker_init_fn=_ignore_stop_signals if num_workers else None)
 
 

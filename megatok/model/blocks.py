@@ -27,14 +27,79 @@ except ImportError:  # pragma: no cover - depends on the machine
     flash_attn_func = None
 
 try:
-    from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
+    from torch.nn.attention.flex_attention import BlockMask, create_block_mask, create_mask, flex_attention
 except ImportError:  # pragma: no cover - torch before 2.5
-    BlockMask = create_block_mask = flex_attention = None
+    BlockMask = create_block_mask = create_mask = flex_attention = None
 
 #: Document masking through FlexAttention on a GPU (False: the dense mask everywhere, e.g. to compare).
 FLEX_ATTENTION = True
 _FLEX_OK: dict = {}  # device -> whether flex_attention passed its check there
-_compiled_flex = None
+#: How many variants (shapes, dtypes, grad modes, masks) each of megatok's compiled functions may
+#: compile: the model's flex_attention, and the blocks' forward (compile_blocks). torch's default is 8
+#: per function (torch._dynamo.config.recompile_limit), which one train -> eval cycle nearly fills, and
+#: past it torch runs the function uncompiled: for flex_attention that materialises every score
+#: ([B, H, T, T] in fp32).
+RECOMPILE_LIMIT = 32
+#: The compiler behind them ("eager": dynamo's tracing and caching without code generation).
+COMPILE_BACKEND = "inductor"
+_compiled_flex: dict = {}  # "model" or "check" -> flex_attention compiled in a region of its own
+_flex_fallback_warned = False
+
+
+def _flex(q, k, v, block_mask, use: str = "model"):
+    """flex_attention compiled for ``use`` (the model's stacks, or the one-time check), each in a recompile
+    region of its own (torch.compile's isolate_recompiles: the check's fp32 variant costs the stacks
+    none). Past RECOMPILE_LIMIT variants the call is SDPA with the block mask made dense ([B, 1, T, T]
+    booleans: SDPA's memory-efficient kernel, no score matrix), said once. Inside a compiled block
+    (train.compile) flex_attention is compiled as part of the block."""
+    global _flex_fallback_warned
+    if torch.compiler.is_compiling():  # traced into a compiled block (train.compile): compiled with it
+        return flex_attention(q, k, v, block_mask=block_mask)
+    fn = _compiled_flex.get(use)
+    if fn is None:
+        fn = _compiled_flex[use] = torch.compile(flex_attention, fullgraph=True, backend=COMPILE_BACKEND,
+                                                 recompile_limit=RECOMPILE_LIMIT, isolate_recompiles=True)
+    try:
+        return fn(q, k, v, block_mask=block_mask)
+    except torch._dynamo.exc.FailOnRecompileLimitHit:
+        if not _flex_fallback_warned:
+            _flex_fallback_warned = True
+            warnings.warn(f"megatok: FlexAttention compiled {RECOMPILE_LIMIT} variants "
+                          f"(megatok.model.blocks.RECOMPILE_LIMIT); new ones use SDPA with a dense "
+                          f"[B, 1, T, T] mask", stacklevel=2)
+        return dense_flex(q, k, v, block_mask)
+
+
+def dense_flex(q, k, v, block_mask):
+    """What flex_attention computes for ``block_mask``, through SDPA with its mask made dense."""
+    B, _, T, _ = q.shape
+    mask = create_mask(block_mask.mask_mod, B, None, T, k.shape[2], device=q.device)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+def flex_compiled_variants(use: str = "model") -> int:
+    """How many variants the compiled flex_attention of ``use`` holds (of RECOMPILE_LIMIT)."""
+    from torch._dynamo.eval_frame import _get_cache_entries_for_region
+
+    fn = _compiled_flex.get(use)
+    return 0 if fn is None else len(_get_cache_entries_for_region(flex_attention, fn._isolate_recompiles_id))
+
+
+def flex_check_difference(device: torch.device, flex=None) -> float:
+    """The largest difference between ``flex`` (default: the compiled flex_attention, in a recompile
+    region of its own) and SDPA with the dense mask, in the outputs and the gradients of q, k and v, on
+    a small fp32 case on ``device``. Gradients are on, in fp32, whatever the caller runs under
+    (no_grad, inference_mode, autocast): the first caller may be an evaluation."""
+    flex = flex or (lambda q, k, v, block_mask: _flex(q, k, v, block_mask, "check"))
+    with torch.inference_mode(False), torch.enable_grad(), torch.autocast(device.type, enabled=False):
+        g = torch.Generator(device=device).manual_seed(0)
+        q, k, v = (torch.randn(2, 2, 256, 64, device=device, generator=g, requires_grad=True) for _ in range(3))
+        segments = torch.tensor([[0] * 100 + [1] * 156, [0] * 256], device=device)
+        dout = torch.randn(2, 2, 256, 64, device=device, generator=g)
+        outs = [flex(q, k, v, document_block_mask(segments, compile=device.type == "cuda")),
+                F.scaled_dot_product_attention(q, k, v, attn_mask=document_mask(segments)[:, None])]
+        (got, *got_grads), (want, *want_grads) = ([o, *torch.autograd.grad(o, (q, k, v), dout)] for o in outs)
+        return max(float((a - b).detach().abs().max()) for a, b in zip([got, *got_grads], [want, *want_grads]))
 
 
 def attention_backend(q: torch.Tensor) -> str:
@@ -77,13 +142,6 @@ def document_block_mask(segments: torch.Tensor | None, compile: bool = False, wi
     return create_block_mask(allowed, B, None, T, T, device=device, _compile=compile)
 
 
-def _flex(q, k, v, block_mask):
-    global _compiled_flex
-    if _compiled_flex is None:
-        _compiled_flex = torch.compile(flex_attention)
-    return _compiled_flex(q, k, v, block_mask=block_mask)
-
-
 def flex_usable(device: torch.device) -> bool:
     """Whether document masking uses FlexAttention on ``device``: on a GPU (FlexAttention has no backward
     on a CPU), once it has matched the dense mask there, forward and backward, on a small case. A failure
@@ -92,14 +150,7 @@ def flex_usable(device: torch.device) -> bool:
         return False
     if device not in _FLEX_OK:
         try:
-            g = torch.Generator(device=device).manual_seed(0)
-            q, k, v = (torch.randn(2, 2, 256, 64, device=device, generator=g, requires_grad=True) for _ in range(3))
-            segments = torch.tensor([[0] * 100 + [1] * 156, [0] * 256], device=device)
-            dout = torch.randn(2, 2, 256, 64, device=device, generator=g)
-            outs = [_flex(q, k, v, document_block_mask(segments, compile=True)),
-                    F.scaled_dot_product_attention(q, k, v, attn_mask=document_mask(segments)[:, None])]
-            (got, *got_grads), (want, *want_grads) = ([o, *torch.autograd.grad(o, (q, k, v), dout)] for o in outs)
-            diff = max(float((a - b).abs().max()) for a, b in zip([got, *got_grads], [want, *want_grads]))
+            diff = flex_check_difference(device)
             if not diff < 1e-2:
                 raise RuntimeError(f"largest difference from the dense mask {diff:.2e}")
             _FLEX_OK[device] = True
@@ -244,10 +295,13 @@ def compile_blocks(model: nn.Module) -> int:
     """torch.compile the forward of every Block of ``model`` in place (its parameters and state-dict
     keys unchanged), with dynamic shapes: the main network's length is the number of chunks, which
     changes from batch to batch. The block's own hooks run outside the compiled code (a hook inside it
-    splits the graph; see megatok.train.engine.compile_model for ZeRO-3). Returns how many blocks."""
+    splits the graph; see megatok.train.engine.compile_model for ZeRO-3). The blocks share their
+    variants (training and evaluation, byte and chunk rate, generation's cache), up to RECOMPILE_LIMIT.
+    Returns how many blocks."""
     blocks = [m for m in model.modules() if isinstance(m, Block)]
     for block in blocks:
-        block.forward = torch.compile(block.forward, dynamic=True)
+        block.forward = torch.compile(block.forward, dynamic=True, backend=COMPILE_BACKEND,
+                                      recompile_limit=RECOMPILE_LIMIT)
     return len(blocks)
 
 

@@ -9,9 +9,10 @@ network's output for the latest chunk that starts at or before t: that chunk sum
 How many chunks a batch keeps (K, the main network's length) is :func:`chunk_layout`: on a GPU the
 batch's largest count rounded up to one of a few sizes (:func:`bucket`), so that compiled code sees a
 handful of lengths rather than a new one every batch; the rounding adds pad chunks at the end only. Reading
-the largest count is a device-to-host sync per forward; with a ``capacity`` (chunks per byte) K is
-fixed from the window's length alone, with no sync, and the starts past it in a row join the chunk
-before them (upsampling clamps to the last kept chunk, which started earlier: still causal).
+the largest count is a device-to-host sync per forward. A ``capacity`` (chunks per byte) caps K at
+what the window's length allows, so memory is bounded whatever the boundaries do: the starts past it
+in a row join the chunk before them (upsampling clamps to the last kept chunk, which started earlier:
+still causal); a ``static`` capacity fixes K from the window's length alone, with no sync.
 """
 
 from __future__ import annotations
@@ -45,23 +46,27 @@ def chunk_slots(starts: torch.Tensor, capacity: float | None = None) -> int:
 
 
 def chunk_layout(starts: torch.Tensor, capacity: float | None = None, waste: float = 0.05,
-                 bucketed: bool | None = None) -> tuple[int, torch.Tensor | None]:
+                 bucketed: bool | None = None, static: bool = False) -> tuple[int, torch.Tensor | None]:
     """(K, rows) for a batch of starts [B, T]: K as :func:`chunk_slots` (``bucketed``, the default on a
     GPU, where compiled code wants few lengths; else the largest count itself: on a CPU, eager, the
     rounding's pads only cost), from the same single host sync, and the flat indices (into B * K) of the
     real chunks when the pad chunks would be more than ``waste`` of the B * K, for the main network to
     skip the pads (megatok.model.blocks.Packed); else None (all rows: the gathers would cost more than
-    the pads). With a ``capacity``: (its K, None), no sync."""
-    if capacity is not None:
+    the pads). A ``capacity`` caps K at its chunk_slots (rows with more starts keep their first K);
+    ``static``: K is the capacity's, (K, None), with no sync."""
+    if capacity is not None and static:
         return chunk_slots(starts, capacity), None
     B, T = starts.shape
-    counts = torch.tensor(starts.sum(1).tolist())  # the one host sync, on the host from here
-    n = int(counts.max())
+    counts = starts.sum(1).tolist()  # the one host sync; Python numbers from here
+    n = max(counts)
     K = min(T, bucket(n)) if (starts.is_cuda if bucketed is None else bucketed) else n
-    real = (torch.arange(K)[None, :] < counts[:, None]).flatten()
-    if real.sum() >= (1 - waste) * B * K:
+    if capacity is not None:
+        K = min(K, chunk_slots(starts, capacity))
+        counts = [min(c, K) for c in counts]
+    if sum(counts) >= (1 - waste) * B * K:
         return K, None
-    return K, real.nonzero().squeeze(1).to(starts.device, non_blocking=True)
+    rows = torch.cat([torch.arange(b * K, b * K + c) for b, c in enumerate(counts)])
+    return K, rows.to(starts.device, non_blocking=True)
 
 
 def downsample(h: torch.Tensor, starts: torch.Tensor, K: int | None = None

@@ -51,15 +51,14 @@ class Output(Record):
 
 
 class ByteUNet(nn.Module):
-    #: Chunks per byte the main network has room for (megatok.model.chunking.chunk_slots): its length is
-    #: then fixed by the window's length, with no device-to-host sync per forward, and a row with more
-    #: starts than that joins its last ones to the chunk before them (the math changes for that row).
-    #: None (the default): room for the batch's largest count, rounded up to one of a few sizes.
-    chunk_capacity: float | None = None
-
     def __init__(self, cfg: ModelConfig, boundary: BoundaryConfig):
         super().__init__()
         self.cfg = cfg
+        #: Chunks per byte the main network has room for (model.chunk_capacity; megatok.model.chunking):
+        #: a row with more starts joins its last ones to the chunk before them (the math changes for that
+        #: row). With static_chunks the length is the capacity's, with no device-to-host sync per forward.
+        #: None: room for the batch's largest count, rounded up to one of a few sizes.
+        self.chunk_capacity, self.static_chunks = cfg.chunk_capacity, cfg.static_chunks
         d, dm = cfg.d_model, cfg.main_width
 
         def stack(n, width, heads, window=None):
@@ -122,7 +121,8 @@ class ByteUNet(nn.Module):
 
         # K chunks a row (the last ones pads); the main network's row-wise layers skip the pads (rows).
         # Generation's cache keeps the main network's keys: no pad chunk may enter it.
-        K, rows = (None, None) if cache is not None else chunk_layout(b.starts, self.chunk_capacity)
+        K, rows = (None, None) if cache is not None else chunk_layout(b.starts, self.chunk_capacity,
+                                                                     static=self.static_chunks)
         chunks, chunk_pos, _ = downsample(h, b.starts, K)
         chunk_docs = None if docs is None else docs.gather(1, chunk_pos)
         z = self.main_norm(self.main(self.down_proj(chunks), chunk_pos, chunk_docs, kv.get("main"), rows=rows))

@@ -137,7 +137,7 @@ class LogMetrics(Callback):
     def on_step_end(self, trainer):
         if not trainer.log_due:
             return
-        trainer.metrics.add("bad_shards", torch.tensor(float(trainer.data.bad_shards)))  # this rank's count
+        trainer.metrics.add("bad_shards", trainer.data.bad_shards)  # this rank's count
         row = trainer.metrics.row(trainer.step, lr=trainer.lr, grad_norm=trainer.engine.grad_norm,
                                   **trainer.data.epochs())  # rank 0's epochs; the checkpoint's: all ranks'
         trainer.logger.log(row)

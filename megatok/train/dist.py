@@ -84,12 +84,24 @@ def init(timeout_s: float) -> torch.device:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // per_node))
     # The shared-memory all-reduce op serves only inference and would compile C++ for a minute on CPU.
     deepspeed.ops.__compatible_ops__ = {}
-    deepspeed.init_distributed(dist_backend="nccl" if on_gpu else "gloo", timeout=timedelta(seconds=timeout_s),
-                               verbose=False)
+    timeout = timedelta(seconds=timeout_s)
+    deepspeed.init_distributed(dist_backend="nccl" if on_gpu else "gloo", timeout=timeout, verbose=False)
+    groups_inherit_timeout(timeout)
     if on_gpu:
         torch.cuda.set_device(local_rank)
         return torch.device("cuda", local_rank)
     return torch.device("cpu")
+
+
+def groups_inherit_timeout(timeout: timedelta) -> None:
+    """Every process group created from now on in this process gets ``timeout`` unless its creator says
+    otherwise. The timeout given to init_process_group is the default group's only: DeepSpeed runs ZeRO's
+    gradient reductions and parameter gathers on its own copy of the world group (``new_group(ranks)``,
+    no timeout), and torch gives such a group its backend's default, 10 minutes on NCCL (30 on gloo).
+    torch reads that default from these two module attributes at each ``new_group``."""
+    from torch.distributed import distributed_c10d
+
+    distributed_c10d.default_pg_timeout = distributed_c10d.default_pg_nccl_timeout = timeout
 
 
 def finish() -> None:
@@ -117,10 +129,10 @@ def is_comm_failure(exc: BaseException) -> bool:
 class Watchdog:
     """Ends this rank when the training loop stops making progress for ``timeout_s`` seconds.
 
-    A rank that dies or hangs leaves the others blocked in a collective, and not every collective
-    honours the process-group timeout (DeepSpeed's ZeRO groups are created with torch's 30-minute
-    default). The loop calls ``beat(doing)`` at every step, evaluation and checkpoint; if no beat comes in
-    time, this prints one clear line, naming what this rank was doing and the config key that bounds it,
+    A rank that dies or hangs leaves the others blocked in a collective, and a collective's timeout
+    does not cover what runs outside collectives (a hung data reader, a rank stuck before it reaches
+    the next collective). The loop calls ``beat(doing)`` at every step, evaluation and checkpoint; if no
+    beat comes in time, this prints one clear line, naming what this rank was doing and the config key that bounds it,
     and exits the process, so the launcher ends the job. Never an endless wait. A beat may allow the next
     piece of work another limit than ``timeout_s`` (a checkpoint save: ``train.save_timeout_s``)."""
 

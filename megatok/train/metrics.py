@@ -28,13 +28,17 @@ def interval_flops(cfg: Config, s: dict[str, float]) -> float:
 
 
 class Totals:
-    """Per-log-interval sums kept on the device (one host sync per logged step, not per micro-batch).
-    Micro-batches with a non-finite loss are counted, not averaged in."""
+    """Per-log-interval sums: of tensors on the device, of host numbers on the host (one host sync per
+    logged step, not per micro-batch, and no host-to-device copy before it). Micro-batches with a
+    non-finite loss are counted, not averaged in."""
 
     def __init__(self, device):
-        self.device, self.sums = device, {}
+        self.device, self.sums, self.host = device, {}, {}
 
-    def add(self, key: str, value: torch.Tensor) -> None:
+    def add(self, key: str, value: torch.Tensor | float) -> None:
+        if not isinstance(value, torch.Tensor):
+            self.host[key] = self.host.get(key, 0.0) + float(value)
+            return
         value = value.detach().to(self.device, torch.float64)
         self.sums[key] = self.sums[key] + value if key in self.sums else value
 
@@ -51,7 +55,8 @@ class Totals:
         return finite
 
     def all_sum(self) -> dict[str, float]:
-        sums, self.sums = sum_over_ranks(self.sums, self.device), {}
+        host = {k: torch.tensor(v, dtype=torch.float64) for k, v in self.host.items()}
+        sums, self.sums, self.host = sum_over_ranks({**self.sums, **host}, self.device), {}, {}
         return sums
 
 
@@ -84,7 +89,8 @@ class TrainMetrics:
         """The first interval starts now (at the first step, after the set-up)."""
         self.t_last, self.t_paused = time.monotonic(), 0.0
 
-    def add(self, key: str, value: torch.Tensor) -> None:
+    def add(self, key: str, value: torch.Tensor | float) -> None:
+        """Add to this interval's sum of ``key``: a tensor (kept on the device) or a host number."""
         self.totals.add(key, value)
 
     def add_output(self, out) -> torch.Tensor:

@@ -203,7 +203,7 @@ class DataStream:
                                   start_epoch=self.start_epochs, on_bad_shard=d.on_bad_shard,
                                   encoding=self.encoding, cursors=self.resumed_cursors,
                                   unread=self.origin.get("unread"))
-        batches = iter(make_loader(stream, d.num_workers))
+        batches = iter(make_loader(stream, d.num_workers, pin_memory=self.device.type == "cuda"))
         cursors = self.resumed_cursors
         if self.start_batch:
             t0 = time.time()

@@ -109,7 +109,7 @@ class Trainer:
         finite = torch.ones((), dtype=torch.bool, device=self.device)
         self.engine.begin_step(self.step)
         for micro in range(self.cfg.train.grad_accum):
-            tokens = self.data.next_batch().to(self.device)
+            tokens = self.data.next_batch().to(self.device, non_blocking=True)  # pinned on a GPU: no sync
             torch.manual_seed(step_seed(self.cfg.train.seed, self.step, micro * self.world + self.rank))
             out = self.engine.forward(tokens)
             self.engine.backward(out.loss)
@@ -118,16 +118,18 @@ class Trainer:
 
     def agree(self, finite: torch.Tensor) -> bool:
         """One small collective per step: did any rank see a non-finite loss, or a stop request? The
-        engine counts the updates DeepSpeed skipped (and gives up after too many). Returns whether to stop."""
+        engine counts the updates DeepSpeed skipped (and gives up after too many). Returns whether to stop.
+        Reading the answer is a device-to-host sync, once per step (tests/train/test_host_syncs.py counts
+        megatok's)."""
         wants_stop = any(cb.stop_requested(self) for cb in self.callbacks)
-        flags = torch.stack([(~finite).float(), torch.tensor(float(wants_stop), device=self.device)])
+        flags = torch.stack([(~finite).float(), torch.full((), float(wants_stop), device=self.device)])
         tdist.all_reduce(flags, op=tdist.ReduceOp.MAX)
         nonfinite, stopping = flags.tolist()
         try:
             skipped = self.engine.end_step(self.step, bool(nonfinite))
         except FloatingPointError as e:
             raise FloatingPointError(f"{e}; last good checkpoint: {self.checkpointer.last_good()}") from None
-        self.metrics.add("skipped_steps", torch.tensor(float(skipped)))
+        self.metrics.add("skipped_steps", skipped)  # a host number: summed on the host
         return bool(stopping)
 
     @property

@@ -1,6 +1,7 @@
 """The main network's length K (megatok.model.chunking.chunk_slots): rounded up to a few sizes, the pad
-chunks change no output; with a capacity it is known without reading the starts (no host sync), and
-a row with more starts than that stays causal."""
+chunks change no output; a capacity caps it (and bounds memory when the boundaries drift toward every
+byte), a static one is known without reading the starts (no host sync), and a row with more starts
+than that stays causal."""
 
 import torch
 
@@ -28,8 +29,8 @@ def test_a_capacity_needs_no_look_at_the_starts():
 
 
 def test_pad_chunks_change_nothing(monkeypatch):
-    """The same model with K = the largest count (a CPU's), its bucket (a GPU's) and T (capacity 1), the
-    main network skipping the pads or not: the same outputs."""
+    """The same model with K = the largest count (a CPU's), its bucket (a GPU's) and T (static capacity 1),
+    the main network skipping the pads or not: the same outputs."""
     import functools
 
     from megatok.model import chunking, unet
@@ -42,10 +43,10 @@ def test_pad_chunks_change_nothing(monkeypatch):
         for layout, capacity in [(chunking.chunk_layout, None), (functools.partial(chunking.chunk_layout, bucketed=True),
                                                                  None), (chunking.chunk_layout, 1.0)]:
             monkeypatch.setattr(unet, "chunk_layout", layout)
-            model.chunk_capacity = capacity
+            model.chunk_capacity = model.static_chunks = capacity
             torch.manual_seed(0)
             outs.append(model(x))
-        model.chunk_capacity = None
+        model.chunk_capacity, model.static_chunks = None, False
         assert int(outs[0].boundaries.starts.sum(1).max()) < 70  # capacity 1: K = 70, pad chunks in every row
         assert chunking.chunk_layout(outs[0].boundaries.starts)[1] is not None  # the first skipped the pads
     for out in outs[1:]:
@@ -88,7 +89,10 @@ def test_the_main_networks_row_wise_layers_skip_the_pads():
     few[0, :62] = True
     assert chunk_layout(few, bucketed=True) == (64, None)  # 2 pads in 64: all rows
     assert chunk_layout(torch.ones(2, 16, dtype=torch.bool)) == (16, None)  # no pads
-    assert chunk_layout(starts, capacity=0.2) == (8, None)  # a capacity: no sync, no rows
+    assert chunk_layout(starts, capacity=0.2, static=True) == (8, None)  # a static capacity: no sync, no rows
+    K8, rows8 = chunk_layout(starts, capacity=0.2)  # a capacity caps K; rows past it keep their first 8
+    assert K8 == 8 and rows8.tolist() == [*range(8), *range(8, 13), *range(16, 24)]
+    assert chunk_layout(starts, capacity=0.5)[0] == 10  # a capacity above the largest count: that count
     torch.manual_seed(0)
     stack = Stack(2, 16, 2, 48, eps=1e-5, theta=10000.0)
     x = torch.randn(3, K, 16, requires_grad=True)
@@ -102,3 +106,43 @@ def test_the_main_networks_row_wise_layers_skip_the_pads():
     torch.testing.assert_close(packed[real], whole[real], rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(gp, gw, rtol=1e-4, atol=1e-6)
     assert not torch.allclose(packed[~real], whole[~real])  # the pads did go another way
+
+
+def test_a_capacity_bounds_the_main_network_when_the_policy_starts_a_chunk_at_every_byte():
+    """A policy drifting toward every byte runs the main network at byte rate, and its activations grow
+    with it. With model.chunk_capacity the main network's length stays at the capacity's (the length
+    megatok-model-size sizes memory at: sizing.max_chunk_rate), and so does what autograd keeps for the
+    backward; without one it follows the policy."""
+    from megatok import sizing
+    from megatok.config import load_config
+    from megatok.model.unet import ByteUNet
+
+    sets = ["model.d_model=32", "model.n_heads=2", "model.n_main_layers=8", "data.seq_len=256"]
+
+    def run(capacity, drift):
+        cfg = load_config(None, sets + [f"model.chunk_capacity={capacity}"], world_size=1)
+        torch.manual_seed(0)
+        model = ByteUNet(cfg.model, cfg.boundary).train()
+        if drift:
+            with torch.no_grad():
+                model.boundary.head.bias.fill_(50.0)  # p = sigmoid(logit_cap): a start at nearly every byte
+        x = torch.randint(0, 256, (2, 257), generator=torch.Generator().manual_seed(0))
+        lengths, kept = [], []
+        hook = model.main.register_forward_pre_hook(lambda m, args: lengths.append(args[0].shape[1]))
+
+        def keep(t):
+            kept.append(t.numel() * t.element_size())
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
+            out = model(x[:, :-1], x[:, 1:])
+        hook.remove()
+        return cfg, lengths[0], sum(kept), float(out.boundaries.starts.float().mean())
+
+    _, k_free, free, rate_free = run("null", drift=True)
+    cfg, k_cap, capped, rate_cap = run(0.25, drift=True)
+    _, k_target, target, _ = run("null", drift=False)
+    assert rate_free > 0.95 and rate_cap > 0.95  # the policy starts a chunk at nearly every byte either way
+    assert k_free == 256 and k_cap == 64 == sizing.max_chunk_rate(cfg) * 256
+    assert capped < 0.55 * free  # the main network's activations at the capacity, not at byte rate
+    assert k_target < 64 and target < capped  # at the target rate (0.2) less still: the capacity is a ceiling

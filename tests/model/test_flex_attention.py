@@ -1,6 +1,10 @@
 """Document masking through FlexAttention (megatok.model.blocks): its block mask gives the dense mask's
 attention (checked here on the CPU, forward only: FlexAttention has no CPU backward), a CPU uses the
-dense mask, and a device where FlexAttention fails its check falls back to the dense mask."""
+dense mask, and a device where FlexAttention fails its check falls back to the dense mask. The check
+computes gradients whatever mode its first caller runs in, and the compiled flex_attention keeps its
+variants in a region of its own, with a stated limit past which it uses SDPA, never uncompiled flex."""
+
+import warnings
 
 import pytest
 import torch
@@ -18,7 +22,7 @@ LAYOUTS = [
 @pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")  # eager on purpose
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_the_block_mask_attends_as_the_dense_mask(layout, monkeypatch):
-    monkeypatch.setattr(blocks, "_compiled_flex", blocks.flex_attention)  # eager: no compile in a test
+    monkeypatch.setattr(blocks, "_compiled_flex", {"model": blocks.flex_attention})  # eager: no compile in a test
     segments = torch.tensor(layout)
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, 3, 200, 16, generator=g) for _ in range(3))
@@ -55,3 +59,118 @@ def test_a_failed_check_falls_back_to_the_dense_mask_with_one_warning(monkeypatc
     assert blocks._FLEX_OK == {cuda: False}
     monkeypatch.setattr(blocks, "FLEX_ATTENTION", False)
     assert not blocks.flex_usable(cuda)
+
+
+def _causal_only(q, k, v, block_mask):
+    """A kernel that ignores the documents: what the check must catch."""
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+@pytest.mark.parametrize("mode", ["no_grad", "inference_mode", "autocast"])
+def test_the_check_computes_gradients_whatever_mode_its_first_caller_runs_in(mode):
+    """An evaluation, generation or API process meets the check first under no_grad (inference_mode,
+    autocast): the check still compares outputs and gradients, in fp32, and tells a right kernel from a
+    wrong one. On the CPU (FlexAttention has no backward there) the kernel under test is dense_flex,
+    what flex_attention computes for the block mask, through SDPA."""
+    context = {"no_grad": torch.no_grad, "inference_mode": torch.inference_mode,
+               "autocast": lambda: torch.autocast("cpu", dtype=torch.bfloat16)}[mode]
+    cpu = torch.device("cpu")
+    with context():
+        assert blocks.flex_check_difference(cpu, flex=blocks.dense_flex) < 1e-5
+        assert blocks.flex_check_difference(cpu, flex=_causal_only) > 1e-2
+        assert torch.is_grad_enabled() == (mode == "autocast")  # the caller's mode is back
+
+
+def _qkv(T: int, D: int, dtype=torch.float32):
+    g = torch.Generator().manual_seed(T + D)
+    return [torch.randn(2, 2, T, D, generator=g).to(dtype) for _ in range(3)]
+
+
+def test_the_compiled_flex_keeps_its_variants_apart_from_the_check_and_past_its_limit_uses_sdpa(monkeypatch):
+    """The check's fp32 compile is in a region of its own, so it costs the model's stacks none of their
+    RECOMPILE_LIMIT variants; past the limit a new variant is SDPA on the dense block mask (the
+    same attention; no [B, H, T, T] score matrix as uncompiled flex_attention makes), said once. Dynamo's
+    tracing and caching are real here; only its compiler is "eager" (inductor would take minutes on a CPU)."""
+    monkeypatch.setattr(blocks, "COMPILE_BACKEND", "eager")
+    monkeypatch.setattr(blocks, "RECOMPILE_LIMIT", 2)
+    monkeypatch.setattr(blocks, "_compiled_flex", {})
+    monkeypatch.setattr(blocks, "_flex_fallback_warned", False)
+    segments = torch.tensor([[0] * 40 + [1] * 88, [0] * 128])
+    mask = document_block_mask(segments)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("error")  # no fallback and no uncompiled flex_attention while in the limit
+        blocks._flex(*_qkv(128, 16), mask, "check")
+        for D in (16, 32):  # two variants: the head sizes of a byte stack and the main network
+            blocks._flex(*_qkv(128, D), mask)
+            blocks._flex(*_qkv(128, D), mask)  # a variant seen before compiles nothing
+        assert blocks.flex_compiled_variants() == 2 and blocks.flex_compiled_variants("check") == 1
+        q, k, v = _qkv(128, 16, torch.bfloat16)  # a third variant: past the limit
+        warnings.simplefilter("default")
+        with pytest.warns(UserWarning, match="FlexAttention compiled 2 variants"):
+            got = blocks._flex(q, k, v, mask)
+        want = attention(q, k, v, mask=document_mask(segments, torch.bfloat16)[:, None])
+        torch.testing.assert_close(got, want)
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            blocks._flex(*_qkv(128, 8), mask)  # said once
+        assert not [w for w in seen if "FlexAttention compiled" in str(w.message)]
+    assert blocks.flex_compiled_variants() == 2
+
+
+def test_a_first_call_from_inside_a_compiled_block_leaves_the_eager_path_compiled(monkeypatch):
+    """With train.compile the first masked attention runs inside a compiled block: flex_attention is
+    compiled with the block there, and a later call outside one (a block past its limit, another caller)
+    still finds flex_attention compiled, not a function that runs it uncompiled."""
+    monkeypatch.setattr(blocks, "COMPILE_BACKEND", "eager")
+    monkeypatch.setattr(blocks, "_compiled_flex", {})
+    segments = torch.tensor([[0] * 40 + [1] * 88, [0] * 128])
+    mask = document_block_mask(segments)
+
+    def block(q, k, v):
+        return blocks._flex(q * 2, k, v, mask)
+
+    compiled = torch.compile(block, backend="eager")
+    q, k, v = _qkv(128, 16)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("error")  # "flex_attention called without torch.compile()" would raise
+        torch.testing.assert_close(compiled(q, k, v), block(q, k, v))
+    assert blocks.flex_compiled_variants() == 1
+
+
+def test_the_compiled_blocks_keep_every_variant_of_a_train_eval_generate_cycle(monkeypatch):
+    """train.compile's blocks share one compiled forward: training and evaluation (grad modes, batch
+    sizes), byte and chunk rate, document masks and generation's cache each add variants, and a tiny
+    model's cycle fills torch's default limit of 8 (past which the blocks would run uncompiled); the
+    next variant still compiles, up to RECOMPILE_LIMIT."""
+    from torch._dynamo.eval_frame import _get_cache_entries_for_region
+
+    from megatok.config import load_config
+    from megatok.data.stream import pack_documents
+    from megatok.generate import generate
+    from megatok.model import build_model
+    from tests.conftest import stdlib_texts
+
+    monkeypatch.setattr(blocks, "COMPILE_BACKEND", "eager")
+    torch._dynamo.reset()
+    cfg = load_config("configs/tiny.json", ["data.seq_len=128", "model.document_mask=true"], world_size=1)
+    torch.manual_seed(0)
+    model = build_model(cfg)
+    blocks.compile_blocks(model)
+    x = pack_documents([t.encode() for t in stdlib_texts(8)], 128)[:6]
+    for i in range(2):
+        model(x[2 * i:2 * i + 2, :-1], x[2 * i:2 * i + 2, 1:]).loss.backward()
+    model.eval()
+    with torch.no_grad():
+        for batch in (2, 4):
+            model(x[:batch, :-1], x[:batch, 1:])
+    for prompt in (b"def main(", b"import os\n"):
+        generate(model, prompt, seq_len=128, max_bytes=24, seed=0, stop_at_separator=False)
+    def variants():
+        return len(_get_cache_entries_for_region(blocks.Block.forward, -1))
+
+    cycle = variants()
+    assert cycle >= 8  # torch's default limit, filled
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):  # one more: bf16 evaluation
+        model(x[:2, :-1], x[:2, 1:])
+    assert cycle < variants() <= blocks.RECOMPILE_LIMIT  # compiled, not run as it is
+    torch._dynamo.reset()

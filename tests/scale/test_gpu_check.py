@@ -1,9 +1,12 @@
 """megatok-gpu-check in its CPU smoke mode: the code paths the GPU check runs (attention comparison,
 DeepSpeed and plain-torch training steps, FLOPs, memory, the trainer with a resume and generation), on
-a tiny config, without a GPU."""
+a tiny config, without a GPU; and tools/gpu_bench.sh, which runs it on a lent GPU: its plan (order and
+budget) and what a SIGTERM leaves."""
 
 import json
 import math
+
+import pytest
 
 from tests.conftest import run_tool
 
@@ -52,14 +55,99 @@ def test_the_peak_for_mfu_is_found_by_whole_words_of_the_device_name():
 
 def test_a_spent_budget_skips_what_is_left_and_still_reports(tmp_path, capsys):
     """On a lent GPU a check cut short must keep what it measured: past --budget-s the rest is skipped and
-    reported as such, and the JSON is written after every section (and on SIGTERM, by the same finally)."""
+    reported as such, section by section (the trainer first), and the JSON is written after each."""
     from megatok.cli import gpu_check as mod
 
     out = tmp_path / "r.json"
     assert mod.main(["--cpu-smoke", "--attn-iters", "1", "--budget-s", "0", "--json-out", str(out)]) == 0
     rep = json.loads(out.read_text())
-    assert rep["attention"] and all(a["sdpa_ms"] > 0 for a in rep["attention"])
-    assert [r["error"] for r in rep["training"]] == ["skipped: --budget-s spent"] * 2
+    assert rep["sections"] == ["trainer", "training", "attention"]
     assert rep["trainer"]["error"].startswith("skipped: --budget-s spent")
+    assert [r["error"] for r in rep["training"]] == ["skipped: --budget-s spent"] * 2
+    assert rep["attention"] == [{"error": "skipped: --budget-s spent"}]
     printed = capsys.readouterr().out
-    assert "gpu_check: attention done" in printed and "error: skipped: --budget-s spent" in printed
+    assert (printed.index("gpu_check: trainer done") < printed.index("gpu_check: training configs/tiny.json skipped")
+            < printed.index("gpu_check: attention done"))
+    assert "error: skipped: --budget-s spent" in printed
+
+
+def _plan(*args) -> tuple[int, list[dict]]:
+    """tools/gpu_bench.sh --plan: (budget, [{part, end, share, command}]) as it prints them."""
+    import re
+    import subprocess
+
+    from tests.conftest import ROOT
+
+    r = subprocess.run(["bash", str(ROOT / "tools/gpu_bench.sh"), *args, "--plan"], capture_output=True, text=True,
+                       timeout=30, env={"PATH": "/usr/bin:/bin", "OUT": "out"})
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    budget = int(re.match(r"gpu_bench: budget (\d+) s", lines[0]).group(1))
+    parts = []
+    for line in lines[1:]:
+        m = re.match(r"part \d+ (\w+): until (\d+) s \((\d+) s at most, [^)]*\): (.*)$", line)
+        parts.append({"part": m.group(1), "end": int(m.group(2)), "share": int(m.group(3)),
+                      "command": m.group(4).split()})
+    return budget, parts
+
+
+@pytest.mark.parametrize("mode, slot", [((), 600), (("--quick",), 300)])
+def test_the_gpu_bench_runs_the_trainer_first_and_fits_its_slot(mode, slot):
+    """tools/gpu_bench.sh's plan: the trainer check first; every part's command ends its own work 20 s before
+    the part's time is up (room for its report) and is killed 10 s after at most, and the last part's
+    time ends with at least 5% of the budget to spare, the budget within the slot (10 minutes; --quick: 5).
+    Each command is one the tool accepts."""
+    from megatok.cli import bench, gpu_check
+
+    budget, parts = _plan(*mode)
+    assert budget <= slot and [p["part"] for p in parts][0] == "trainer"
+    assert [p["part"] for p in parts] == (["trainer", "training"] if mode else ["trainer", "training", "bench"])
+    assert parts[-1]["end"] + 10 <= budget * 0.95 and sum(p["share"] for p in parts) == parts[-1]["end"] - 20
+    for p in parts:
+        command = p["command"]
+        assert command[:2] == ["python3", "-m"] and command[command.index("--budget-s") + 1] == str(p["share"] - 20)
+        tool = {"megatok.cli.gpu_check": gpu_check, "megatok.cli.bench": bench}[command[2]]
+        args = tool.build_parser().parse_args(command[3:])
+        assert args.json_out == f"out/{p['part']}.json"
+    first = parts[0]["command"]
+    assert first[first.index("--sections") + 1:first.index("--sections") + 3] == ["trainer", "--trainer-steps"]
+
+
+def test_the_gpu_bench_refuses_a_budget_too_small_for_its_parts():
+    import subprocess
+
+    from tests.conftest import ROOT
+
+    r = subprocess.run(["bash", str(ROOT / "tools/gpu_bench.sh"), "--quick", "--budget-s", "100", "--plan"],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2 and r.stderr.strip().startswith("gpu_bench: --budget-s 100 leaves")
+
+
+@pytest.mark.dist
+def test_sigterm_to_the_gpu_bench_reaches_the_running_part_and_starts_no_other(tmp_path):
+    """The script ended by SIGTERM while its first part (the trainer check, here in its CPU smoke mode) runs:
+    that part writes what it finished and is marked stopped, no later part starts, and the script ends
+    with 143."""
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT, TOOL_ENV, sigterm_when
+
+    out = tmp_path / "out"
+
+    def trained() -> bool:  # the trainer check's first part is in its JSON
+        try:
+            return "loss_last" in json.loads((out / "trainer.json").read_text()).get("trainer", {})
+        except (OSError, ValueError):  # not written yet, or being written
+            return False
+
+    rc, output, pid = sigterm_when(["bash", ROOT / "tools/gpu_bench.sh", "--cpu-smoke", "--quick"], trained,
+                                   env={**TOOL_ENV, "PYTHON": sys.executable, "OUT": str(out)})
+    assert rc == 143, output[-3000:]
+    rep = json.loads((out / "trainer.json").read_text())
+    assert rep["stopped"] == "SIGTERM" and rep["trainer"]["built_partitioned"]
+    assert math.isfinite(rep["trainer"]["loss_last"]) and "stopped early: SIGTERM" in (out / "trainer.log").read_text()
+    assert not (out / "training.json").exists() and "== training" not in output
+    assert (out / "plan.txt").read_text().startswith("gpu_bench: budget 270 s")
+    left = subprocess.run(["pgrep", "-s", str(pid)], capture_output=True, text=True).stdout.split()
+    assert left == [], left  # no trainer process outlives it

@@ -32,6 +32,22 @@ def test_the_bench_writes_every_figure(tmp_path):
     assert "megatok_vs_every_byte/tiny" in r.stdout and "eval_vs_train" in r.stdout  # the table
 
 
+def test_sigterm_before_the_first_round_still_leaves_the_json(tmp_path):
+    """A bench ended by SIGTERM (`timeout`, a job's time limit) while it builds its variants, before any
+    round: --json-out already holds the environment and settings, and says how far it got; exit 143."""
+    import sys
+
+    from tests.conftest import sigterm_when
+
+    out = tmp_path / "bench.json"
+    rc, output, _ = sigterm_when([sys.executable, "-m", "megatok.cli.bench", "--quick", "--shapes", "tiny",
+                                  "--json-out", out], out.exists)
+    assert rc == 143, output[-3000:]
+    report = json.loads(out.read_text())
+    assert report["stopped"].startswith("SIGTERM while ") and report["environment"]["device"] == "cpu"
+    assert report["settings"]["shapes"] == ["tiny"] and "rounds" not in report["measured"]
+
+
 def test_a_bad_profile_name_is_one_clear_line():
     r = bench("--profile", "tiny/nonsense", timeout=120)
     assert r.returncode == 2
