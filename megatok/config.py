@@ -12,6 +12,7 @@ checks it and adds what megatok derives from ``train``.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -21,9 +22,11 @@ import typing
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, ValidationError, field_validator, model_serializer,
+                      model_validator)
+from pydantic_core import PydanticCustomError
 
-from megatok.boundaries import strategy_options
+from megatok.boundaries import check_config, strategy_options
 from megatok.dsconfig import NOT_THROUGH_DEEPSPEED, check_deepspeed
 from megatok.errors import ConfigError, suggest
 
@@ -124,15 +127,71 @@ class ModelConfig(_Section):
 
 
 class BoundaryConfig(_Section):
-    """``strategy`` names a file in megatok/boundaries/; its other keys are that strategy's options."""
+    """``strategy`` names a file in megatok/boundaries/; its other keys are that strategy's options, read
+    strictly like the sections into the strategy's own ``Options`` (``options``; unknown keys rejected) and
+    written back as keys of this section."""
 
-    model_config = ConfigDict(extra="allow", validate_assignment=True)
     strategy: str = Field("policy", description="a file in megatok/boundaries/: policy, fixed, ...")
     target_rate: float = Field(0.2, gt=0, lt=1, description="boundaries per byte (rho)")
+    options: BaseModel = Field(None, exclude=True, description="the strategy's Options instance")
 
-    @property
-    def options(self) -> dict[str, Any]:
-        return dict(self.model_extra or {})
+    @model_validator(mode="wrap")
+    @classmethod
+    def _read_options(cls, data: Any, handler) -> "BoundaryConfig":
+        """The keys besides strategy and target_rate are the strategy's options: read into its Options after
+        those two are (so their mistakes are named first); or, given as an Options (a copy, an assignment),
+        checked to be the strategy's."""
+        if not isinstance(data, dict) or isinstance(data.get("options"), BaseModel):
+            section = handler(data)
+            try:
+                model = strategy_options(section.strategy)
+            except KeyError as e:
+                raise ValueError(e.args[0]) from None
+            if not isinstance(section.options, model):
+                raise ValueError(f"the options are another strategy's, not those of '{section.strategy}' (set the "
+                                 f"section whole)")
+            return section
+        data = dict(data)
+        raw = {k: data.pop(k) for k in list(data) if k not in config_keys(cls)}
+        section = handler(data)
+        section.options = _read_strategy_options(section.strategy, raw)
+        return section
+
+    @model_serializer(mode="wrap")
+    def _options_as_keys(self, handler, info) -> dict[str, Any]:
+        return {**handler(self), **self.options.model_dump(mode=info.mode)}
+
+
+def config_keys(model: type[BaseModel]) -> list[str]:
+    """The keys a section takes in a config file (``boundary.options`` is not one: its fields are)."""
+    return [name for name, f in model.model_fields.items() if not f.exclude]
+
+
+@functools.cache
+def _strict(model: type[BaseModel]) -> type[BaseModel]:
+    """``model`` read strictly like the sections (a field's own strict=False, e.g. for a tuple read from a
+    JSON list, wins)."""
+    return type(model.__name__, (model,), {"__module__": model.__module__,
+                                           "model_config": {**model.model_config, "strict": True}})
+
+
+def _read_strategy_options(strategy: str, raw: dict) -> BaseModel:
+    """The strategy's Options from a boundary section's other keys, or a pydantic error naming the key
+    (``strategy_option``, which load_config turns into one line)."""
+    try:
+        model = strategy_options(strategy)
+    except KeyError as e:
+        raise PydanticCustomError("strategy_option", "{text}", {"key": "strategy", "text": e.args[0]}) from None
+    try:
+        read = _strict(model).model_validate(whole_floats_as_ints(model, raw))
+    except ValidationError as e:
+        err = e.errors()[0]
+        key = ".".join(str(p) for p in err["loc"])
+        valid = config_keys(BoundaryConfig) + list(model.model_fields)
+        text = (f"unknown key for strategy '{strategy}'{suggest(key, valid, 'boundary.')}"
+                if err["type"] == "extra_forbidden" else _message(err))
+        raise PydanticCustomError("strategy_option", "{text}", {"key": key, "text": text}) from None
+    return model.model_construct(_fields_set=read.model_fields_set, **dict(read))  # the strategy's own class
 
 
 class DataConfig(_Section):
@@ -263,7 +322,7 @@ class LoggingConfig(_Section):
 
 class Config(_Section):
     model: ModelConfig = ModelConfig()
-    boundary: BoundaryConfig = BoundaryConfig()
+    boundary: BoundaryConfig = Field(default_factory=BoundaryConfig)  # built when used: no strategy imported here
     data: DataConfig = DataConfig()
     train: TrainConfig = TrainConfig()
     eval: EvalConfig = EvalConfig()
@@ -409,18 +468,25 @@ def _first_error(errors: list[dict]) -> dict:
     return {**err, "loc": loc}
 
 
-def _explain(err: dict, where: str, prefix: tuple = ()) -> ConfigError:
-    loc = prefix + tuple(err["loc"])
-    path = ".".join(str(p) for p in loc)
-    if err["type"] == "extra_forbidden":
-        parent = _model_at(loc[:-1])
-        valid = parent.model_fields if parent else []
-        section = ".".join(str(p) for p in loc[:-1])
-        return ConfigError(f"{where}: {path}: unknown key{suggest(loc[-1], valid, section + '.' if section else '')}")
+def _message(err: dict) -> str:
+    """A pydantic error's message and the value it got."""
     given = err.get("input")
     shown = (json.dumps(given, default=str) if isinstance(given, (int, float, str, bool, type(None))) or (
         isinstance(given, (list, tuple)) and len(json.dumps(given, default=str)) <= 80) else type(given).__name__)
-    return ConfigError(f"{where}: {path}: {err['msg'].removeprefix('Value error, ')} (got {shown})")
+    return f"{err['msg'].removeprefix('Value error, ')} (got {shown})"
+
+
+def _explain(err: dict, where: str) -> ConfigError:
+    loc = tuple(err["loc"])
+    path = ".".join(str(p) for p in loc)
+    if err["type"] == "strategy_option":  # _read_strategy_options: the key and the line are in the error
+        return ConfigError(f"{where}: {'.'.join(p for p in (path, err['ctx']['key']) if p)}: {err['ctx']['text']}")
+    if err["type"] == "extra_forbidden":
+        parent = _model_at(loc[:-1])
+        valid = config_keys(parent) if parent else []
+        section = ".".join(str(p) for p in loc[:-1])
+        return ConfigError(f"{where}: {path}: unknown key{suggest(loc[-1], valid, section + '.' if section else '')}")
+    return ConfigError(f"{where}: {path}: {_message(err)}")
 
 
 # megatok's own configs: configs/ next to the package in a checkout, inside it when installed (pyproject.toml
@@ -450,40 +516,31 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] = ()
         _apply_override(raw, *_parse_override(item))
     if overrides:
         where += " (with --set " + " ".join(overrides) + ")"
+    _strategy_text_options(raw, overrides)
     try:
         cfg = Config.model_validate(raw)
     except ValidationError as e:
         raise _explain(_first_error(e.errors()), where) from None
-
-    # The boundary strategy's own options, checked against that strategy's schema.
-    try:
-        opt_model = strategy_options(cfg.boundary.strategy)
-    except KeyError as e:
-        raise ConfigError(f"{where}: boundary.strategy: {e.args[0]}") from None
-    options = dict(cfg.boundary.options)
-    for item in overrides:  # the strategy's text options take --set numbers as text, as the sections do
-        keys, value = _parse_override(item)
-        if len(keys) == 2 and keys[0] == "boundary" and keys[1] in opt_model.model_fields and _number_for_text(
-                opt_model.model_fields[keys[1]].annotation, value):
-            options[keys[1]] = item.split("=", 1)[1]
-    # strict like the sections (a field's own strict=False, e.g. for a tuple read from a JSON list, wins)
-    strict_model = type(opt_model.__name__, (opt_model,), {"__module__": opt_model.__module__,
-                                                           "model_config": {**opt_model.model_config, "strict": True}})
-    try:
-        opts = strict_model.model_validate(whole_floats_as_ints(opt_model, options))
-    except ValidationError as e:
-        err = e.errors()[0]
-        if err["type"] == "extra_forbidden":
-            valid = list(BoundaryConfig.model_fields) + list(opt_model.model_fields)
-            raise ConfigError(f"{where}: boundary.{err['loc'][0]}: unknown key for strategy "
-                              f"'{cfg.boundary.strategy}'{suggest(err['loc'][0], valid, 'boundary.')}") from None
-        raise _explain(err, where, ("boundary",)) from None
-    cfg.boundary = BoundaryConfig(strategy=cfg.boundary.strategy, target_rate=cfg.boundary.target_rate,
-                                  **opts.model_dump())
-
     check_deepspeed(cfg.deepspeed, where)
     _check_derived(cfg, where, world_size if world_size is not None else int(os.environ.get("WORLD_SIZE", "1")))
     return cfg
+
+
+def _strategy_text_options(raw: dict, overrides: list[str]) -> None:
+    """The strategy's text options take --set numbers as text, as the sections' do (the strategy is known
+    once every override is in)."""
+    section = raw.get("boundary")
+    strategy = section.get("strategy", BoundaryConfig.model_fields["strategy"].default) if isinstance(
+        section, dict) else None
+    try:
+        fields = strategy_options(strategy).model_fields if isinstance(strategy, str) else {}
+    except KeyError:
+        return  # reported when the section is read
+    for item in overrides:
+        keys, value = _parse_override(item)
+        if len(keys) == 2 and keys[0] == "boundary" and keys[1] in fields and _number_for_text(
+                fields[keys[1]].annotation, value):
+            section[keys[1]] = item.split("=", 1)[1]
 
 
 def warnings_for(cfg: Config) -> list[str]:
@@ -530,9 +587,7 @@ def _check_derived(cfg: Config, where: str, world_size: int) -> None:
         raise ConfigError(f"{where}: model.chunk_capacity={capacity:g} is below boundary.target_rate "
                           f"({cfg.boundary.target_rate:g}): rows at the target rate would lose starts; set it above "
                           f"the rate the boundaries may reach (e.g. twice the target)")
-    opts = cfg.boundary.options
-    across = opts.get("baseline_scope") == "data_parallel"
-    if opts.get("batch_baseline") and t.micro_batch_size * (world_size if across else 1) < 2:
-        raise ConfigError(f"{where}: boundary.batch_baseline needs train.micro_batch_size >= 2, or "
-                          f"boundary.baseline_scope 'data_parallel' on 2 or more ranks (the baseline is the mean "
-                          f"over the batch; with 1 sequence every advantage is 0)")
+    try:
+        check_config(cfg, world_size)  # the strategy's own
+    except ValueError as e:
+        raise ConfigError(f"{where}: {e}") from None

@@ -18,7 +18,8 @@ Parameters (exact; the test checks them against the instantiated model)::
     block(w)    = 4 w^2 (qkv 3w^2 + out w^2) + 3 w f(w) (gate, up, down) + 2 w (two RMSNorms)
     embeddings  = V d
     encoder     = n_encoder_layers x block(d)
-    boundary    = the strategy's own parameters (policy: a d -> 1 linear with bias = d + 1; fixed: 0)
+    boundary    = the strategy's own parameters, as its module counts them (policy: a d -> 1 linear with bias,
+                  d + 1, plus d + 1 per further window head output and for a value head; fixed: 0)
     main        = n_main_layers x block(dm) + dm (final norm) + 2 d dm (down/up projections, only if dm != d)
     decoder     = n_decoder_layers x block(d)
     heads       = 2 (V d + d)   (next-byte head and early-exit head, each with its RMSNorm)
@@ -34,9 +35,12 @@ FLOPs (a multiply-add is 2 FLOPs; a [n, a] x [a, b] product is 2 n a b)::
       main attention     rho x n_main x 2 dm (K + 1)                        causal over K chunks
       down projection    rho x 2 d dm          (at chunk rate; 0 if dm == d)
       up projection      rho x 2 d dm          (per chunk, before upsampling copies it to its bytes)
-      boundary           2 x boundary params   (policy: the d -> 1 head)
+      boundary           the strategy's own (megatok.boundaries.flops_per_byte; 2 x its parameters
+                         for a linear head, e.g. the policy's)
       heads              2 x 2 d V             (next-byte + early-exit logits)
-    training = 3 x forward (backward = 2 x forward: gradients for activations and for weights).
+    training = 3 x forward (backward = 2 x forward: gradients for activations and for weights); with
+    a strategy's K samples per training sequence (the policy's ``samples``), everything after the
+    encoder and its early-exit head runs K times in that forward.
 
 This is the "6N" accounting (training = 6 x parameters x tokens) made exact for a model whose
 layers run at two rates: 6 x (byte-rate params + rho x main params) per byte, plus attention and
@@ -71,6 +75,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from megatok import boundaries
 from megatok.config import ConfigError
 from megatok.metrics import finite_number
 from megatok.vocab import VOCAB_SIZE
@@ -140,20 +145,8 @@ def block_params(w: int, f: int) -> int:
 
 
 def boundary_params(cfg) -> int:
-    """The boundary strategy's parameters: by formula for the strategies this module knows, otherwise
-    counted from the strategy module built on the meta device (so a new strategy is always right)."""
-    name, d = cfg.boundary.strategy, cfg.model.d_model
-    if name == "policy":
-        return d + 1
-    if name == "fixed":
-        return 0
-    import torch
-
-    from megatok.boundaries import build_strategy
-
-    with torch.device("meta"):
-        s = build_strategy(name, d_model=d, target_rate=cfg.boundary.target_rate, options=cfg.boundary.options)
-    return sum(p.numel() for p in s.parameters())
+    """The boundary strategy's parameters, as its module counts them (megatok.boundaries.param_count)."""
+    return boundaries.param_count(cfg.boundary, cfg.model.d_model)
 
 
 def param_counts(cfg) -> dict[str, int]:
@@ -236,7 +229,8 @@ def mean_keys(T: float, window: int | None) -> float:
 
 def flops_per_byte(cfg, rate: float | None = None, seq_len: int | None = None) -> dict[str, float]:
     """Forward FLOPs per byte by term, ``forward`` (their sum) and ``training`` (3 x forward; with the
-    policy's ``samples`` K, 3 x the forward with everything after the encoder K times).
+    strategy's K samples per sequence, 3 x the forward with everything after the encoder and the early-exit
+    head K times).
     ``rate``: chunks per byte (default boundary.target_rate), for kind "bpe" tokens per byte (default
     1 / model.bytes_per_token); ``seq_len``: default data.seq_len (tokens for kind "bpe")."""
     s = Shape.of(cfg.model)
@@ -253,17 +247,17 @@ def flops_per_byte(cfg, rate: float | None = None, seq_len: int | None = None) -
         "main_matmul": rho * 2 * s.n_main * (block_params(s.dm, s.fm) - 2 * s.dm),
         "main_attention": rho * s.n_main * 2 * s.dm * (K + 1),
         "projections": rho * 2 * 2 * s.d * s.dm if s.dm != s.d else 0,  # down and up, both per chunk
-        "boundary": 2 * boundary_params(cfg),
+        "boundary": boundaries.flops_per_byte(cfg.boundary, s.d),
         "heads": 2 * 2 * s.d * s.vocab,
     }
     terms = {k: float(v) for k, v in terms.items()}
     forward = sum(terms.values())
-    samples = int(cfg.boundary.options.get("samples", 1))
-    if samples > 1:  # the policy's samples per training sequence: everything after the encoder runs that often
-        enc = s.n_enc / n_byte if n_byte else 0.0
-        trained = sum(v * (enc + samples * (1 - enc) if k.startswith("byte_") else samples) for k, v in terms.items())
-    else:
-        trained = forward
+    samples = boundaries.samples_per_sequence(cfg.boundary)
+    trained = forward
+    if samples > 1:  # a training forward runs everything after the encoder and the early-exit head that often
+        once = {k: (s.n_enc / n_byte if n_byte else 0.0) if k.startswith("byte_") else 0.5 if k == "heads" else 0.0
+                for k in terms}  # the encoder's share of the byte-rate terms, the early-exit head's of the heads
+        trained = sum(v * (once[k] + samples * (1 - once[k])) for k, v in terms.items())
     terms["forward"] = forward  # the model's own cost per byte (inference, evaluation)
     terms["training"] = 3 * trained
     return terms

@@ -90,7 +90,7 @@ def generate(model, prompt: bytes, *, seq_len: int, max_bytes: int = 200, temper
         raise ValueError(f"top_p must be in (0, 1], got {top_p}")
     stop = [bytes(s) for s in stop if s]
     byte_model = encoding.byte_lengths is None
-    if byte_model and boundary_mode == "sample" and getattr(model.boundary.options, "window", 1) > 1:
+    if byte_model and boundary_mode == "sample" and model.boundary.reads_earlier_decisions:
         raise ValueError("sampled boundaries with boundary.window > 1 depend on the earlier samples, which "
                          "generation holds fixed; use boundary_mode='threshold'")
     device = next(model.parameters()).device

@@ -84,8 +84,8 @@ def test_whole_numbers_written_as_floats_and_numbers_given_to_strings(tmp_path):
     cfg = load_config(p, ["logging.wandb_name=7", "eval.every=2e2", "eval.heldout=null"], world_size=1)
     assert cfg.train.max_steps == 1000 and type(cfg.train.max_steps) is int
     assert cfg.eval.every == 200 and type(cfg.eval.every) is int
-    assert cfg.boundary.options["window"] == 8 and type(cfg.boundary.options["window"]) is int
-    assert cfg.train.lr == 1.0 and cfg.train.betas == (0.0, 0.5) and cfg.boundary.options["gamma"] == 1.0
+    assert cfg.boundary.options.window == 8 and type(cfg.boundary.options.window) is int
+    assert cfg.train.lr == 1.0 and cfg.train.betas == (0.0, 0.5) and cfg.boundary.options.gamma == 1.0
     assert cfg.logging.wandb_name == "7" and cfg.eval.heldout is None
 
 
@@ -127,7 +127,7 @@ def test_extends_merges_and_overrides_are_typed(tmp_path):
     cfg = load_config(p, ["train.max_steps=7", "boundary.gamma=0.5", "data.shards=a/b",
                           "deepspeed.zero_optimization.stage=3", "train.betas=[0.8,0.9]"], world_size=1)
     assert (cfg.model.d_model, cfg.model.n_heads, cfg.train.max_steps) == (64, 4, 7)
-    assert cfg.boundary.options["gamma"] == 0.5 and cfg.data.shards == "a/b"
+    assert cfg.boundary.options.gamma == 0.5 and cfg.data.shards == "a/b"
     assert cfg.deepspeed["zero_optimization"]["stage"] == 3 and cfg.train.betas == (0.8, 0.9)
     msg = error_of(p, ["train.max_stepz=3"], world_size=1)
     assert "train.max_stepz" in msg and "train.max_steps" in msg
@@ -235,7 +235,7 @@ def test_baseline_needs_two_sequences_per_micro_batch(tmp_path):
     # over the data-parallel ranks, one sequence per rank is enough on 2 ranks, not on 1
     dp = {"train": {"micro_batch_size": 1}, "boundary": {"strategy": "policy", "baseline_scope": "data_parallel"}}
     assert "baseline_scope 'data_parallel' on 2 or more ranks" in error_of(write(tmp_path, "d.json", dp), world_size=1)
-    assert load_config(write(tmp_path, "e.json", dp), world_size=2).boundary.options["baseline_scope"] == "data_parallel"
+    assert load_config(write(tmp_path, "e.json", dp), world_size=2).boundary.options.baseline_scope == "data_parallel"
 
 
 def test_launcher_fails_before_any_process_group(tmp_path):

@@ -120,6 +120,49 @@ class BoundaryStrategy(nn.Module):
     def __init__(self, *, d_model: int, target_rate: float, options: BaseModel):
         super().__init__()
         self.d_model, self.target_rate, self.options = d_model, target_rate, options
+        self.samples = self.samples_per_sequence(options)
+
+    # What the rest of megatok asks of a strategy from its config alone (the config's ``boundary.options``
+    # is this strategy's ``Options`` instance), before or without building it. Each has a default here; a
+    # strategy overrides what its options change.
+
+    @classmethod
+    def check_config(cls, options: BaseModel, cfg, world_size: int) -> None:
+        """Raise ValueError, one line naming the ``boundary.*`` keys, where ``options`` cannot train under
+        the config ``cfg`` on ``world_size`` ranks (checked when the config loads, before any process group)."""
+
+    @classmethod
+    def param_count(cls, options: BaseModel, *, d_model: int, target_rate: float) -> int:
+        """The strategy's parameters at width ``d_model``: by default counted on the strategy built on the
+        meta device (no memory); a strategy with a formula overrides it."""
+        with torch.device("meta"):
+            built = cls(d_model=d_model, target_rate=target_rate, options=options)
+        return sum(p.numel() for p in built.parameters())
+
+    @classmethod
+    def flops_per_byte(cls, options: BaseModel, *, d_model: int, target_rate: float) -> float:
+        """Forward FLOPs per byte of the strategy's own layers, 2 per parameter each time it is used (a
+        weight's multiply-add; a bias counted alike): by default 2 x its parameters, each used once per
+        byte, as by a linear head."""
+        return 2.0 * cls.param_count(options, d_model=d_model, target_rate=target_rate)
+
+    @classmethod
+    def samples_per_sequence(cls, options: BaseModel) -> int:
+        """Boundary samples per training sequence (see ``samples``): how many times the model runs
+        everything after the encoder on each training sequence."""
+        return 1
+
+    @classmethod
+    def model_files(cls, options: BaseModel) -> dict[str, str]:
+        """The files the strategy reads besides its weights, by option name (a tokenizer): checkpoints
+        record their digests, so a file replaced at the same path is noticed."""
+        return {}
+
+    @property
+    def reads_earlier_decisions(self) -> bool:
+        """Whether a sampled decision depends on the decisions sampled before it (then generation, which
+        holds earlier decisions fixed, uses the threshold rule)."""
+        return False
 
     def __call__(self, h: torch.Tensor, x: torch.Tensor, mask: torch.Tensor,
                  forced: torch.Tensor | None = None) -> Boundaries:

@@ -153,6 +153,14 @@ class Strategy(BoundaryStrategy):
         super().__init__(d_model=d_model, target_rate=target_rate, options=options)
         self.sp, self.trie = tokenizer_and_trie(str(Path(options.model_path).resolve()))
 
+    @classmethod
+    def param_count(cls, options: Options, *, d_model: int, target_rate: float) -> int:
+        return 0  # nothing learned (and the tokenizer need not be read to say so)
+
+    @classmethod
+    def model_files(cls, options: Options) -> dict[str, str]:
+        return {"model_path": options.model_path}
+
     def starts_for(self, rows: list[list[int]]) -> list[list[bool]]:
         if self.options.rule == "exact":
             return [exact_starts(r, self.sp) for r in rows]

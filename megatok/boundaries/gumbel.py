@@ -73,6 +73,11 @@ class Strategy(BoundaryStrategy):
 
         initialise(self.head, init_head)
 
+    @classmethod
+    def param_count(cls, options: Options, *, d_model: int, target_rate: float) -> int:
+        """The d -> 1 head with its bias."""
+        return d_model + 1
+
     def forward(self, h, x, mask, forced) -> Boundaries:
         logits = self.head(h).squeeze(-1).float()
         u = uniform_noise(logits, self.window).clamp(1e-6, 1 - 1e-6)  # always drawn: the same ops on every call

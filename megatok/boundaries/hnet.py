@@ -54,6 +54,11 @@ class Strategy(BoundaryStrategy):
         for w in (self.wq, self.wk):
             initialise(w, lambda m: nn.init.eye_(m.weight))
 
+    @classmethod
+    def param_count(cls, options: Options, *, d_model: int, target_rate: float) -> int:
+        """Wq and Wk, d x d each, no bias."""
+        return 2 * d_model * d_model
+
     def probs(self, h: torch.Tensor) -> torch.Tensor:
         q, k = self.wq(h).float(), self.wk(h).float()
         cos = F.cosine_similarity(q[:, :-1], k[:, 1:], dim=-1, eps=1e-6)

@@ -28,7 +28,7 @@ from typing import Literal
 
 import torch
 import torch.nn.functional as F
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from torch import nn
 
 from megatok import rl
@@ -115,7 +115,56 @@ class Strategy(BoundaryStrategy):
             initialise(self.value_head, lambda m: (nn.init.zeros_(m.weight), nn.init.zeros_(m.bias)))
         if options.start_margin is not None:
             self.register_buffer("started", torch.zeros((), dtype=torch.bool))
-        self.samples = options.samples
+
+    @classmethod
+    def check_config(cls, options: Options, cfg, world_size: int) -> None:
+        across = options.baseline_scope == "data_parallel"
+        if options.batch_baseline and cfg.train.micro_batch_size * (world_size if across else 1) < 2:
+            raise ValueError("boundary.batch_baseline needs train.micro_batch_size >= 2, or boundary.baseline_scope "
+                             "'data_parallel' on 2 or more ranks (the baseline is the mean over the batch; with 1 "
+                             "sequence every advantage is 0)")
+
+    @classmethod
+    def param_count(cls, options: Options, *, d_model: int, target_rate: float) -> int:
+        """A d -> 1 head, with window w > 1 a d -> w - 1 window head, with value_baseline a d -> 1 value
+        head, each with its bias: (d + 1)(w + value_baseline)."""
+        return (d_model + 1) * (options.window + options.value_baseline)
+
+    @classmethod
+    def flops_per_byte(cls, options: Options, *, d_model: int, target_rate: float) -> float:
+        """2 per parameter, and with window > 1 the head and window head twice: once to draw the decisions
+        (the scan), once for the log-probabilities of the decisions taken."""
+        heads = 2.0 * (d_model + 1) * options.window
+        return heads * (2 if options.window > 1 else 1) + 2.0 * (d_model + 1) * options.value_baseline
+
+    @classmethod
+    def samples_per_sequence(cls, options: Options) -> int:
+        return options.samples
+
+    @property
+    def reads_earlier_decisions(self) -> bool:
+        return self.window_head is not None
+
+    def variant(self, update: dict) -> Options:
+        """These options with ``update`` applied: an estimator variant to measure on the trained model
+        (megatok-estimator-variance). ValueError, one line, for an unknown or invalid option, or one the
+        trained model cannot take (value_baseline needs a trained value head; start_margin switches the
+        term off)."""
+        try:
+            options = self.options.model_validate({**self.options.model_dump(), **update})
+        except ValidationError as e:
+            err = e.errors()[0]
+            raise ValueError(f"{'.'.join(map(str, err['loc']))}: {err['msg']}") from None
+        for key, why in (("value_baseline", "needs a trained value head"), ("start_margin", "switches the term off")):
+            if key in update:
+                raise ValueError(f"{key} {why}: measure it in training")
+        return options
+
+    def estimator_settings(self) -> dict:
+        """The trained estimator's settings an estimator-variance report records."""
+        o = self.options
+        return {"lambda_policy": o.lambda_policy, "batch_baseline": o.batch_baseline,
+                "early_exit_reward": o.early_exit_reward, "trained_gamma": o.gamma}
 
     def gamma_now(self) -> float:
         """The discount at the optimizer step the trainer set (``step``)."""

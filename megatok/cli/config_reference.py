@@ -17,7 +17,7 @@ import sys
 from pydantic import BaseModel
 
 from megatok.boundaries import available, strategy_options
-from megatok.config import BoundaryConfig, Config
+from megatok.config import BoundaryConfig, Config, config_keys
 
 BEGIN, END = "<!-- config-reference:begin -->", "<!-- config-reference:end -->"
 
@@ -30,7 +30,8 @@ def _type(ann) -> str:
 
 def _rows(model: type[BaseModel], prefix: str) -> list[str]:
     rows = []
-    for name, f in model.model_fields.items():
+    for name in config_keys(model):
+        f = model.model_fields[name]
         default = f.default_factory() if f.default_factory else f.default
         default = json.dumps(default.model_dump() if isinstance(default, BaseModel) else default)
         rows.append(f"| `{prefix}{name}` | {_type(f.annotation)} | `{default}` | {f.description or ''} |")

@@ -67,7 +67,8 @@ class Moments:
                 "snr": signal / math.sqrt(trace) if trace > 0 else float("nan")}
 
 
-def estimate(model, tokens: torch.Tensor, variants: dict[str, dict], samples: int, seed: int) -> dict:
+def estimate(model, tokens: torch.Tensor, variants: dict, samples: int, seed: int) -> dict:
+    """``variants``: {name: the policy's Options} (its ``variant`` of the trained options)."""
     from megatok.vocab import PAD
 
     strat = model.boundary
@@ -76,9 +77,10 @@ def estimate(model, tokens: torch.Tensor, variants: dict[str, dict], samples: in
     params = [p for g in GROUPS for _, p in groups[g]]
     moments = {name: Moments() for name in variants}
     x, y = tokens[:, :-1], tokens[:, 1:]
+    forwards = {name: strat.samples_per_sequence(options) for name, options in variants.items()}
     by_samples: dict[int, list[str]] = {}
-    for name, update in variants.items():
-        by_samples.setdefault(int(update.get("samples", base_samples)), []).append(name)
+    for name, k in forwards.items():
+        by_samples.setdefault(k, []).append(name)
     model.train()  # sample boundaries as in training
     try:
         for s in range(samples):
@@ -88,7 +90,7 @@ def estimate(model, tokens: torch.Tensor, variants: dict[str, dict], samples: in
                 out = model(x, y)
                 tmask = y.repeat_interleave(k, 0) != PAD
                 for name in names:
-                    strat.options = base_options.model_copy(update=variants[name])
+                    strat.options = variants[name]
                     loss = strat.loss(out.boundaries, out.ce_full, out.ce_early, tmask)["policy_loss"]
                     grads = torch.autograd.grad(loss, params, retain_graph=True, allow_unused=True)
                     flat, i = {}, 0
@@ -106,8 +108,7 @@ def estimate(model, tokens: torch.Tensor, variants: dict[str, dict], samples: in
         strat.options, strat.samples = base_options, base_samples
         model.eval()
     result = {}
-    for name, update in variants.items():
-        k = int(update.get("samples", base_samples))
+    for name, k in forwards.items():
         result[name] = {g: {**moments[name].report(g), "forwards": k} for g in (*GROUPS, "all")}
         for r in result[name].values():
             r["snr_per_forward"] = r["snr"] / math.sqrt(k)
@@ -198,26 +199,15 @@ def main(argv=None) -> int:
         print(f"error: {args.run}: strategy {cfg.boundary.strategy!r} has no score-function estimator "
               f"(needs boundary.strategy = \"policy\")", file=sys.stderr)
         return 2
-    from pydantic import ValidationError
-
     try:
-        for update in variants.values():
-            model.boundary.options.model_validate({**model.boundary.options.model_dump(), **update})
-    except ValidationError as e:
-        err = e.errors()[0]
-        print(f"error: --variant: {'.'.join(map(str, err['loc']))}: {err['msg']}", file=sys.stderr)
+        variants = {name: model.boundary.variant(update) for name, update in variants.items()}
+    except ValueError as e:
+        print(f"error: --variant: {e}", file=sys.stderr)
         return 2
-    for key, why in (("value_baseline", "needs a trained value head"), ("start_margin", "switches the term off")):
-        if any(key in u for u in variants.values()):
-            print(f"error: --variant: {key} {why}: measure it in training", file=sys.stderr)
-            return 2
     seq_len = args.seq_len or cfg.data.seq_len
     tokens = fixed_batch(cfg, args.data, args.batch_size, seq_len)
     result = {"run": str(args.run), "checkpoint": tag, "samples": args.samples, "batch": list(tokens[:, 1:].shape),
-              "lambda_policy": cfg.boundary.options["lambda_policy"],
-              "batch_baseline": cfg.boundary.options["batch_baseline"],
-              "early_exit_reward": cfg.boundary.options["early_exit_reward"],
-              "trained_gamma": cfg.boundary.options["gamma"],
+              **model.boundary.estimator_settings(),
               "variants": estimate(model, tokens, variants, args.samples, args.seed)}
     out = Path(args.out) if args.out else Path(args.run) / "estimator_variance"
     out.parent.mkdir(parents=True, exist_ok=True)

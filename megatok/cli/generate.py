@@ -69,7 +69,7 @@ def main(argv=None) -> int:
     if args.chunks and not byte_model:
         print("error: --chunks needs a byte model; this run is a BPE token model", file=sys.stderr)
         return 2
-    if byte_model and args.boundary == "sample" and getattr(model.boundary.options, "window", 1) > 1:
+    if byte_model and args.boundary == "sample" and model.boundary.reads_earlier_decisions:
         args.boundary = "threshold"
         print("note: boundary.window > 1: boundaries are p > 0.5 (--boundary threshold)", file=sys.stderr)
     print(f"# {args.run} ({cfg.model.kind}{', ' + cfg.boundary.strategy if byte_model else ''}, {tag}), "

@@ -82,7 +82,8 @@ def boundaries_for_rule(spec: str, data: bytes, seed: int, seq_len: int, rate: f
         errs = e.errors() if hasattr(e, "errors") else None
         what = f"{'.'.join(map(str, errs[0]['loc']))}: {errs[0]['msg']}" if errs else str(e)
         raise ValueError(f"--strategy {spec}: {what}") from None
-    shown_opts = " ".join(f"{k}={v}" for k, v in options.items() if k != "model_path")
+    files = strat.model_files(strat.options)  # (a tokenizer's path is no label)
+    shown_opts = " ".join(f"{k}={v}" for k, v in options.items() if k not in files)
     label = f"{name} {shown_opts}".strip() + " (rule)"
     return _segment(lambda x: strat(None, x, torch.ones_like(x, dtype=torch.bool)).starts, data, seq_len, seed,
                     label)

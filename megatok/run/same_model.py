@@ -9,6 +9,7 @@ import hashlib
 import json
 from pathlib import Path
 
+from megatok.boundaries import model_files as strategy_files
 from megatok.config import Config
 from megatok.dsconfig import uses_bf16, zero_stage
 from megatok.flops import build_meta_model
@@ -20,26 +21,29 @@ def model_shapes(cfg: Config) -> dict[str, list[int]]:
     return {name: list(p.shape) for name, p in build_meta_model(cfg).named_parameters()}
 
 
+def model_file_paths(cfg: Config) -> dict[str, str]:
+    """The files a model reads besides its weights, by config key: a token model's ``model.tokenizer``,
+    the boundary strategy's (megatok.boundaries.model_files: the bpe strategy's ``boundary.model_path``)."""
+    if cfg.model.kind == "bpe":
+        return {"model.tokenizer": cfg.model.tokenizer} if cfg.model.tokenizer else {}
+    return {f"boundary.{name}": path for name, path in strategy_files(cfg.boundary).items() if path}
+
+
 def model_files(cfg: Config) -> dict[str, str]:
-    """The files a model reads besides its weights, by config key (a token model's ``model.tokenizer``,
-    the bpe strategy's ``boundary.model_path``): the first 16 hex digits of each one's sha256. Recorded
-    in every checkpoint, so that a tokenizer replaced at the same path is noticed, not used."""
-    paths = {"model.tokenizer": cfg.model.tokenizer if cfg.model.kind == "bpe" else None,
-             "boundary.model_path": cfg.boundary.options.get("model_path") if cfg.model.kind != "bpe" else None}
+    """:func:`model_file_paths`, each file's first 16 hex digits of its sha256. Recorded in every
+    checkpoint, so that a tokenizer replaced at the same path is noticed, not used."""
     files = {key: Path(path) / "tokenizer.model" if Path(path).is_dir() else Path(path)  # as bpe.load_tokenizer
-             for key, path in paths.items() if path}
+             for key, path in model_file_paths(cfg).items()}
     return {key: hashlib.sha256(f.read_bytes()).hexdigest()[:16] for key, f in files.items() if f.is_file()}
 
 
 def check_model_files(meta: dict, where: Path, cfg: Config) -> None:
     """A CheckpointError when a file the config points the model at is not the one the checkpoint
     (its metadata ``meta``, at ``where``) was trained with."""
-    now = model_files(cfg)
+    now, paths = model_files(cfg), model_file_paths(cfg)
     for key, digest in (meta.get("model_files") or {}).items():
         if now.get(key, digest) != digest:
-            section, name = key.split(".")
-            path = getattr(cfg.model, name) if section == "model" else cfg.boundary.options[name]
-            raise CheckpointError(f"{where} was trained with another {key} than {path} holds now (sha256 "
+            raise CheckpointError(f"{where} was trained with another {key} than {paths[key]} holds now (sha256 "
                                   f"{digest}... then, {now[key]}... now: replaced since?); point {key} at the "
                                   f"file the run was trained with")
 

@@ -40,11 +40,11 @@ def test_a_new_file_is_a_new_strategy(every_nth, tmp_path):
     assert every_nth in megatok.boundaries.available()
     sets = ["model.d_model=32", "model.n_heads=2", "model.n_main_layers=1", f"boundary.strategy={every_nth}"]
     cfg = load_config(None, sets + ["boundary.stride=4"], world_size=1)
-    assert cfg.boundary.options == {"stride": 4, "label": "n", "pair": (0.1, 0.2)}
+    assert cfg.boundary.options.model_dump() == {"stride": 4, "label": "n", "pair": (0.1, 0.2)}
     # read strictly like the shipped options, a tuple from a JSON list, a --set number for a text option as text
     given = load_config(None, sets + ["boundary.stride=4e0", "boundary.pair=[0.3,0.4]", "boundary.label=123"],
                         world_size=1)
-    assert given.boundary.options == {"stride": 4, "label": "123", "pair": (0.3, 0.4)}
+    assert given.boundary.options.model_dump() == {"stride": 4, "label": "123", "pair": (0.3, 0.4)}
     with pytest.raises(ConfigError, match='boundary.stride: Input should be a valid integer \\(got "4"\\)'):
         load_config(None, sets + ['boundary.stride="4"'], world_size=1)
     given.dump(tmp_path / "config.json")  # as a run writes it; tools and resumes read it back

@@ -204,7 +204,26 @@ def test_bpe_strategy_and_its_options():
         load_config(None, ["boundary.strategy=bpe", "boundary.model_path=/nonexistent.model"], world_size=1)
     cfg = load_config(None, ["boundary.strategy=bpe", f"boundary.model_path={path}", "boundary.rule=exact"],
                       world_size=1)
-    assert cfg.boundary.options == {"model_path": path, "rule": "exact"}
+    assert cfg.boundary.options.model_dump() == {"model_path": path, "rule": "exact"}
+
+
+def test_checkpoints_name_the_bpe_strategys_tokenizer(tmp_path):
+    """The tokenizer the bpe strategy reads is one of the files a checkpoint records by digest: a file
+    replaced at the same path is named by its config key and path."""
+    import shutil
+
+    from megatok.run.checkpoints import CheckpointError
+    from megatok.run.same_model import check_model_files, model_files
+
+    path = tmp_path / "tok.model"
+    shutil.copy(tiny_bpe_model(), path)
+    cfg = load_config(None, ["boundary.strategy=bpe", f"boundary.model_path={path}"], world_size=1)
+    recorded = model_files(cfg)
+    assert list(recorded) == ["boundary.model_path"]
+    assert model_files(load_config(None, [], world_size=1)) == {}  # the policy reads no file
+    check_model_files({"model_files": recorded}, tmp_path / "ckpt", cfg)
+    with pytest.raises(CheckpointError, match=f"another boundary.model_path than {path} holds now"):
+        check_model_files({"model_files": {"boundary.model_path": "0" * 16}}, tmp_path / "ckpt", cfg)
 
 
 def test_bpe_strategy_refuses_a_tokenizer_that_does_not_encode_bytes_exactly(tmp_path):

@@ -218,8 +218,8 @@ def test_the_score_snr_figures_against_a_loop():
 
 def test_samples_per_sequence_through_the_model():
     """boundary.samples=2: the model trains on two boundary samples of every sequence (different
-    chunkings of the same bytes), reports each sequence once, and counts the FLOPs of both; in
-    evaluation it runs each sequence once."""
+    chunkings of the same bytes), reports each sequence once, and counts the FLOPs of both (everything
+    after the encoder and its early-exit head twice); in evaluation it runs each sequence once."""
     one = load_config("configs/tiny.json")
     two = load_config("configs/tiny.json", overrides=["boundary.samples=2"])
     torch.manual_seed(0)
@@ -237,8 +237,8 @@ def test_samples_per_sequence_through_the_model():
     f1, f2 = flops_per_byte(one), flops_per_byte(two)
     assert f2["forward"] == f1["forward"]  # the model, and its inference cost, do not change
     enc = (f1["byte_matmul"] + f1["byte_attention"]) / 2  # tiny: one encoder and one decoder layer alike
-    after_encoder = f1["forward"] - enc
-    assert f2["training"] == pytest.approx(3 * (enc + 2 * after_encoder))
+    once = enc + f1["heads"] / 2  # the encoder and the early-exit head on it run once per sequence
+    assert f2["training"] == pytest.approx(3 * (once + 2 * (f1["forward"] - once)))
 
 
 def test_the_latch_reads_the_early_exit_gap_whatever_the_reward():

@@ -171,7 +171,7 @@ def test_configs_are_written_for_the_ranks_that_train_them(tmp_path, shards):
                                          "policy-vr-seed1", "hnet-seed1"]
     cfgs = {r["name"]: load_config(r["config"], world_size=2) for r in runs}
     assert {c.train.grad_accum for c in cfgs.values()} == {1} and {c.train.seed for c in cfgs.values()} == {0, 1}
-    assert cfgs["policy-vr-seed0"].boundary.options["samples"] == 2
+    assert cfgs["policy-vr-seed0"].boundary.options.samples == 2
     assert cfgs["hnet-seed1"].boundary.strategy == "hnet"
     assert len({(c.train.max_steps, c.train.global_batch_size, c.data.seq_len) for c in cfgs.values()}) == 1
 
