@@ -43,12 +43,15 @@ out of both sums, as megatok leaves its SEP targets out (:func:`bpb_from_token_n
 from __future__ import annotations
 
 import io
+import json
 import math
 import os
 import re
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+
+from megatok.errors import ConfigError
 
 #: sentencepiece trainer options that the encode/decode contract above relies on (do not change
 #: them) plus the BPE defaults megatok uses. ``train_bpe(..., **options)`` may override the latter.
@@ -146,6 +149,32 @@ def load_tokenizer(path: str | os.PathLike):
         raise TokenizerError(f"{path}: not a sentencepiece model ({str(e).splitlines()[0]})") from None
     check_tokenizer(sp, str(path))
     return sp
+
+
+def report_bytes_per_token(report_path: Path) -> float | None:
+    """Bytes per token from a megatok-train-bpe report.json: the training text's, else the first held-out set's."""
+    if not report_path.is_file():
+        return None
+    try:
+        rep = json.loads(report_path.read_text())
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{report_path}: not valid JSON ({e.msg})") from None
+    candidates = [rep.get("train")] + list((rep.get("heldout") or {}).values())
+    for c in candidates:
+        if isinstance(c, dict) and isinstance(c.get("bytes_per_token"), (int, float)) and c["bytes_per_token"] > 0:
+            return float(c["bytes_per_token"])
+    return None
+
+
+def tokenizer_facts(path: str) -> tuple[str, int, float | None]:
+    """(model file, pieces, bytes per token from report.json or None) of a train_bpe output."""
+    p = Path(path)
+    model = p / "tokenizer.model" if p.is_dir() else p
+    try:
+        sp = load_tokenizer(model)
+    except Exception as e:  # FileNotFoundError, TokenizerError
+        raise ConfigError(f"--tokenizer {path}: {e}") from None
+    return str(model), sp.get_piece_size(), report_bytes_per_token(model.parent / "report.json")
 
 
 # --------------------------------------------------------------------------------------------- encode / decode

@@ -19,7 +19,7 @@ from megatok.data.documents import DataError, Fields
 from megatok.data.shards import build_shards
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("inputs", nargs="+", metavar="INPUT",
                         help="files (.txt, .jsonl, .json.gz/.zst, .parquet, .arrow; .gz/.zst) or directories of them")
@@ -49,6 +49,11 @@ def main(argv=None) -> int:
                         help="the same by document domain (multiplies the lang weight)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing output directory")
     parser.add_argument("--no-progress", action="store_true")
+    return parser
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     workers = args.workers if args.workers is not None else cpus

@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--run", required=True, help="run directory (its latest checkpoint, or --tag)")
     ap.add_argument("--tag", default=None, help="checkpoint tag, e.g. step00000200")
@@ -44,6 +44,11 @@ def main(argv=None) -> int:
     ap.add_argument("--no-cache", dest="cache", action="store_false",
                     help="rerun the model over the whole window at every id (slower; a window sliding by one id)")
     ap.add_argument("--json", action="store_true", help="one JSON object per sample instead of text")
+    return ap
+
+
+def main(argv=None) -> int:
+    ap = build_parser()
     args = ap.parse_args(argv)
     if args.temperature < 0 or args.max_bytes < 1 or args.num < 1 or (args.top_k is not None and args.top_k < 1):
         ap.error("--temperature must be >= 0, --max-bytes, --num and --top-k >= 1")
@@ -53,7 +58,6 @@ def main(argv=None) -> int:
     from megatok import sizing
     from megatok.config import ConfigError
     from megatok.data.encoding import encoding_for
-    from megatok.display import marked
     from megatok.generate import generate
     from megatok.run.reader import load_model
 
@@ -80,25 +84,32 @@ def main(argv=None) -> int:
             g = generate(model, data, seq_len=cfg.data.seq_len, max_bytes=args.max_bytes,
                          temperature=args.temperature, top_k=args.top_k, seed=args.seed + i,
                          boundary_mode=args.boundary, encoding=encoding, progress=bar, cache=args.cache)
-        if args.json:
-            # text and prompt as UTF-8 (an invalid byte shows as U+FFFD), and exactly, in base64
-            row = {"sample": i, "seed": args.seed + i, "prompt": data.decode("utf-8", "replace"),
-                   "text": g.text.decode("utf-8", "replace"), "bytes": len(g.text), "stopped": g.stopped,
-                   "bits_per_byte": round(g.bits_per_byte, 4), "prompt_base64": base64.b64encode(data).decode(),
-                   "text_base64": base64.b64encode(g.text).decode()}
-            if byte_model:
-                row["chunk_starts"] = [j for j, start in enumerate(g.starts) if start]
-            print(json.dumps(row, ensure_ascii=False))
-            continue
-        if args.chunks:
-            text = marked(data + g.text, g.prompt_starts + g.starts, args.sep)
-        else:
-            text = (data + g.text).decode("utf-8", "replace")
-        stopped = ", stopped at a separator" if g.stopped else ""
-        print(f"== sample {i + 1} (seed {args.seed + i}): {len(g.text)} bytes{stopped}, "
-              f"{g.bits_per_byte:.3f} bits/byte")
-        print(text)
+        _show(args, i, data, g, byte_model)
     return 0
+
+
+def _show(args, i: int, data: bytes, g, byte_model: bool) -> None:
+    """Sample ``i`` (its prompt ``data``, its Generation ``g``) as text, or as one JSON object."""
+    if args.json:
+        # text and prompt as UTF-8 (an invalid byte shows as U+FFFD), and exactly, in base64
+        row = {"sample": i, "seed": args.seed + i, "prompt": data.decode("utf-8", "replace"),
+               "text": g.text.decode("utf-8", "replace"), "bytes": len(g.text), "stopped": g.stopped,
+               "bits_per_byte": round(g.bits_per_byte, 4), "prompt_base64": base64.b64encode(data).decode(),
+               "text_base64": base64.b64encode(g.text).decode()}
+        if byte_model:
+            row["chunk_starts"] = [j for j, start in enumerate(g.starts) if start]
+        print(json.dumps(row, ensure_ascii=False))
+        return
+    if args.chunks:
+        from megatok.display import marked
+
+        text = marked(data + g.text, g.prompt_starts + g.starts, args.sep)
+    else:
+        text = (data + g.text).decode("utf-8", "replace")
+    stopped = ", stopped at a separator" if g.stopped else ""
+    print(f"== sample {i + 1} (seed {args.seed + i}): {len(g.text)} bytes{stopped}, "
+          f"{g.bits_per_byte:.3f} bits/byte")
+    print(text)
 
 
 if __name__ == "__main__":

@@ -39,34 +39,8 @@ import sys
 from pathlib import Path
 
 from megatok import flops, sizing
-from megatok.bpe import load_tokenizer
+from megatok.bpe import tokenizer_facts
 from megatok.config import ConfigError, find_config, load_config, merge, overrides_dict
-
-
-def report_bytes_per_token(report_path: Path) -> float | None:
-    """Bytes per token from a megatok-train-bpe report.json: the training text's, else the first held-out set's."""
-    if not report_path.is_file():
-        return None
-    try:
-        rep = json.loads(report_path.read_text())
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"{report_path}: not valid JSON ({e.msg})") from None
-    candidates = [rep.get("train")] + list((rep.get("heldout") or {}).values())
-    for c in candidates:
-        if isinstance(c, dict) and isinstance(c.get("bytes_per_token"), (int, float)) and c["bytes_per_token"] > 0:
-            return float(c["bytes_per_token"])
-    return None
-
-
-def tokenizer_facts(path: str) -> tuple[str, int, float | None]:
-    """(model file, pieces, bytes per token from report.json or None) of a train_bpe output."""
-    p = Path(path)
-    model = p / "tokenizer.model" if p.is_dir() else p
-    try:
-        sp = load_tokenizer(model)
-    except Exception as e:  # FileNotFoundError, TokenizerError
-        raise ConfigError(f"--tokenizer {path}: {e}") from None
-    return str(model), sp.get_piece_size(), report_bytes_per_token(model.parent / "report.json")
 
 
 def build(args) -> tuple[dict, dict, object, object]:

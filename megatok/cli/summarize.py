@@ -1,141 +1,26 @@
-"""Print a run's result table: what it learned, next to what simple baselines get on the same text.
-
-    megatok-summarize --run runs/tiny [--data data/shards] [--eval RUN/eval.json]
-
-Reference rows: the byte-unigram entropy of the training text (what a model that knows only byte
-frequencies gets), and gzip -9 / bzip2 -9 on the validation text (classic compressors, in bits per
-byte). Writes RUN/summary.json too.
-"""
+"""megatok-summarize: the command line of megatok.studies.summarize (its docstring is the help)."""
 
 from __future__ import annotations
 
 import argparse
-import bz2
-import gzip
-import json
 import sys
-from pathlib import Path
-
-import numpy as np
 
 from megatok.config import ConfigError
 from megatok.data.documents import DataError
-from megatok.data.stream import iter_shard_documents, resolve_shards
-from megatok.metrics import finite_or_none, read_metrics
-from megatok.run.checkpoints import latest_tag
-from megatok.run.reader import run_config
-
-
-def unigram_entropy(texts) -> float:
-    counts = np.zeros(256, dtype=np.int64)
-    for t in texts:
-        counts += np.bincount(np.frombuffer(t, dtype=np.uint8), minlength=256)
-    p = counts[counts > 0] / counts.sum()
-    return float(-(p * np.log2(p)).sum())
-
-
-def compressor_bpb(text: bytes) -> dict[str, float]:
-    n = len(text)
-    return {"gzip -9": 8 * len(gzip.compress(text, 9)) / n, "bzip2 -9": 8 * len(bz2.compress(text, 9)) / n}
+from megatok.studies import StudyError, summarize
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=summarize.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--run", required=True)
     ap.add_argument("--data", default=None, help="shard directory (default: the run's data.shards; a mixture's sources one after another)")
     ap.add_argument("--eval", default=None, help="megatok-evaluate output (default: RUN/eval.json if present)")
     args = ap.parse_args(argv)
-    run = Path(args.run)
-    if not (run / "config.json").is_file() or not (run / "metrics.jsonl").is_file():
-        print(f"error: {run}: not a run directory (needs config.json and metrics.jsonl)", file=sys.stderr)
-        return 2
     try:
-        cfg = run_config(run)
-    except ConfigError as e:
+        summarize.summarize(args.run, args.data, args.eval)
+    except (StudyError, ConfigError, DataError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    data = args.data or cfg.data.shards
-    rows = read_metrics(run)
-    train = [r for r in rows if r.get("split") == "train"]
-    val = [r for r in rows if r.get("split") == "val"]
-    if not train:
-        print(f"error: {run / 'metrics.jsonl'}: no training rows yet", file=sys.stderr)
-        return 2
-    eval_path = Path(args.eval) if args.eval else run / "eval.json"
-    if args.eval and not eval_path.is_file():
-        print(f"error: --eval {eval_path}: no such file", file=sys.stderr)
-        return 2
-    try:
-        ev = json.loads(eval_path.read_text()) if eval_path.is_file() else None
-    except json.JSONDecodeError as e:  # e.g. an empty file left by `evaluate.py > RUN/eval.json` that failed
-        print(f"error: {eval_path}: not megatok-evaluate output ({e.msg} at line {e.lineno}); rerun "
-              f"megatok-evaluate, or remove the file", file=sys.stderr)
-        return 2
-    if ev is not None and not (isinstance(ev, dict) and "bpb" in ev):
-        print(f"error: {eval_path}: not megatok-evaluate output (no \"bpb\")", file=sys.stderr)
-        return 2
-    latest = latest_tag(run)
-    if ev and ev.get("checkpoint") != latest:  # e.g. the run trained on after eval.json was written
-        print(f"warning: {eval_path} scored checkpoint {ev.get('checkpoint')}, the run's latest is {latest}: its "
-              f"held-out row is that checkpoint's (rerun megatok-evaluate for the latest)", file=sys.stderr)
-
-    try:
-        entropy = unigram_entropy(d.text for d in iter_shard_documents(resolve_shards(data, "train")))
-        val_text = b"\n".join(d.text for d in iter_shard_documents(resolve_shards(data, "val")))
-    except DataError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    comp = compressor_bpb(val_text)
-    tokens = cfg.model.kind == "bpe"  # the BPE token model: no boundaries
-    unit = "token" if tokens else "chunk"
-    target = None if tokens else cfg.boundary.target_rate
-    last = train[-1]
-    summary = {
-        "run": str(run), "strategy": "bpe token model" if tokens else cfg.boundary.strategy,
-        "steps": last["step"], "train_bytes": last["bytes_seen"], "final_train_bpb": last["bpb"],
-        "final_val_bpb": val[-1]["val_bpb"] if val else None,
-        f"val_bytes_per_{unit}": val[-1][f"val_bytes_per_{unit}"] if val else None,
-        "val_boundary_rate": val[-1]["val_boundary_rate"] if val and not tokens else None,
-        "target_rate": target, "byte_unigram_entropy": entropy, **comp,
-        "evaluate": {k: ev.get(k) for k in ("checkpoint", "boundary_rule", "bpb", f"bytes_per_{unit}",
-                                            "boundary_rate", "whitespace_boundary_fraction", "bytes")} if ev else None,
-    }
-    (run / "summary.json").write_text(json.dumps(finite_or_none(summary), indent=2, allow_nan=False) + "\n")
-
-    def line(name, value, note=""):
-        print(f"| {name:<44} | {value:>12} | {note}")
-
-    def fmt(v):  # None: a ratio with nothing to count (evaluate.py writes NaN as null)
-        return "n/a" if v is None else f"{v:.4f}"
-
-    print(f"\n## {run}  (strategy {summary['strategy']}, {summary['steps']} steps, "
-          f"{summary['train_bytes'] / 1e6:.1f} MB of training text)\n")
-    print(f"| {'figure':<44} | {'value':>12} | note\n|{'-' * 46}|{'-' * 14}|-----")
-    if val:
-        line("val bits per byte (training-time validation)", fmt(summary["final_val_bpb"]),
-             val[-1].get("boundary_rule", "BPE tokens"))
-    if ev:
-        line("held-out bits per byte (megatok-evaluate)", fmt(ev["bpb"]),
-             f"{ev.get('boundary_rule') or 'BPE tokens'}, {ev['bytes']:,} bytes"
-             + (f", {ev.get('checkpoint')} (not the latest, {latest})" if ev.get("checkpoint") != latest else ""))
-    line("byte-unigram entropy of the training text", fmt(entropy), "a model must beat this")
-    for k, v in comp.items():
-        line(f"{k} on the validation text", fmt(v), "bits per byte")
-    if not tokens:
-        rate = ev["boundary_rate"] if ev else summary["val_boundary_rate"] or last["boundary_rate"]
-        ok = "within 0.05 of target" if abs(rate - target) <= 0.05 else "NOT within 0.05 of target"
-        line("boundary rate", fmt(rate), f"target {target}: {ok}")
-    per_unit = (ev or {}).get(f"bytes_per_{unit}", summary[f"val_bytes_per_{unit}"] or last[f"bytes_per_{unit}"])
-    line(f"bytes per {unit}", f"{per_unit:.2f}", "")
-    if ev:
-        if not tokens:
-            line("whitespace positions with a boundary", fmt(ev["whitespace_boundary_fraction"]), "")
-        for lang, r in sorted(ev.get("by_domain", {}).items()):
-            line(f"  bpb, domain {lang}", fmt(r["bpb"]),
-                 f"{r['bytes']:,} bytes, {r[f'bytes_per_{unit}']:.2f} bytes/{unit}")
-    best = (ev or {}).get("bpb", summary["final_val_bpb"] or last["bpb"])
-    verdict = "learned" if best < entropy else "NOT below unigram entropy"
-    print(f"\nverdict: {verdict}; figures in {run / 'summary.json'}")
     return 0
 
 

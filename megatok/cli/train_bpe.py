@@ -87,43 +87,8 @@ def main(argv=None) -> int:
     ap.add_argument("--overwrite", action="store_true", help="replace an existing OUT/tokenizer.model")
     args = ap.parse_args(argv)
     out = Path(args.out)
-    max_bytes = int(args.max_mb * MB) if args.max_mb else None
-    t0 = time.perf_counter()
     try:
-        # fail on a missing or unreadable input before training anything
-        trained_on = list_input_files([p for p in args.data if not is_shards(p)])
-        heldout_files = list_input_files(list(args.heldout)) if args.heldout else []
-        also = sorted({os.path.realpath(f) for f in trained_on} & {os.path.realpath(f) for f in heldout_files})
-        if also:  # its bytes per token would be measured on training text
-            print(f"warning: --heldout {', '.join(also[:3])} is also in --data: trained on, so not held out",
-                  file=sys.stderr)
-        for f in args.heldout:  # a malformed held-out file fails now, not after training
-            for _ in iter_documents([f]):
-                pass
-        if out.exists() and not out.is_dir():
-            raise DataError(f"{out}: exists and is not a directory")
-        if out.suffix == ".model":  # a directory is written: tokenizer.model and report.json
-            raise DataError(f"--out {out}: give the output directory (it gets tokenizer.model and report.json)")
-        if (out / "tokenizer.model").exists() and not args.overwrite:
-            raise DataError(f"{out / 'tokenizer.model'}: exists, and runs trained with it need it as it is (they "
-                            f"record its digest and refuse another); --overwrite replaces it")
-        trained = bpe.train_bpe(read_documents(args.data, "train"), out, args.vocab_size, max_bytes=max_bytes,
-                                progress=True, character_coverage=args.character_coverage)
-        t_train = time.perf_counter() - t0
-        sp = bpe.load_tokenizer(trained["model"])
-        report = {"model": "tokenizer.model", "vocab_size": trained["vocab_size"],
-                  "requested_vocab_size": args.vocab_size, "inputs": args.data, "max_mb": args.max_mb,
-                  "options": trained["options"], "train_seconds": round(t_train, 1)}
-        report["train"] = measure(sp, _limit(read_documents(args.data, "train"), max_bytes), "measure train",
-                                  trained["bytes"])
-        heldout = {}
-        val_dirs = [p for p in args.data if is_shards(p) and os.path.isdir(p)]  # only a shard directory has a val split
-        if val_dirs:
-            heldout["val"] = measure(sp, read_documents(val_dirs, "val"), "measure val")
-        for f in args.heldout:
-            heldout[f] = measure(sp, iter_documents([f]), f"measure {Path(f).name}")
-        report["heldout"] = heldout
-        report["encode_speed"] = pipeline_speed(trained["model"], read_documents(args.data, "train"))
+        trained, report, t_train = train_and_measure(args, out)
     except (DataError, ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -136,13 +101,55 @@ def main(argv=None) -> int:
     speed = report["encode_speed"]
     print(f"data pipeline: {speed['mb_per_s']:.1f} MB/s, {speed['tokens_per_s'] / 1e6:.2f} M tokens/s per dataloader "
           f"worker (megatok.data.encoding on {speed['bytes']:,} bytes)")
-    for name, r in itertools.chain([("train", report["train"])], heldout.items()):
+    for name, r in itertools.chain([("train", report["train"])], report["heldout"].items()):
         print(f"{name}: {r['bytes_per_token']:.3f} bytes/token over {r['bytes']:,} bytes")
         for lang, v in r.get("by_lang", {}).items():
             print(f"  {lang:<8} {v['bytes_per_token']:.3f}")
         if "lang_disparity" in r:
             print(f"  disparity (max/min bytes per token) {r['lang_disparity']:.2f}")
     return 0
+
+
+def train_and_measure(args, out: Path) -> tuple[dict, dict, float]:
+    """(train_bpe's result, report.json's content, training seconds): the tokenizer trained on --data into
+    ``out`` and measured on its training text, the val split of a shard directory and --heldout. Every
+    input is checked first, before anything is trained."""
+    max_bytes = int(args.max_mb * MB) if args.max_mb else None
+    t0 = time.perf_counter()
+    trained_on = list_input_files([p for p in args.data if not is_shards(p)])
+    heldout_files = list_input_files(list(args.heldout)) if args.heldout else []
+    also = sorted({os.path.realpath(f) for f in trained_on} & {os.path.realpath(f) for f in heldout_files})
+    if also:  # its bytes per token would be measured on training text
+        print(f"warning: --heldout {', '.join(also[:3])} is also in --data: trained on, so not held out",
+              file=sys.stderr)
+    for f in args.heldout:  # a malformed held-out file fails now, not after training
+        for _ in iter_documents([f]):
+            pass
+    if out.exists() and not out.is_dir():
+        raise DataError(f"{out}: exists and is not a directory")
+    if out.suffix == ".model":  # a directory is written: tokenizer.model and report.json
+        raise DataError(f"--out {out}: give the output directory (it gets tokenizer.model and report.json)")
+    if (out / "tokenizer.model").exists() and not args.overwrite:
+        raise DataError(f"{out / 'tokenizer.model'}: exists, and runs trained with it need it as it is (they "
+                        f"record its digest and refuse another); --overwrite replaces it")
+    trained = bpe.train_bpe(read_documents(args.data, "train"), out, args.vocab_size, max_bytes=max_bytes,
+                            progress=True, character_coverage=args.character_coverage)
+    t_train = time.perf_counter() - t0
+    sp = bpe.load_tokenizer(trained["model"])
+    report = {"model": "tokenizer.model", "vocab_size": trained["vocab_size"],
+              "requested_vocab_size": args.vocab_size, "inputs": args.data, "max_mb": args.max_mb,
+              "options": trained["options"], "train_seconds": round(t_train, 1)}
+    report["train"] = measure(sp, _limit(read_documents(args.data, "train"), max_bytes), "measure train",
+                              trained["bytes"])
+    heldout = {}
+    val_dirs = [p for p in args.data if is_shards(p) and os.path.isdir(p)]  # only a shard directory has a val split
+    if val_dirs:
+        heldout["val"] = measure(sp, read_documents(val_dirs, "val"), "measure val")
+    for f in args.heldout:
+        heldout[f] = measure(sp, iter_documents([f]), f"measure {Path(f).name}")
+    report["heldout"] = heldout
+    report["encode_speed"] = pipeline_speed(trained["model"], read_documents(args.data, "train"))
+    return trained, report, t_train
 
 
 if __name__ == "__main__":

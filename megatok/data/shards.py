@@ -237,11 +237,7 @@ def _passes(inputs, units: list[Unit], tmp, run, *, estimate, val_fraction, num_
         raise DataError(f"no documents in {', '.join(inputs)} "
                         f"({docs.stats['empty_documents']} empty documents skipped)")
     names = {"lang": list(docs.langs), "domain": list(docs.domains)}
-    for key, table in weights.items():
-        for value in table:
-            if value not in names[key]:
-                raise DataError(f"{key} weight {value}={table[value]:g}: no document has {key} {value!r} "
-                                f"(found: {', '.join(sorted(map(str, set(names[key]) - {None}))) or 'none'})")
+    _check_weights(weights, names)
     lang_of, domain_of = docs.column("lang"), docs.column("domain")
 
     # pass 2: split, shuffle (train: with each document's copies for the mixture weights), cut, write
@@ -305,6 +301,15 @@ def _passes(inputs, units: list[Unit], tmp, run, *, estimate, val_fraction, num_
         json.dump(manifest, f, indent=1)
         f.write("\n")
     return manifest
+
+
+def _check_weights(weights: dict, names: dict) -> None:
+    """A DataError for a mixture weight of a lang or domain that no document has."""
+    for key, table in weights.items():
+        for value in table:
+            if value not in names[key]:
+                raise DataError(f"{key} weight {value}={table[value]:g}: no document has {key} {value!r} "
+                                f"(found: {', '.join(sorted(map(str, set(names[key]) - {None}))) or 'none'})")
 
 
 def _replace_dir(tmp: str, out_dir: str) -> None:

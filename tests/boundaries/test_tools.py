@@ -105,7 +105,8 @@ def test_estimator_variance_compares_estimator_variants(policy_run, tmp_path):
 
 
 def test_estimator_moments_by_hand():
-    ev = load_tool("estimator_variance")
+    from megatok.studies import estimator_variance as ev
+
     m = ev.Moments()
     for g in ([1.0, 0.0], [3.0, 0.0], [2.0, 3.0]):
         m.add({"a": torch.tensor(g)})

@@ -138,8 +138,8 @@ def test_the_map_counts_aligned_seeds_and_finds_the_threshold():
 def test_recorded_study_configs_keep_their_digests(tmp_path):
     """Every run recorded in docs/replication/cpu-small/results.json gets the same config digest from today's
     code (a key added to the config since must not make a finished run a new experiment: ADDED_KEYS)."""
-    from megatok.cli.replicate import write_configs
-    from megatok.replication import PRESETS
+    from megatok.studies.replicate import write_configs
+    from megatok.studies.replication import PRESETS
 
     recorded = json.loads((ROOT / "docs/replication/cpu-small/results.json").read_text())["runs"]
     want = {(r["method"], r["seed"]): r["config_digest"] for r in recorded if r["method"] != "bpe"}

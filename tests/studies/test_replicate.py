@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 
-from megatok.replication import METHODS, aggregate, markdown, PRESETS, verdict
+from megatok.studies.replication import METHODS, aggregate, markdown, PRESETS, verdict
 from tests.conftest import PARALLEL, run_tool, stdlib_texts
 
 pytestmark = pytest.mark.dist
@@ -84,12 +84,13 @@ def test_a_study_stopped_part_way_keeps_the_tables_of_its_finished_runs(study, s
     """The tables are rewritten after every run: when a later run fails (or the study is killed, or a
     session ends), results.json and results.md hold every run finished so far, and say how many."""
     from megatok.cli import replicate as cli
+    from megatok.studies import replicate as runner
 
     def fail(run, nproc):
         raise RuntimeError(f"{run['name']} failed with exit code 1; rerun the same command to resume it")
 
     tmp = study[0]
-    monkeypatch.setattr(cli, "train", fail)
+    monkeypatch.setattr(runner, "train", fail)
     data = ["--shards", str(shards), "--heldout", str(tmp / "heldout_prose.jsonl"), "--parallel",
             str(tmp / "parallel.jsonl")]
     rc = cli.main(["--preset", "toy", "--out", str(tmp / "out"), "--work", str(tmp / "work"), "--methods",
@@ -107,12 +108,13 @@ def test_report_only_writes_the_tables_of_the_finished_runs_and_trains_nothing(s
     """--report-only: the finished runs (here listed after one that never ran) are in the tables at once,
     nothing trains, nothing is evaluated again, and the recorded command is the study's own."""
     from megatok.cli import replicate as cli
+    from megatok.studies import replicate as runner
 
     def no_training(run, nproc):
         raise AssertionError(f"{run['name']} trained")
 
     tmp = study[0]
-    monkeypatch.setattr(cli, "train", no_training)
+    monkeypatch.setattr(runner, "train", no_training)
     out = tmp / "out3"
     out.mkdir()
     shutil.copy(tmp / "out" / "results.json", out / "results.json")  # uniform's run directory is gone: kept
@@ -156,7 +158,7 @@ def test_configs_are_written_for_the_ranks_that_train_them(tmp_path, shards):
     """cpu-small trains on 2 ranks: every config loads for 2 ranks (train.grad_accum is derived, not frozen
     at the world size of the process that wrote it), differs only where the method does, and keeps the bytes;
     the BPE token model's tokenizer is trained on the shards and its window covers the same bytes."""
-    from megatok.cli.replicate import write_configs
+    from megatok.studies.replicate import write_configs
     from megatok.config import load_config
 
     heldout = tmp_path / "heldout.jsonl"
@@ -177,7 +179,7 @@ def test_configs_are_written_for_the_ranks_that_train_them(tmp_path, shards):
 
 
 def test_wall_time_counts_every_session_and_not_the_time_between():
-    from megatok.replication import training_seconds
+    from megatok.studies.replication import training_seconds
 
     def train(step, t):
         return {"split": "train", "step": step, "time": t}

@@ -8,6 +8,7 @@ import math
 import pytest
 
 from megatok.cli import sweep
+from megatok.studies import sweep as study
 from megatok.config import load_config
 from tests.conftest import TINY
 
@@ -136,13 +137,13 @@ def test_bpe_lm_runs_are_matched_token_models_at_equal_bytes(tmp_path, capsys):
     rows = [{"step": s, "split": "train", "bytes_per_token": 4.0} for s in (1, r["max_steps"])]
     rows += [{"step": r["max_steps"], "split": "val", "val_bpb": 1.0}]
     (rd / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in rows))
-    rows = {row["name"]: row for row in sweep.collect(out)}
+    rows = {row["name"]: row for row in study.collect(out)}
     assert rows["1b-bpe-lm"]["realised_rate"] == pytest.approx(0.25) and rows["1b-bpe-lm"]["status"] == "finished"
     # training FLOPs are the run's own logged figure (its bytes seen at 4.0 bytes per token, not the 4.2 planned)
     rows = [{"step": s, "split": "train", "bytes_per_token": 4.0, "flops": 3e18 * s} for s in (1, r["max_steps"])]
     rows += [{"step": r["max_steps"], "split": "val", "val_bpb": 1.0}]
     (rd / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in rows))
-    row = {row["name"]: row for row in sweep.collect(out)}["1b-bpe-lm"]
+    row = {row["name"]: row for row in study.collect(out)}["1b-bpe-lm"]
     assert row["flops_done"] == 3e18 * r["max_steps"] and row["curve"] == [(3e18 * r["max_steps"], 1.0)]
 
 

@@ -2,7 +2,7 @@
 
 One preset (configs/replication/<preset>.json plus the facts below) trains, at equal training bytes and
 equal FLOPs per byte at inference, every method in METHODS for each seed, evaluates them on held-out
-prose and on parallel multilingual text, and reports (``megatok-replicate``, megatok/cli/replicate.py).
+prose and on parallel multilingual text, and reports (``megatok-replicate``, megatok/studies/replicate.py).
 This module holds the presets and methods, and turns finished runs into the tables and plots.
 """
 

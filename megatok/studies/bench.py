@@ -1,0 +1,517 @@
+"""Benchmark megatok's hot path: every figure a ratio of two things measured in the same run.
+
+    python -m megatok.cli.bench                          # CPU here (one thread), a GPU when present
+    python -m megatok.cli.bench --quick                  # fewer repetitions and bytes (a smoke run)
+    python -m megatok.cli.bench --json-out bench.json --reps 7 --threads 1
+    python -m megatok.cli.bench --profile small/policy   # torch.profiler's top operators of one variant
+
+The timed variants are built once and then run in turns, because the machine may be shared: ``--reps``
+rounds, each of ``--steps`` steps of every training variant one step at a time (in a rotating order),
+then everything else once. A ratio is taken within each round, and the table gives its median and its
+spread (min-max over the rounds). On a CPU with one thread the clock is the process's CPU time, so
+time spent waiting for a core that others use is not counted; elsewhere it is wall time. Figures:
+
+- **policy share**: (step time with the policy - with fixed boundaries) / step time with the policy,
+  same shape and data: what the learned boundaries' machinery (the head, the draw, the losses) costs.
+  Also for the policy with ``boundary.window=3`` (decisions conditioned on the previous two).
+- **megatok / every byte**: time per byte of megatok against the same model with a chunk at every
+  byte (fixed boundaries at stride 1, so the main network runs at byte rate), at the tiny shape
+  (configs/tiny.json) and at a small shape with the 1b config's proportions (byte layers 128 wide,
+  1 + 1 of them; main network 384 wide, 6 layers).
+- **MFU**: model FLOPs per second (megatok.flops at the realised boundary rate, training = 3 x
+  forward) over a square matmul's FLOP/s measured in the same rounds (fp32 on a CPU, bf16 on a GPU).
+- **data / step**: bytes per second one reader of the data pipeline (megatok.data.stream over
+  shards built here from the Python standard library's sources) produces, over the bytes per
+  second a training step of the tiny shape consumes on one rank.
+- **eval / train** and **generate / train**: bytes per second of megatok.eval.bpb.evaluate_documents
+  (what megatok-evaluate and the head-to-head run) and of megatok.generate.generate (with the
+  cache), over training's bytes per second (forward, backward and update) of the same model.
+- **head-to-head share**: the time HeadToHead.run takes (measured on ``--h2h-bytes`` of held-out
+  text, scaled to the config's eval.heldout_max_bytes) over that plus the training time between two
+  evaluations (eval.every steps of train.grad_accum micro-batches), at one rank; a baseline run,
+  when one is configured, is scored too whenever its checkpoint changes (not included).
+
+Training steps are plain torch (megatok.studies.plain_step: forward, backward, gradient clipping, AdamW
+over the trainer's parameter groups; autocast bf16 and fused AdamW on a GPU), not the DeepSpeed engine:
+megatok-gpu-check measures that one.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import shutil
+import signal
+import statistics
+import sys
+import sysconfig
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from megatok.metrics import cpu_name
+from megatok.studies.plain_step import adamw, plain_step
+
+ROOT = Path(__file__).resolve().parents[2]
+
+#: The shapes: --set items on top of --config (configs/tiny.json).
+SHAPES = {
+    "tiny": [],
+    # the 1b config's proportions at a CPU's size: byte layers narrower than the main network
+    "small": ["model.d_model=128", "model.n_heads=4", "model.n_encoder_layers=1", "model.n_decoder_layers=1",
+              "model.d_main=384", "model.n_main_heads=6", "model.n_main_layers=6"],
+    # configs/100m.json's model at its window, 8 sequences a step (a GPU's shape)
+    "100m": ["model.d_model=768", "model.n_heads=12", "model.n_encoder_layers=4", "model.n_main_layers=12",
+             "model.n_decoder_layers=4", "data.seq_len=4096", "train.micro_batch_size=8"],
+}
+DEFAULT_SHAPES = {"cpu": ["tiny", "small"], "cuda": ["tiny", "small", "100m"]}
+#: The boundary variants of every shape: --set items.
+VARIANTS = {
+    "policy": ["boundary.strategy=policy"],
+    "fixed": ["boundary.strategy=fixed"],
+    "every-byte": ["boundary.strategy=fixed", "boundary.target_rate=0.999"],  # stride round(1/0.999) = 1
+    "policy-w3": ["boundary.strategy=policy", "boundary.window=3"],
+}
+#: With --hot-path (the default on a GPU), on the last shape: what the GPU hot path's choices cost. Each
+#: is (--set items, ByteUNet attributes, megatok.model.blocks.FLEX_ATTENTION).
+HOT_PATH = {
+    "policy-docmask": (["boundary.strategy=policy", "model.document_mask=true"], {}, True),
+    "policy-docmask-dense": (["boundary.strategy=policy", "model.document_mask=true"], {}, False),
+    "policy-nosync": (["boundary.strategy=policy", "model.chunk_capacity=0.3", "model.static_chunks=true"], {}, True),
+}
+TARGETS = {  # issue 24's targets: (figure, comparison, value)
+    "policy_share/small": ("<=", 0.02), "policy_share/tiny": ("<=", 0.02),
+    "megatok_vs_every_byte/small": ("<=", 0.3),
+    "data_vs_step": (">=", 20.0), "eval_vs_train": (">=", 3.0), "mfu/small": (">=", 0.5),
+}
+
+
+#: The clock of every timing: the process's CPU time on a CPU with one thread (time waiting for a core
+#: on a shared machine is not counted), else wall time (a GPU's work is not the process's CPU time).
+clock = time.perf_counter
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def text_documents(limit: int) -> list[bytes]:
+    """Real text on every machine: the Python standard library's sources, up to ``limit`` bytes."""
+    docs, n = [], 0
+    for p in sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py")):
+        d = p.read_bytes()[:40_000]
+        docs.append(d)
+        n += len(d)
+        if n >= limit:
+            break
+    return docs
+
+
+def packed(seq_len: int, rows: int) -> torch.Tensor:
+    """[rows, seq_len + 1] packed byte sequences of real text."""
+    from megatok.data.stream import pack_documents
+
+    seqs = pack_documents(text_documents(rows * (seq_len + 1) + 1), seq_len)[:-1]
+    return seqs.repeat(-(-rows // len(seqs)), 1)[:rows]
+
+
+class Trainee:
+    """One variant: its config, model, optimizer and data; ``run(n)`` times n training steps."""
+
+    def __init__(self, name: str, cfg, device: torch.device, attrs: dict | None = None, flex: bool = True):
+        from megatok.model import build_model
+
+        self.name, self.cfg, self.device, self.flex = name, cfg, device, flex
+        torch.manual_seed(cfg.train.seed)
+        with torch.device(device):
+            self.model = build_model(cfg).train()
+        for k, v in (attrs or {}).items():
+            setattr(self.model, k, v)
+        t = cfg.train
+        self.opt = adamw(self.model, t, device)
+        self.data = packed(cfg.data.seq_len, 8 * t.micro_batch_size).view(8, t.micro_batch_size, -1)
+        self.bf16 = device.type == "cuda"
+        self.i = 0
+        self.sums = {"chunks": 0.0, "positions": 0.0, "targets": 0.0, "steps": 0}
+
+    def step(self) -> dict:
+        from megatok.model import blocks
+
+        blocks.FLEX_ATTENTION = self.flex
+        x = self.data[self.i % len(self.data)].to(self.device, non_blocking=True)
+        torch.manual_seed(self.i)
+        self.i += 1
+        return plain_step(self.model, self.opt, x, grad_clip=self.cfg.train.grad_clip, bf16=self.bf16).stats
+
+    def run(self, n: int) -> float:
+        """Seconds per step over n steps (the boundary statistics are read after the clock stops)."""
+        sync(self.device)
+        t0 = clock()
+        stats = [self.step() for _ in range(n)]
+        sync(self.device)
+        dt = (clock() - t0) / n
+        for s in stats:
+            for k in ("chunks", "positions", "targets"):
+                self.sums[k] += float(s.get(k, 0.0))
+        self.sums["steps"] += n
+        return dt
+
+    @property
+    def rate(self) -> float:
+        return self.sums["chunks"] / max(1.0, self.sums["positions"])
+
+    @property
+    def bytes_per_step(self) -> float:
+        """UTF-8 bytes predicted per step (targets without the document separators)."""
+        return self.sums["targets"] / max(1, self.sums["steps"])
+
+
+def matmul_peak(device: torch.device, n: int) -> callable:
+    """A function timing one n x n x n matmul (fp32 on a CPU, bf16 on a GPU): FLOP/s."""
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    a, b = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(2))
+    reps = 20 if device.type == "cuda" else 3
+
+    def run() -> float:
+        sync(device)
+        t0 = clock()
+        for _ in range(reps):
+            torch.mm(a, b)
+        sync(device)
+        return 2 * n ** 3 * reps / (clock() - t0)
+
+    run()  # warm-up
+    return run
+
+
+def summary(values: list[float]) -> dict:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
+
+
+def build_shards_here(tmp: Path, n_bytes: int) -> str:
+    from megatok.data.shards import build_shards
+
+    with (tmp / "corpus.jsonl").open("w") as f:
+        for d in text_documents(n_bytes):
+            f.write(json.dumps({"text": d.decode("utf-8", "replace"), "lang": "en", "domain": "code"}) + "\n")
+    build_shards([str(tmp / "corpus.jsonl")], str(tmp / "shards"), val_fraction=0.05, num_shards=4, progress=False)
+    return str(tmp / "shards")
+
+
+class NullLogger:
+    def log(self, row):
+        pass
+
+
+def environment(device: torch.device, threads: int) -> dict:
+    env = {"python": platform.python_version(), "torch": torch.__version__, "device": str(device),
+           "threads": threads, "clock": "process CPU time" if clock is time.process_time else "wall",
+           "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "command": " ".join(sys.argv)}
+    if device.type == "cuda":
+        env["gpu"] = torch.cuda.get_device_name(device)
+    else:
+        env.update(cpu=cpu_name(), cores=os.cpu_count())
+    return env
+
+
+def run(args) -> int:
+    """The benchmark with megatok-bench's settings ``args`` (megatok.cli.bench): prints the report, 0; 2
+    on a config that does not load."""
+    device = torch.device(args.device)
+    if args.shapes is None:
+        args.shapes = DEFAULT_SHAPES.get(device.type, DEFAULT_SHAPES["cpu"])
+    if args.hot_path is None:
+        args.hot_path = device.type == "cuda"
+    global clock
+    if device.type == "cpu":
+        torch.set_num_threads(args.threads)
+        if args.threads == 1:
+            clock = time.process_time
+    os.environ.setdefault("WANDB_MODE", "disabled")
+
+    from megatok.config import ConfigError, load_config
+
+    def config(shape: str, variant: str, extra=()):
+        sets = VARIANTS[variant] if variant in VARIANTS else HOT_PATH[variant][0]
+        return load_config(args.config, [*SHAPES[shape], *sets, *args.overrides, *extra], world_size=1)
+
+    try:
+        base = config(args.shapes[0], "policy")
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+    if args.profile:
+        return profile(args, device, config)
+
+    t_wall = time.perf_counter()
+    report: dict = {"environment": environment(device, args.threads), "settings": {
+        k: getattr(args, k) for k in ("config", "overrides", "shapes", "reps", "steps", "eval_bytes", "gen_bytes",
+                                      "h2h_bytes", "quick")}, "figures": {}, "measured": {}}
+    temporary: list[Path] = []
+
+    def write(stage: str | None = None) -> None:
+        """--json-out now: what is measured so far, and where the bench is (a run cut short keeps it)."""
+        if stage:
+            report["stage"] = stage
+            print(f"bench: {stage} ({time.perf_counter() - t_wall:.0f} s)", file=sys.stderr, flush=True)
+        if args.json_out:
+            Path(args.json_out).write_text(json.dumps(report, indent=2) + "\n")
+
+    def stop(signum, frame):  # `timeout`, a job's time limit: keep what was measured, then end
+        report["stopped"] = f"SIGTERM while {report.get('stage', 'starting')}"
+        write()
+        for path in temporary:
+            shutil.rmtree(path, ignore_errors=True)
+        sys.exit(143)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    write("building the variants")
+    trainees = {f"{s}/{v}": Trainee(f"{s}/{v}", config(s, v), device) for s in args.shapes for v in VARIANTS}
+    if args.hot_path:
+        s = args.shapes[-1]
+        trainees.update({f"{s}/{v}": Trainee(f"{s}/{v}", config(s, v), device, attrs, flex)
+                         for v, (_, attrs, flex) in HOT_PATH.items()})
+        report["checks"] = {"flex_attention": flex_check(trainees[f"{s}/policy-docmask"], device)}
+    peak = matmul_peak(device, args.matmul or (8192 if device.type == "cuda" else 1024))
+    tiny = trainees[f"{args.shapes[0]}/policy"]
+
+    from megatok.data.stream import PackedByteStream, make_loader, resolve_shards
+    from megatok.eval.bpb import evaluate_documents
+    from megatok.generate import generate
+
+    write("building the data, evaluation and head-to-head measurements")
+    tmp = Path(tempfile.mkdtemp(prefix="megatok-bench-"))
+    temporary.append(tmp)
+    shards = build_shards_here(tmp, 2_000_000)
+    stream = PackedByteStream(resolve_shards(shards, "train"), seq_len=base.data.seq_len,
+                              batch_size=base.train.micro_batch_size, seed=0)
+    batches = iter(make_loader(stream, 0))
+    next(batches)  # opening the first shard
+    n_data = 16
+
+    def data_rate() -> float:
+        t0 = clock()
+        n = sum(next(batches)["tokens"][:, 1:].lt(256).sum().item() for _ in range(n_data))
+        return n / (clock() - t0)
+
+    eval_docs = text_documents(args.eval_bytes)
+    eval_model = tiny.model
+
+    def eval_rate() -> float:
+        sync(device)
+        t0 = clock()
+        r = evaluate_documents(eval_model, iter(eval_docs_as_documents(eval_docs)), seq_len=base.data.seq_len,
+                               batch_size=base.train.micro_batch_size, mode="sample", seed=0, device=device)
+        sync(device)
+        eval_model.train()
+        return r["bytes"] / (clock() - t0)
+
+    def gen_rate(model) -> float:
+        t0 = clock()
+        g = generate(model, b"def main(", seq_len=base.data.seq_len, max_bytes=args.gen_bytes, seed=0,
+                     stop_at_separator=False, boundary_mode="threshold")
+        model.train()
+        return len(g.text) / (clock() - t0)
+
+    # the head-to-head as the trainer runs it, on --h2h-bytes of held-out text
+    from megatok.eval.head_to_head import HeadToHead
+
+    heldout = tmp / "heldout.jsonl"
+    with heldout.open("w") as f:
+        for d in text_documents(args.h2h_bytes):
+            f.write(json.dumps({"text": d.decode("utf-8", "replace"), "lang": "en", "domain": "code"}) + "\n")
+    h2h_cfg = config(args.shapes[0], "policy", [f"eval.heldout={heldout}", f"eval.heldout_max_bytes={args.h2h_bytes}"])
+    h2h = HeadToHead(h2h_cfg, 0, 1)
+    h2h_bytes = sum(len(d.text) for d in h2h.docs)
+
+    def h2h_seconds_per_byte() -> float:
+        t0 = clock()
+        h2h.run(tiny.model, 0, device, NullLogger())
+        tiny.model.train()
+        return (clock() - t0) / h2h_bytes
+
+    # warm-up: a step of every variant (on a GPU three: compiling FlexAttention for a few chunk counts)
+    write("warming up")
+    for tr in trainees.values():
+        tr.run(3 if device.type == "cuda" else 1)
+        tr.sums = {"chunks": 0.0, "positions": 0.0, "targets": 0.0, "steps": 0}
+    print(f"bench: {len(trainees)} variants, {args.reps} rounds of {args.steps} steps, device {device}, "
+          f"{args.threads if device.type == 'cpu' else '-'} thread(s)", file=sys.stderr, flush=True)
+
+    # A round: every training variant one step at a time, in turns (so that a change of the machine's
+    # load reaches them all alike), then everything else once; each round starts at another variant.
+    others = {"matmul": peak, "data": data_rate, "eval": eval_rate, "generate": lambda: gen_rate(tiny.model),
+              "generate-w3": lambda: gen_rate(trainees[f"{args.shapes[0]}/policy-w3"].model),
+              "h2h": h2h_seconds_per_byte}
+    rounds: list[dict[str, float]] = []
+
+    def rotated(names: list[str], k: int) -> list[str]:
+        return names[k % len(names):] + names[:k % len(names)]
+
+    from megatok.flops import flops_per_byte
+
+    def summarise() -> None:
+        """The figures of the rounds so far, into ``report`` (and --json-out: a run cut short keeps them)."""
+        figures = report["figures"]
+
+        def figure(key: str, per_round: list[float], what: str) -> None:
+            figures[key] = {**summary(per_round), "what": what}
+            if key in TARGETS:
+                op, value = TARGETS[key]
+                figures[key]["target"] = f"{op} {value:g}"
+                figures[key]["met"] = figures[key]["median"] <= value if op == "<=" else figures[key]["median"] >= value
+
+        for s in args.shapes:
+            t = {v: [g[f"{s}/{v}"] for g in rounds] for v in VARIANTS}
+            figure(f"policy_share/{s}", [(p - f) / p for p, f in zip(t["policy"], t["fixed"])],
+                   "(policy - fixed) / policy, step time")
+            figure(f"policy_w3_share/{s}", [(p - f) / p for p, f in zip(t["policy-w3"], t["fixed"])],
+                   "(policy window 3 - fixed) / policy window 3, step time")
+            per_byte = {v: [x / trainees[f"{s}/{v}"].bytes_per_step for x in t[v]] for v in VARIANTS}
+            figure(f"megatok_vs_every_byte/{s}", [p / e for p, e in zip(per_byte["policy"], per_byte["every-byte"])],
+                   "time per byte, policy / a chunk at every byte")
+            tr = trainees[f"{s}/policy"]
+            fpb = flops_per_byte(tr.cfg, rate=tr.rate)["training"]
+            figure(f"mfu/{s}", [fpb * tr.cfg.train.micro_batch_size * tr.cfg.data.seq_len / x / g["matmul"]
+                                for x, g in zip(t["policy"], rounds)],
+                   f"model FLOP/s / matmul FLOP/s ({'bf16' if device.type == 'cuda' else 'fp32'})")
+            report["measured"][s] = {
+                v: {"step_s": summary(t[v]), "bytes_per_step": trainees[f"{s}/{v}"].bytes_per_step,
+                    "realised_rate": trainees[f"{s}/{v}"].rate,
+                    "params": sum(p.numel() for p in trainees[f"{s}/{v}"].model.parameters())} for v in VARIANTS}
+        if args.hot_path:
+            s = args.shapes[-1]
+            t = {v: [g[f"{s}/{v}"] for g in rounds] for v in ["policy", *HOT_PATH]}
+            figure(f"docmask_cost/{s}", [(d - p) / p for d, p in zip(t["policy-docmask"], t["policy"])],
+                   "(document mask - none) / none, step time, FlexAttention where usable")
+            figure(f"docmask_dense_cost/{s}", [(d - p) / p for d, p in zip(t["policy-docmask-dense"], t["policy"])],
+                   "(document mask - none) / none, step time, the dense [B, T, T] mask")
+            figure(f"sync_share/{s}", [(p - n) / p for p, n in zip(t["policy"], t["policy-nosync"])],
+                   "(K from the batch's count - K from a static chunk_capacity 0.3, no host sync) / the first, "
+                   "step time")
+            report["measured"][f"{s}/hot_path"] = {v: {"step_s": summary(t[v])} for v in HOT_PATH}
+        s0 = args.shapes[0]
+        train_bps = [tiny.bytes_per_step / g[f"{s0}/policy"] for g in rounds]
+        figure("data_vs_step", [g["data"] / b for g, b in zip(rounds, train_bps)],
+               "one data reader's bytes/s / a training step's bytes/s (tiny shape, one rank)")
+        figure("eval_vs_train", [g["eval"] / b for g, b in zip(rounds, train_bps)],
+               "evaluate_documents bytes/s / training bytes/s (same model)")
+        figure("generate_vs_train", [g["generate"] / b for g, b in zip(rounds, train_bps)],
+               "generate (cache, window 1) bytes/s / training bytes/s (same model)")
+        train_w3 = [trainees[f"{s0}/policy-w3"].bytes_per_step / g[f"{s0}/policy-w3"] for g in rounds]
+        figure("generate_w3_vs_train", [g["generate-w3"] / b for g, b in zip(rounds, train_w3)],
+               "generate (cache, policy window 3, threshold) bytes/s / training bytes/s (same model)")
+        c = base
+        accum = c.train.grad_accum or 1
+        figure("h2h_share", [g["h2h"] * c.eval.heldout_max_bytes /
+                             (g["h2h"] * c.eval.heldout_max_bytes + c.eval.every * accum * g[f"{s0}/policy"])
+                             for g in rounds],
+               f"head-to-head time / (it + {c.eval.every} steps x {accum} micro-batches), "
+               f"{c.eval.heldout_max_bytes} held-out bytes, no baseline")
+        report["measured"]["matmul_flops"] = summary([g["matmul"] for g in rounds])
+        report["measured"]["data_bytes_per_s"] = summary([g["data"] for g in rounds])
+        report["measured"]["eval_bytes_per_s"] = summary([g["eval"] for g in rounds])
+        report["measured"]["generate_bytes_per_s"] = summary([g["generate"] for g in rounds])
+        report["measured"]["train_bytes_per_s"] = summary(train_bps)
+        report["measured"]["h2h_s_per_mb"] = summary([g["h2h"] * 2**20 for g in rounds])
+        report["measured"]["wall_s"] = time.perf_counter() - t_wall
+        report["measured"]["rounds"] = len(rounds)
+        write(f"round {len(rounds)} of {args.reps} done")
+
+    for r in range(args.reps):
+        if args.budget_s is not None and rounds and time.perf_counter() - t_wall > args.budget_s:
+            print(f"bench: --budget-s {args.budget_s:g} spent: {len(rounds)} round(s)", file=sys.stderr, flush=True)
+            break
+        got = dict.fromkeys(trainees, 0.0)
+        for i in range(args.steps):
+            for name in rotated(list(trainees), r * args.steps + i):
+                got[name] += trainees[name].run(1) / args.steps
+        for name in rotated(list(others), r):
+            got[name] = others[name]()
+        rounds.append(got)
+        summarise()
+
+    signal.signal(signal.SIGTERM, previous)
+    print(show(report))
+    shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
+
+def flex_check(tr: Trainee, device: torch.device) -> dict:
+    """One forward and backward of a document-masked model with FlexAttention (where usable) and with the
+    dense mask, on the same batch and boundary draws: the largest differences of the loss and gradients."""
+    from megatok.model import blocks
+
+    x = tr.data[0].to(device)
+    runs = []
+    for flex in (True, False):
+        blocks.FLEX_ATTENTION = flex
+        tr.model.zero_grad(set_to_none=True)
+        torch.manual_seed(0)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=tr.bf16):
+            out = tr.model(x[:, :-1], x[:, 1:])
+        out.loss.backward()
+        runs.append((float(out.loss.detach()), [p.grad.float().clone() for p in tr.model.parameters() if p.grad is not None]))
+    tr.model.zero_grad(set_to_none=True)
+    (a, ga), (b, gb) = runs
+    rel = max(float((x - y).norm() / y.norm().clamp(min=1e-12)) for x, y in zip(ga, gb))
+    return {"flex_usable": blocks.flex_usable(device), "loss_flex": a, "loss_dense": b,
+            "loss_abs_diff": abs(a - b), "grad_max_rel_diff": rel}
+
+
+def eval_docs_as_documents(docs: list[bytes]):
+    from megatok.data.documents import Document
+
+    return [Document(text=d, lang=None, domain=None, source=f"stdlib#{i}") for i, d in enumerate(docs)]
+
+
+def show(report: dict) -> str:
+    env = report["environment"]
+    lines = [f"megatok bench, {env['date']}: {env.get('gpu') or env.get('cpu')} ({env['device']}, "
+             f"{env['threads']} thread(s)), torch {env['torch']}",
+             "", f"{'figure':<30} {'median':>9} {'min':>9} {'max':>9}  {'target':<8} {'met':<5} what", "-" * 110]
+    for key, f in report["figures"].items():
+        met = "" if "met" not in f else ("yes" if f["met"] else "NO")
+        lines.append(f"{key:<30} {f['median']:>9.4g} {f['min']:>9.4g} {f['max']:>9.4g}  {f.get('target', ''):<8} "
+                     f"{met:<5} {f['what']}")
+    lines += ["", f"{'variant':<22} {'step s (median)':>16} {'bytes/step':>11} {'rate':>7} {'params':>10}"]
+    for shape, variants in report["measured"].items():
+        if not isinstance(variants, dict) or "policy" not in variants:
+            continue
+        for v, m in variants.items():
+            lines.append(f"{shape + '/' + v:<22} {m['step_s']['median']:>16.4f} {m['bytes_per_step']:>11.0f} "
+                         f"{m['realised_rate']:>7.3f} {m['params']:>10,}")
+    for name, check in report.get("checks", {}).items():
+        lines.append(f"check {name}: " + ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}"
+                                                  for k, v in check.items()))
+    m = report["measured"]
+    lines.append(f"\nmatmul {m['matmul_flops']['median'] / 1e9:.1f} GFLOP/s; train {m['train_bytes_per_s']['median']:,.0f}"
+                 f" B/s; data {m['data_bytes_per_s']['median']:,.0f} B/s; eval {m['eval_bytes_per_s']['median']:,.0f}"
+                 f" B/s; generate {m['generate_bytes_per_s']['median']:,.1f} B/s; wall {m['wall_s']:.0f} s")
+    return "\n".join(lines)
+
+
+def profile(args, device: torch.device, config) -> int:
+    from torch.profiler import ProfilerActivity, profile as torch_profile
+
+    shape, _, variant = args.profile.partition("/")
+    if shape not in SHAPES or (variant not in VARIANTS and variant not in HOT_PATH):
+        print(f"error: --profile {args.profile}: want SHAPE/VARIANT with SHAPE in {list(SHAPES)} and VARIANT in "
+              f"{list(VARIANTS)}", file=sys.stderr)
+        return 2
+    _, attrs, flex = HOT_PATH.get(variant, (None, {}, True))
+    tr = Trainee(args.profile, config(shape, variant), device, attrs, flex)
+    tr.run(1)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with torch_profile(activities=activities) as prof:
+        tr.run(args.steps)
+    key = "cuda_time_total" if device.type == "cuda" else "cpu_time_total"
+    print(prof.key_averages().table(sort_by=key, row_limit=25))
+    return 0
+

@@ -1,0 +1,603 @@
+"""Check one GPU (H100/H200) before a cluster run: attention backends, bf16 training speed, MFU, memory.
+
+    megatok-gpu-check                       # on the GPU machine: a few minutes, no network, installs nothing
+    megatok-gpu-check --configs configs/100m.json configs/1b.json --steps 10 --json-out docs/gpu_check.json
+    megatok-gpu-check --cpu-smoke           # the same code paths on a CPU with a tiny config (the tests)
+
+On a bare GPU machine (an image with torch and nothing else: carry the checkout and the wheels of
+tools/gpu_wheels.sh there, installed with ``pip install --no-index --no-deps --target /tmp/site``), run it
+from the checkout without installing megatok:
+
+    PYTHONPATH=/tmp/site:$PWD python3 -m megatok.cli.gpu_check --json-out gpu_check.json
+
+It runs three sections, by default in this order (--sections picks and orders them), and prints each:
+
+1. trainer: the trainer as users start it (with DeepSpeed): launch/pretrain.py on --trainer-config
+   (default 100m, compiled as its config says) for --trainer-steps steps under ZeRO-3 (the model built
+   partitioned), on shards built from the standard library's sources; a new process resumed from the
+   halfway checkpoint, whose losses are compared with the first run's (on a GPU not necessarily
+   bit-exact: some kernels are not deterministic); megatok-generate on the result; then 2 steps under
+   ZeRO-2, whose model is built whole directly on the GPU. Each part is recorded as it ends.
+2. training: for each config (default 100m and 1b): bf16 training steps on one GPU, one micro-batch per
+   step (train.micro_batch_size, or --micro), on real text (the Python standard library's sources, on
+   every machine): bytes/s, model FLOPs per byte at the realised boundary rate (megatok/flops.py,
+   training = 3 x forward), MFU = achieved FLOP/s / the dense bf16 peak of the device (H100/H200: 989
+   TFLOP/s, detected from the device name; --peak-tflops overrides), peak memory against megatok.flops'
+   estimate for one rank. The engine is DeepSpeed (the config's ZeRO stage and bf16, as the trainer
+   runs it) when importable, else a plain torch loop (autocast bf16, fp32 weights, fused AdamW);
+   --engine picks one. Then the first config once more with model.document_mask (attention through
+   FlexAttention's block mask): its cost in bytes/s and memory; and once more with train.compile the
+   other way (the GPU configs compile; the untimed warm-up steps compile): what compiling the blocks
+   gains (not in --cpu-smoke unless --compile is given).
+3. attention: flash-attn against torch SDPA (if flash_attn is importable): largest difference of
+   outputs and input gradients on the same bf16 inputs, and forward+backward time of each, at
+   megatok's byte-rate shape (T = seq_len) and main-network shape (T = rho x seq_len). Without
+   flash-attn: SDPA timings only.
+
+The report (stdout, --json-out) is written after every part and when SIGTERM ends the check.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import platform
+import resource
+import signal
+import subprocess
+import sys
+import sysconfig
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+from megatok import flops, sizing
+from megatok.config import load_config, lr_lambda
+from megatok.data.shards import build_shards
+from megatok.data.stream import pack_documents
+from megatok.dsconfig import deepspeed_config, uses_bf16, zero_stage
+from megatok.metrics import read_metrics
+from megatok.model import blocks, build_model
+from megatok.studies.launch import CHECKOUT
+from megatok.studies.plain_step import adamw, plain_step
+from megatok.train import dist
+from megatok.train.engine import Engine, compile_model
+
+GIB = 2**30
+SMOKE_SETS = ["model.d_model=64", "model.n_heads=2", "model.n_encoder_layers=1", "model.n_main_layers=2",
+              "model.n_decoder_layers=1", "data.seq_len=128", "deepspeed.bf16.enabled=false",
+              "deepspeed.zero_optimization.stage=1"]
+
+
+#: The sections, in the order they run by default: the trainer (does megatok train, resume and generate
+#: on this GPU at all) first, then the training figures (MFU, bytes/s, memory), then attention backends.
+SECTIONS = ("trainer", "training", "attention")
+
+
+# ----------------------------------------------------------------------------- helpers
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def peak_tflops(device: torch.device, override: float | None) -> float | None:
+    return override or flops.device_peak_tflops(device)
+
+
+def environment(device: torch.device) -> dict:
+    env = {"python": platform.python_version(), "torch": torch.__version__, "device": str(device)}
+    if device.type == "cuda":
+        env.update(gpu=torch.cuda.get_device_name(device), cuda=torch.version.cuda,
+                   gpu_memory_gib=round(torch.cuda.get_device_properties(device).total_memory / GIB, 1))
+    for mod in ("deepspeed", "flash_attn"):
+        try:
+            env[mod] = __import__(mod).__version__
+        except Exception:  # noqa: BLE001 - absent or broken: report, do not fail
+            env[mod] = None
+    return env
+
+
+def text_sequences(seq_len: int, n: int) -> torch.Tensor:
+    """[n, seq_len + 1] packed byte sequences of real text (stdlib sources, cycled if short)."""
+    docs = [p.read_bytes() for p in sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py"))]
+    seqs = pack_documents(docs, seq_len)[:-1]  # the last row is padded
+    reps = -(-n // max(1, len(seqs)))
+    return seqs.repeat(reps, 1)[:n]
+
+
+# ----------------------------------------------------------------------------- 1. attention
+
+def attention_check(device: torch.device, shapes: list[tuple[int, int, int, int]], iters: int) -> list[dict]:
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    have_flash = blocks.flash_attn_func is not None and device.type == "cuda"
+    rows = []
+    for B, H, T, D in shapes:
+        g = torch.Generator(device=device).manual_seed(0)
+        q, k, v = (torch.randn(B, H, T, D, device=device, dtype=dtype, generator=g) for _ in range(3))
+        dout = torch.randn(B, H, T, D, device=device, dtype=dtype, generator=g)
+        row = {"shape": [B, H, T, D], "dtype": str(dtype).replace("torch.", "")}
+        results = {}
+        for backend in (["flash_attn"] if have_flash else []) + ["sdpa"]:
+            qq, kk, vv = (t.clone().requires_grad_(True) for t in (q, k, v))
+            out = blocks.attention(qq, kk, vv, backend=backend)
+            out.backward(dout)
+            results[backend] = (out.detach().float(), qq.grad.float(), kk.grad.float(), vv.grad.float())
+            for _ in range(2):  # warm-up
+                blocks.attention(qq, kk, vv, backend=backend).backward(dout)
+            sync(device)
+            t = time.perf_counter()
+            for _ in range(iters):
+                blocks.attention(qq, kk, vv, backend=backend).backward(dout)
+            sync(device)
+            ms = (time.perf_counter() - t) / iters * 1e3
+            causal_flops = 3 * 2 * 2 * B * H * D * T * (T + 1) / 2  # fwd + bwd (3x), QK^T and AV, causal half
+            row[f"{backend}_ms"] = round(ms, 3)
+            row[f"{backend}_tflops"] = round(causal_flops / (ms / 1e3) / 1e12, 2)
+        if have_flash:
+            a, b = results["flash_attn"], results["sdpa"]
+            row["max_abs_diff"] = {n: float((x - y).abs().max()) for n, x, y in zip(("out", "dq", "dk", "dv"), a, b)}
+            scale = max(float(b[0].abs().max()), 1e-6)
+            row["equal"] = row["max_abs_diff"]["out"] <= 2e-2 * scale  # bf16 has ~3 significant digits
+        else:
+            row["note"] = "flash_attn not importable (or not on a GPU): SDPA only"
+        rows.append(row)
+        del q, k, v, dout, results
+    return rows
+
+
+# ----------------------------------------------------------------------------- 2. training
+
+def build(cfg, device: torch.device):
+    """The config's model (megatok.model.build_model), built on the device, compiled as the trainer
+    compiles it when train.compile is set."""
+    torch.manual_seed(cfg.train.seed)
+    with torch.device(device):
+        model = build_model(cfg)
+    if cfg.train.compile:
+        compile_model(model, cfg)
+    return model
+
+
+def train_check(config: str, overrides: list[str], *, device: torch.device, engine: str, steps: int, warmup: int,
+                micro: int | None, peak: float | None) -> dict:
+    sets = list(overrides) + ["logging.wandb_mode=disabled"]
+    if micro:
+        sets.append(f"train.micro_batch_size={micro}")
+    base = load_config(config, sets, world_size=1)
+    mb = base.train.micro_batch_size
+    cfg = load_config(config, sets + ["train.grad_accum=1", f"train.global_batch_size={mb}"], world_size=1)
+    T = cfg.data.seq_len
+    data = text_sequences(T, mb * (steps + warmup)).view(steps + warmup, mb, T + 1)
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+    rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    model = build(cfg, device)
+    n_params = sum(p.numel() for p in model.parameters())
+    step, close = _stepper(model, cfg, engine, device)
+    times, rates, losses = [], [], []
+    for i in range(warmup + steps):
+        x = data[i].to(device, non_blocking=True)
+        torch.manual_seed(i)
+        sync(device)
+        t = time.perf_counter()
+        out = step(x)
+        sync(device)
+        if i >= warmup:
+            times.append(time.perf_counter() - t)
+        real = x[:, :-1] != 257
+        rates.append(float(out.boundaries.starts[real].float().mean()))
+        losses.append(float(out.loss.detach()))
+    row = _training_row(cfg, config, engine, n_params, times, sum(rates[warmup:]) / max(1, len(rates[warmup:])),
+                        losses, peak)
+    if device.type == "cuda":
+        row["peak_memory_gib"] = round(torch.cuda.max_memory_allocated(device) / GIB, 2)
+        row["peak_reserved_gib"] = round(torch.cuda.max_memory_reserved(device) / GIB, 2)
+    else:
+        row["peak_rss_growth_gib"] = round((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - rss0) / GIB, 3)
+    close()
+    del model, step, out, close
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return row
+
+
+def _stepper(model, cfg, engine: str, device: torch.device):
+    """(one training step on a [B, T+1] batch, returning the model's output; what ends the engine): the
+    trainer's own engine (megatok.train.engine.Engine: DeepSpeed, the config's ZeRO stage and bf16, the
+    trainer's schedule), or the same step in plain torch (megatok.studies.plain_step)."""
+    if engine == "deepspeed":
+        if not torch.distributed.is_initialized():
+            dist.init(cfg.train.collective_timeout_s)
+        runner = Engine(model, deepspeed_config(cfg, 1), cfg.train, lr_lambda(cfg))
+
+        def step(x):
+            out = runner.forward(x)
+            runner.backward(out.loss)
+            return out
+
+        return step, runner.ds.destroy
+    opt = adamw(model, cfg.train, device)
+    model.train()
+    return (lambda x: plain_step(model, opt, x, grad_clip=cfg.train.grad_clip, bf16=uses_bf16(cfg))), lambda: None
+
+
+def _training_row(cfg, config: str, engine: str, n_params: int, times: list[float], rate: float,
+                  losses: list[float], peak: float | None) -> dict:
+    """The figures of the timed steps: speed, model FLOPs and MFU at the realised rate, and for DeepSpeed
+    megatok.sizing's memory estimate."""
+    mb, T, bf16 = cfg.train.micro_batch_size, cfg.data.seq_len, uses_bf16(cfg)
+    step_s = sorted(times)[len(times) // 2]  # median
+    fpb = flops.flops_per_byte(cfg, rate=rate)["training"]
+    bytes_per_s = mb * T / step_s
+    achieved = fpb * bytes_per_s
+    row = {"config": config, "engine": engine, "params": n_params, "micro_batch": mb, "seq_len": T,
+           "precision": "bf16" if bf16 else "fp32", "zero_stage": zero_stage(cfg) if engine == "deepspeed" else None,
+           "activation_checkpointing": cfg.model.activation_checkpointing, "compile": cfg.train.compile,
+           "steps_timed": len(times), "step_s_median": round(step_s, 4), "bytes_per_s": round(bytes_per_s),
+           "realised_rate": round(rate, 4), "train_flops_per_byte": fpb, "achieved_tflops": round(achieved / 1e12, 2),
+           "mfu": round(achieved / (peak * 1e12), 4) if peak else None, "peak_tflops": peak,
+           "loss_first": round(losses[0], 4), "loss_last": round(losses[-1], 4)}
+    if engine == "deepspeed":
+        est = sizing.model_state_bytes(n_params, stage=zero_stage(cfg), world=1, bf16=bf16, **sizing.zero_kwargs(cfg))
+        act = sizing.activation_bytes(cfg, rate=rate)["total"]
+        row["estimate_gib"] = round((est["device"] + act) / GIB, 2)
+    return row
+
+
+# ----------------------------------------------------------------------------- 3. the trainer
+
+LAUNCH_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def _run(cmd: list[str], timeout: float) -> subprocess.CompletedProcess:
+    """A child process of its own: not this process's rank or port (section 2 may have started a group)."""
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS}
+    return subprocess.run([sys.executable, *cmd], cwd=CHECKOUT, capture_output=True, text=True, timeout=timeout,
+                          env={**env, "WANDB_MODE": "disabled", "PYTHONUNBUFFERED": "1"})
+
+
+def _train_losses(run_dir: Path) -> dict[int, float]:
+    return {r["step"]: r["loss"] for r in read_metrics(run_dir) if r.get("split") == "train"}
+
+
+def trainer_check(config: str, overrides: list[str], *, device: torch.device, steps: int, micro: int | None,
+                  timeout: float = 600, row: dict | None = None, save=lambda: None) -> dict:
+    """The real trainer on the device, as users start it (launch/pretrain.py, one process): ``steps``
+    steps under ZeRO-3 (the model built partitioned) with a checkpoint halfway, a new process resumed
+    from that checkpoint, whose losses are compared with the first run's, megatok-generate on the
+    result, then 2 steps under ZeRO-2. Data: shards built here from the Python standard library's
+    sources. Each part's figures go into ``row`` (returned) as soon as it ends, and ``save()`` is
+    called then, so a check cut short keeps the parts it finished; a part that would start with under
+    a minute of ``timeout`` left is skipped (``skipped``)."""
+    import shutil
+    import tempfile
+
+    row = {} if row is None else row
+    row.update(config=config, zero_stage=3, steps=steps)
+    if not (CHECKOUT / "launch" / "pretrain.py").is_file():
+        row["error"] = (f"no launch/pretrain.py in {CHECKOUT}: the trainer check runs the trainer of a megatok "
+                        f"checkout (run this check from one)")
+        return row
+    tmp = Path(tempfile.mkdtemp(prefix="megatok-gpu-check-"))
+    parts = _TrainerParts(config, overrides, device, steps, micro, tmp, time.monotonic() + timeout, row)
+    try:
+        parts.train()
+        save()
+        if parts.enough("resume"):
+            parts.resume()
+            save()
+        if parts.enough("generate"):
+            parts.generate()
+            save()
+        if parts.enough("zero2"):
+            parts.zero2()
+    except _Failed as e:
+        row["error"] = str(e)
+    except subprocess.TimeoutExpired as e:
+        row["error"] = f"timed out after {e.timeout} s: {' '.join(map(str, e.cmd[1:3]))}"
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return row
+
+
+class _Failed(Exception):
+    """A part of the trainer check failed: its error ends the check."""
+
+
+class _TrainerParts:
+    """The parts of the trainer check, in ``tmp``, each recording into ``row``; ``end``: the monotonic
+    time all their processes together must end by."""
+
+    def __init__(self, config: str, overrides: list[str], device: torch.device, steps: int, micro: int | None,
+                 tmp: Path, end: float, row: dict):
+        self.config, self.overrides, self.device, self.steps, self.micro = config, overrides, device, steps, micro
+        self.tmp, self.end, self.row = tmp, end, row
+        self.half = steps // 2
+        self.first, self.again = tmp / "run", tmp / "resumed"
+
+    def left(self) -> float:
+        return max(1.0, self.end - time.monotonic())
+
+    def enough(self, part: str) -> bool:
+        if self.end - time.monotonic() >= 60:
+            return True
+        self.row.setdefault("skipped", []).append(part)
+        return False
+
+    def run(self, cmd: list[str], what: str) -> subprocess.CompletedProcess:
+        r = _run(cmd, self.left())
+        if r.returncode:
+            raise _Failed(f"{what} exited {r.returncode}: {r.stderr.strip()[-400:]}")
+        return r
+
+    def train(self) -> None:
+        """``steps`` steps under ZeRO-3 with a checkpoint halfway, on shards of the standard library."""
+        tmp = self.tmp
+        stdlib = sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py"))
+        with (tmp / "corpus.jsonl").open("w") as f:
+            for path in stdlib[:300]:
+                f.write(json.dumps({"text": path.read_text(errors="replace")[:40_000], "lang": "en",
+                                    "domain": "code"}) + "\n")
+        build_shards([str(tmp / "corpus.jsonl")], str(tmp / "shards"), val_fraction=0.05, num_shards=2,
+                     progress=False)
+        mb = self.micro or load_config(self.config, self.overrides, world_size=1).train.micro_batch_size
+        self.sets = [*self.overrides, f"data.shards={tmp / 'shards'}", "data.num_workers=1",
+                     f"train.max_steps={self.steps}", f"train.save_every={self.half}", "train.log_every=1",
+                     "eval.every=0", "eval.max_sequences=4", f"train.micro_batch_size={mb}", "train.grad_accum=1",
+                     f"train.global_batch_size={mb}", "deepspeed.zero_optimization.stage=3",
+                     "logging.wandb_mode=disabled", "logging.progress=false"]
+        t = time.perf_counter()
+        r = _run(["launch/pretrain.py", "--config", self.config, "--set", *self.sets, f"train.run_dir={self.first}"],
+                 self.left())
+        self.row["train_s"] = round(time.perf_counter() - t, 1)
+        if r.returncode:
+            raise _Failed(f"trainer exited {r.returncode}: {r.stderr.strip()[-400:]}")
+        self.row["built_partitioned"] = "(built partitioned)" in r.stdout
+        self.row["compiled"] = "torch.compile" in r.stdout
+        self.losses = _train_losses(self.first)
+        self.row.update(loss_first=round(self.losses[1], 4), loss_last=round(self.losses[self.steps], 4))
+
+    def resume(self) -> None:
+        """A new process resumed from the halfway checkpoint: its losses against the first run's."""
+        import shutil
+
+        tag = f"step{self.half:08d}"
+        shutil.copytree(self.first / "checkpoints" / tag, self.again / "checkpoints" / tag)
+        self.run(["launch/pretrain.py", "--config", str(self.first / "config.json"), "--set",
+                  f"train.run_dir={self.again}", "--resume", tag], "resumed trainer")
+        a, b = self.losses, _train_losses(self.again)
+        diffs = [abs(b[s] - a[s]) / abs(a[s]) for s in range(self.half + 1, self.steps + 1)]
+        self.row.update(resume_max_rel_diff=max(diffs), resume_exact=max(diffs) == 0.0)
+
+    def generate(self) -> None:
+        """megatok-generate on the trained run."""
+        t = time.perf_counter()
+        r = self.run(["-m", "megatok.cli.generate", "--run", str(self.first), "--prompt", "def ", "--max-bytes", "64",
+                      "--device", str(self.device), "--json"], "generate")
+        sample = json.loads(r.stdout.splitlines()[-1])
+        self.row.update(generate_bytes=sample["bytes"], generate_s=round(time.perf_counter() - t, 1))
+
+    def zero2(self) -> None:
+        """ZeRO-2: the whole model built directly on the GPU (megatok/train/engine.py build), 2 steps."""
+        t = time.perf_counter()
+        self.run(["launch/pretrain.py", "--config", self.config, "--set", *self.sets,
+                  "deepspeed.zero_optimization.stage=2", "train.max_steps=2", "train.save_every=2",
+                  f"train.run_dir={self.tmp / 'zero2'}"], "ZeRO-2 trainer")
+        z = _train_losses(self.tmp / "zero2")
+        self.row.update(zero2_s=round(time.perf_counter() - t, 1), zero2_loss_first=round(z[1], 4),
+                        zero2_loss_last=round(z[2], 4))
+
+
+# ----------------------------------------------------------------------------- report
+
+def show(report: dict) -> str:
+    """The report as text: its sections in the order they ran."""
+    lines = ["environment: " + ", ".join(f"{k}={v}" for k, v in report["environment"].items())]
+    shown = {"trainer": _show_trainer, "training": _show_training, "attention": _show_attention}
+    for name in report.get("sections", SECTIONS):
+        lines += ["", *shown[name](report)]
+    if report.get("stopped"):
+        lines += ["", f"stopped early: {report['stopped']} (what is above was measured before)"]
+    return "\n".join(lines)
+
+
+def _show_attention(report: dict) -> list[str]:
+    lines = ["attention: flash-attn vs SDPA (forward + backward)",
+             "| B,H,T,D | flash ms | SDPA ms | flash TFLOP/s | SDPA TFLOP/s | equal | max |out diff| |",
+             "|---|---:|---:|---:|---:|---|---:|"]
+    for r in report["attention"]:
+        if "error" in r:
+            lines.append(f"| error: {r['error']} |")
+            continue
+        lines.append(f"| {','.join(map(str, r['shape']))} | {r.get('flash_attn_ms', '-')} | {r['sdpa_ms']} | "
+                     f"{r.get('flash_attn_tflops', '-')} | {r['sdpa_tflops']} | {r.get('equal', 'n/a')} | "
+                     f"{r.get('max_abs_diff', {}).get('out', '-')} |")
+        if "note" in r:
+            lines.append(f"  ({r['note']})")
+    return lines
+
+
+def _show_training(report: dict) -> list[str]:
+    lines = ["training (one micro-batch per step, median step time)",
+             "| config | engine | params | micro x seq | step s | bytes/s | rate | TFLOP/s | MFU | peak mem GiB | "
+             "estimate GiB | loss first -> last |",
+             "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for r in report["training"]:
+        if "error" in r:
+            lines.append(f"| {r['config']} | {r.get('engine', '-')} | error: {r['error']} |")
+            continue
+        mem = r.get("peak_memory_gib", r.get("peak_rss_growth_gib"))
+        mfu = f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "n/a"
+        lines.append(f"| {r['config']} | {r['engine']} ({r['precision']}) | {r['params'] / 1e6:.1f}M | "
+                     f"{r['micro_batch']} x {r['seq_len']} | {r['step_s_median']} | {r['bytes_per_s']:,} | "
+                     f"{r['realised_rate']} | {r['achieved_tflops']} | {mfu} | {mem} | {r.get('estimate_gib', '-')} | "
+                     f"{r['loss_first']} -> {r['loss_last']} |")
+    return lines
+
+
+def _show_trainer(report: dict) -> list[str]:
+    r = report.get("trainer")
+    if not r:
+        return ["trainer: not run (--trainer-config none, or no DeepSpeed)"]
+    parts = []
+    if "train_s" in r and "loss_first" in r:
+        parts.append(f"{r['steps']} steps in {r['train_s']} s (start-up included), built partitioned: "
+                     f"{r['built_partitioned']}, compiled: {r['compiled']}, loss {r['loss_first']} -> {r['loss_last']}")
+    if "resume_exact" in r:
+        parts.append(f"resumed losses: max relative difference {r['resume_max_rel_diff']:.2e} "
+                     f"({'bit-exact' if r['resume_exact'] else 'not bit-exact'})")
+    if "generate_bytes" in r:
+        parts.append(f"generated {r['generate_bytes']} bytes in {r['generate_s']} s (start-up included)")
+    if "zero2_s" in r:
+        parts.append(f"ZeRO-2 (built on the device): 2 steps in {r['zero2_s']} s, loss {r['zero2_loss_first']} -> "
+                     f"{r['zero2_loss_last']}")
+    if r.get("skipped"):
+        parts.append(f"skipped for time: {', '.join(r['skipped'])}")
+    if "error" in r:
+        parts.append(f"error: {r['error']}")
+    return ["trainer (launch/pretrain.py, ZeRO-3 built partitioned; resumed from the halfway checkpoint in a new "
+            "process; megatok-generate on the result; 2 steps under ZeRO-2)",
+            f"{r.get('config', '-')}: {'; '.join(parts) or 'nothing finished'}"]
+
+
+def run(args) -> int:
+    """The check with megatok-gpu-check's settings ``args`` (megatok.cli.gpu_check): its sections in the
+    order asked, the report printed (and written to --json-out) after every part, and on SIGTERM; 0, or 2
+    without a CUDA device (unless --cpu-smoke)."""
+    deadline = time.monotonic() + args.budget_s
+    os.environ.setdefault("WANDB_MODE", "disabled")
+    if not args.cpu_smoke and os.environ.get("DS_ACCELERATOR", "cuda") != "cuda":  # before DeepSpeed reads it
+        print(f"gpu_check: DS_ACCELERATOR={os.environ['DS_ACCELERATOR']} ignored: the GPU check runs DeepSpeed on "
+              f"cuda", file=sys.stderr)
+        os.environ["DS_ACCELERATOR"] = "cuda"  # the trainer processes it starts inherit it too
+    if _importable("deepspeed"):
+        sizing.quiet_deepspeed_import()
+    if not args.cpu_smoke and not torch.cuda.is_available():
+        print("error: no CUDA device (use --cpu-smoke to test the script on a CPU)", file=sys.stderr)
+        return 2
+    check = Check(args, deadline)
+
+    def stop(signum, frame):
+        check.report["stopped"] = "SIGTERM"
+        sys.exit(143)
+
+    sections = {"trainer": check.trainer_section, "training": check.training_section,
+                "attention": check.attention_section}
+    previous = signal.signal(signal.SIGTERM, stop)  # e.g. `timeout`: the finally still reports
+    try:
+        for name in args.sections:
+            sections[name]()
+    finally:  # whatever ended the check (an error, SIGTERM): the report of what was measured
+        signal.signal(signal.SIGTERM, previous)
+        print(show(check.report), flush=True)
+        check.write()
+    try:
+        dist.finish()
+    except Exception:  # noqa: BLE001 - no process group was started
+        pass
+    return 0
+
+
+class Check:
+    """One check's settings (from ``args``: --cpu-smoke's tiny config on the CPU, else the GPU's), its
+    report and its ``deadline`` (monotonic time: --budget-s from the start)."""
+
+    def __init__(self, args, deadline: float):
+        self.args, self.deadline = args, deadline
+        if args.cpu_smoke:
+            self.device = torch.device("cpu")
+            self.configs, self.overrides = ["configs/tiny.json"], SMOKE_SETS + args.overrides
+            self.steps, self.warmup, self.micro = min(args.steps, 2), min(args.warmup, 1), args.micro or 2
+            self.trainer_config = None if args.trainer_config == "none" else "configs/tiny.json"
+            self.trainer_steps = 2
+            self.shapes = [(1, 2, 128, 32), (1, 2, 32, 32)]
+        else:
+            self.device = torch.device("cuda", 0)
+            torch.cuda.set_device(self.device)
+            self.configs, self.overrides = args.configs, args.overrides
+            self.steps, self.warmup, self.micro = args.steps, args.warmup, args.micro
+            self.trainer_config = None if args.trainer_config == "none" else args.trainer_config
+            self.trainer_steps = args.trainer_steps
+            self.shapes = [(8, 16, 4096, 64), (8, 16, 820, 128)]  # byte rate at seq_len 4096; main rate at rho = 0.2
+        self.engine = args.engine
+        if self.engine == "auto":
+            self.engine = "deepspeed" if _importable("deepspeed") else "torch"
+        self.peak = peak_tflops(self.device, args.peak_tflops)
+        self.report = {"environment": environment(self.device), "sections": args.sections, "attention": [],
+                       "training": []}
+
+    def write(self) -> None:
+        if self.args.json_out:
+            Path(self.args.json_out).write_text(json.dumps(self.report, indent=2) + "\n")
+
+    def save(self, done: str) -> None:  # after every part: a run cut short keeps what it measured
+        print(f"gpu_check: {done} ({time.monotonic() - self.deadline + self.args.budget_s:.0f} s)", flush=True)
+        self.write()
+
+    def trainer_section(self) -> None:
+        if not self.trainer_config or self.engine != "deepspeed":
+            return
+        left = self.deadline - time.monotonic()
+        if left < 60:
+            self.report["trainer"] = {"config": self.trainer_config,
+                                      "error": f"skipped: --budget-s spent ({left:.0f} s left)"}
+        else:
+            row = self.report["trainer"] = {}
+            try:
+                trainer_check(str(Path(self.trainer_config).absolute()), self.overrides, device=self.device,
+                              steps=max(2, self.trainer_steps // 2 * 2), micro=self.micro, timeout=left, row=row,
+                              save=lambda: self.save("trainer part done"))
+            except Exception as e:  # noqa: BLE001 - what it finished is kept
+                traceback.print_exc()
+                row["error"] = f"{type(e).__name__}: {e}"[:300]
+            row["config"] = self.trainer_config
+        self.save("trainer done")
+
+    def training_section(self) -> None:
+        configs, overrides = self.configs, self.overrides
+        runs = [(config, overrides, config) for config in configs]
+        if self.args.document_mask and configs:
+            runs.append((configs[0], overrides + ["model.document_mask=true"], f"{configs[0]} + document_mask"))
+        if (self.args.compile if self.args.compile is not None else not self.args.cpu_smoke) and configs:
+            compiled = load_config(configs[0], overrides, world_size=1).train.compile
+            runs.append((configs[0], overrides + [f"train.compile={str(not compiled).lower()}"],
+                         f"{configs[0]} {'- compile' if compiled else '+ compile'}"))
+        for config, sets, label in runs:
+            self.save(f"training {label} done" if self.run_training(config, sets, label) else f"training {label} skipped")
+
+    def run_training(self, config: str, sets: list[str], label: str) -> bool:
+        rows = self.report["training"]
+        if time.monotonic() > self.deadline:
+            rows.append({"config": label, "engine": self.engine, "error": "skipped: --budget-s spent"})
+            return False
+        try:
+            rows.append(train_check(config, sets, device=self.device, engine=self.engine, steps=self.steps,
+                                    warmup=self.warmup, micro=self.micro, peak=self.peak))
+            rows[-1]["config"] = label
+        except torch.cuda.OutOfMemoryError as e:  # report and go on with the next config
+            rows.append({"config": label, "engine": self.engine, "error": f"out of memory: {e}"[:300]})
+            gc.collect()
+            torch.cuda.empty_cache()
+        except Exception as e:  # noqa: BLE001 - one failing run must not cost the rest of the check
+            traceback.print_exc()
+            rows.append({"config": label, "engine": self.engine, "error": f"{type(e).__name__}: {e}"[:300]})
+        return True
+
+    def attention_section(self) -> None:
+        if time.monotonic() > self.deadline:
+            self.report["attention"] = [{"error": "skipped: --budget-s spent"}]
+        else:
+            self.report["attention"] = attention_check(self.device, self.shapes, self.args.attn_iters)
+        self.save("attention done")
+
+
+def _importable(name: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(name) is not None

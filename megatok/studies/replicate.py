@@ -1,0 +1,408 @@
+"""The replication study in one command: train every method, evaluate, write the evidence table.
+
+    megatok-replicate --preset cpu-small --out docs/replication/cpu-small [--seeds 3] [--work DIR]
+                      [--methods policy,policy-vr,uniform,...] [--set KEY=VALUE ...]
+                      [--shards DIR --heldout FILE... --parallel FILE...]   (data of a "given" preset, or others)
+
+Presets (megatok/studies/replication.py): ``toy`` (a test: minutes), ``cpu-small`` (2 CPU cores, about 4
+hours a seed), ``gpu-18m`` (one GPU), ``node-147m`` (the published run, 8 GPUs). For each seed and method
+(megatok.studies.replication.METHODS: the policy with the published estimator, with the best variance
+reduction and with gamma 1, hnet, gumbel, uniform, fixed, whitespace, and the BPE token model matched in
+FLOPs per byte) it writes a complete config under WORK/configs, trains it (WORK/runs/<method>-seed<seed>),
+and evaluates the final checkpoint on held-out prose (sampled boundaries, seed 0; the policies also by the
+threshold rule) and on the parallel multilingual set. Everything is at equal training bytes (the same steps, batch and window;
+the BPE model's window covers the same bytes) and equal FLOPs per byte at inference.
+
+Outputs in --out: results.json (every figure, per run and aggregated), results.md (tables: held-out prose,
+verdict, threshold rule, time to alignment, per domain, per language with max/min disparity),
+bpb_vs_flops.png, alignment.png, boundaries.png/.html (every method on the same sentences), command.txt.
+They are rewritten after every run, so a study stopped part way has the tables of the runs it finished
+(the header says how many); boundaries.png comes at the end.
+
+It resumes: data, tokenizer and configs are reused, finished runs are skipped, an interrupted run resumes
+from its last checkpoint, evaluations already made for a run's final checkpoint are kept. Kill it and
+rerun the same command; ``--report-only`` writes the tables of what has finished, training nothing
+(the recorded command leaves the flag out). Across sessions (a fresh clone, whose --work is gone) the runs recorded in
+OUT/results.json with the same config are kept instead of trained again, so a study committed half
+done goes on where it stopped. Exit status 2 with one error line on bad input.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from megatok.config import ConfigError, find_config, load_config
+from megatok.data.documents import DataError
+from megatok.eval.evaluate import evaluate_run
+from megatok.studies import control as control_study
+from megatok.studies.launch import CHECKOUT, finished, local_command
+from megatok.studies.replication import (METHODS, POLICY_METHODS, SENTENCES, Preset, aggregate, markdown, plots,
+                                         run_name, run_summary)
+
+
+def log(msg: str) -> None:
+    print(f"replicate: {msg}", flush=True)
+
+
+def command(name: str, *args) -> None:
+    """megatok-<name> with these arguments, in this process (training alone runs in its own processes)."""
+    args = [str(a) for a in args]
+    rc = importlib.import_module(f"megatok.cli.{name}").main(args)
+    if rc:
+        raise RuntimeError(f"megatok-{name.replace('_', '-')} {shlex.join(args)} failed (exit {rc}; its error is above)")
+
+
+# ----------------------------------------------------------------------------- data
+
+def balanced(src: list[str], out: Path, max_bytes: int) -> Path:
+    """Whole held-out documents, about max_bytes in all, an equal share per domain (in file order), so
+    every domain is scored whatever order the file keeps."""
+    from megatok.data.inputs import read_documents
+
+    docs = list(read_documents(src, "val"))
+    domains = sorted({d.domain or "unknown" for d in docs})
+    share, used, keep = max_bytes // max(1, len(domains)), {}, []
+    for d in docs:
+        dom = d.domain or "unknown"
+        if used.get(dom, 0) < share:
+            used[dom] = used.get(dom, 0) + len(d.text)
+            keep.append({"text": d.text.decode("utf-8", "replace"), "lang": d.lang, "domain": dom})
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text("".join(json.dumps(d, ensure_ascii=False) + "\n" for d in keep))
+    os.replace(tmp, out)
+    return out
+
+
+def prepare_data(preset: Preset, work: Path, given: dict, level: float | None = None) -> dict:
+    """Shards, held-out prose and parallel sets: ``given`` on the command line ({"shards", "heldout",
+    "parallel"}), or built once under WORK/data (the control: the corpus of ``level``)."""
+    data = work / "data"
+    if preset.data == "control":
+        corpus, heldout = data / "control.jsonl.gz", data / "control_heldout.jsonl.gz"
+        if not heldout.is_file():
+            log(f"building the control corpus at level {level:g} (megatok-make-corpus --preset control)")
+            command("make_corpus", "--preset", "control", "--level", f"{level:g}", "--out", str(corpus),
+                    "--heldout-out", str(heldout))
+        shards = data / "control_shards"
+        if not (shards / "manifest.json").is_file():
+            command("build_shards", str(corpus), "--out", str(shards), "--val-fraction", "0.01", "--num-shards", "4",
+                    "--no-progress")
+        eval_file = data / "eval_control.jsonl"
+        if not eval_file.is_file():
+            balanced([str(heldout)], eval_file, preset.eval_max_bytes)
+        return {"shards": str(shards), "heldout": [str(eval_file)], "parallel": []}
+    if given["shards"] or preset.data == "given":
+        if not (given["shards"] and given["heldout"]):
+            raise ConfigError(f"preset {preset.name} takes its data from --shards and --heldout (and --parallel)")
+        shards, heldout, parallel = given["shards"], given["heldout"], given["parallel"]
+        if not Path(shards, "manifest.json").is_file():
+            raise ConfigError(f"--shards {shards}: not a shard directory (no manifest.json; build one with "
+                              f"megatok-build-shards)")
+        for f in [*heldout, *(parallel or [])]:
+            if not Path(f).exists():
+                raise ConfigError(f"--heldout/--parallel {f}: no such file")
+    else:
+        shards, heldout, parallel = data / "prose_shards", [str(data / "prose_heldout.jsonl.gz")], [str(data / "heldout_udhr.jsonl")]
+        cache = ["--cache", str(work.parent / ".cache")]
+        if not Path(heldout[0]).is_file():
+            log("building the prose corpus (megatok-make-corpus --preset prose)")
+            command("make_corpus", "--preset", "prose", "--strict", "--out", str(data / "prose.jsonl.gz"),
+                   "--heldout-out", heldout[0], *cache)
+        if not Path(parallel[0]).is_file():
+            log("building the parallel UDHR held-out set")
+            command("make_corpus", "--sources", "udhr", "--out", str(data / "udhr.jsonl.gz"),
+                   "--heldout-out", parallel[0], *cache)
+        if not (shards / "manifest.json").is_file():
+            log("building shards")
+            command("build_shards", str(data / "prose.jsonl.gz"), "--out", str(shards), "--val-fraction", "0.01",
+                   "--num-shards", "8", "--no-progress")
+        shards = str(shards)
+    eval_prose = data / "eval_prose.jsonl"
+    if not eval_prose.is_file():
+        balanced(heldout, eval_prose, preset.eval_max_bytes)
+    return {"shards": str(shards), "heldout": [str(eval_prose)], "parallel": list(parallel or [])}
+
+
+# ----------------------------------------------------------------------------- configs and training
+
+def write_configs(preset: Preset, work: Path, data: dict, seeds: list[int], methods: list[str],
+                  extra: list[str], nproc: int, level: float | None = None) -> list[dict]:
+    """One complete config per (method, seed), validated for ``nproc`` ranks before anything trains (for the
+    control, of the corpus at ``level``: WORK is that level's directory)."""
+    runs = []
+    config = str(CHECKOUT / preset.config if (CHECKOUT / preset.config).is_file() else find_config(preset.config))
+    tok = work / "bpe-tokenizer"
+    for seed in seeds:
+        for m in methods:
+            name = run_name(m, seed)
+            run_dir, path = work / "runs" / name, work / "configs" / f"{name}.json"
+            common = [f"train.seed={seed}", f"train.run_dir={run_dir}", f"data.shards={data['shards']}",
+                      *preset.overrides, *extra]
+            path.parent.mkdir(parents=True, exist_ok=True)
+            if m == "bpe":
+                if not (tok / "tokenizer.model").is_file():
+                    log(f"training the BPE tokenizer ({preset.bpe_vocab} pieces) on {data['shards']}")
+                    command("train_bpe", "--data", data["shards"], "--vocab-size", str(preset.bpe_vocab),
+                           "--out", str(tok), "--heldout", *data["heldout"], *data["parallel"])
+                if not path.is_file():
+                    command("match_bpe", "--config", config, "--tokenizer", str(tok), "--out", str(path),
+                            "--run-dir", str(run_dir), "--set", *common)
+                cfg = load_config(str(path), world_size=nproc)
+            else:
+                cfg = load_config(config, overrides=common + METHODS[m][0], world_size=nproc)
+                if not path.is_file():
+                    raw = cfg.to_dict()
+                    raw["train"]["grad_accum"] = None  # derived again by the launched ranks
+                    tmp = path.with_suffix(".tmp")
+                    tmp.write_text(json.dumps(raw, indent=2) + "\n")
+                    os.replace(tmp, path)
+            runs.append({"name": name if level is None else f"{name}-level{level:g}", "method": m, "seed": seed,
+                         "level": level, "config": str(path), "run_dir": str(run_dir),
+                         "max_steps": cfg.train.max_steps, "digest": config_digest(cfg)})
+    return runs
+
+
+#: Config keys added after studies were recorded: left out of the digest while they hold these values (what
+#: the recorded runs trained with), so a new key never makes a finished run a new experiment.
+ADDED_KEYS = {("model", "byte_window"): None, ("model", "chunk_capacity"): None, ("model", "static_chunks"): False,
+              ("boundary", "estimator"): "reinforce"}
+
+
+def config_digest(cfg) -> str:
+    """What makes two runs the same experiment: the resolved config without where its files are (and
+    without keys added since, at the value every earlier run had: ADDED_KEYS)."""
+    raw = cfg.to_dict()
+    raw["train"].pop("run_dir", None)
+    raw["data"].pop("shards", None)
+    raw["model"].pop("tokenizer", None)
+    for (section, key), value in ADDED_KEYS.items():
+        if key in raw[section] and raw[section][key] == value:
+            del raw[section][key]
+    return hashlib.sha256(json.dumps(raw, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def run_key(run: dict) -> tuple:
+    """What names a run within a study: (method, seed, level), the level None outside the control."""
+    return run["method"], run["seed"], run.get("level")
+
+
+def earlier_results(out: Path) -> dict:
+    """{(method, seed, level): summary} of the runs an earlier invocation recorded in OUT/results.json: a
+    study that spans sessions keeps them when their run directories are gone (a fresh checkout)."""
+    try:
+        runs = json.loads((out / "results.json").read_text())["runs"]
+    except (OSError, ValueError, KeyError):
+        return {}
+    return {run_key(r): r for r in runs if r.get("config_digest") and "prose-sample" in r}
+
+
+def train(run: dict, nproc: int) -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))}
+    cmd = local_command(run, nproc)
+    log(f"{run['name']}: {shlex.join(cmd)}")
+    rc = subprocess.run(cmd, env=env).returncode
+    if rc:
+        raise RuntimeError(f"{run['name']} failed with exit code {rc}; rerun the same command to resume it")
+
+
+def evaluation_jobs(run: dict, data: dict) -> list[tuple[str, list[str], str, Path]]:
+    """(name, files, boundary rule, output) of each evaluation the tables need from a finished run."""
+    jobs = [("prose-sample", data["heldout"], "sample")]
+    if data["parallel"]:
+        jobs.append(("parallel-sample", data["parallel"], "sample"))
+    if run["method"] in POLICY_METHODS:
+        jobs.append(("prose-threshold", data["heldout"], "threshold"))
+    return [(name, files, rule, Path(run["run_dir"]) / f"eval-{name}.json") for name, files, rule in jobs]
+
+
+def latest_checkpoint(run: dict) -> str:
+    return (Path(run["run_dir"]) / "checkpoints" / "latest").read_text().strip()
+
+
+def current(out: Path, latest: str) -> bool:
+    """Whether the evaluation ``out`` exists and is of checkpoint ``latest``."""
+    return out.is_file() and json.loads(out.read_text()).get("checkpoint") == latest
+
+
+def evaluated(run: dict, data: dict) -> bool:
+    """Whether a finished run has every evaluation, each of its latest checkpoint."""
+    return finished(run) and all(current(out, latest_checkpoint(run)) for *_, out in evaluation_jobs(run, data))
+
+
+def evaluate(run: dict, data: dict) -> None:
+    """eval-prose-sample.json, eval-parallel-sample.json and, for the policies, eval-prose-threshold.json
+    in the run directory, each for the run's latest checkpoint (made again when that changed)."""
+    latest = latest_checkpoint(run)
+    for name, files, rule, out in evaluation_jobs(run, data):
+        if current(out, latest):
+            continue
+        log(f"{run['name']}: evaluating on {name}")
+        try:
+            res = evaluate_run(run["run_dir"], files, boundary=rule, seed=0, progress=False)
+        except (DataError, FileNotFoundError, ConfigError) as e:
+            raise RuntimeError(f"evaluating {run['name']} on {name}: {e}") from None
+        tmp = out.with_suffix(".tmp")
+        tmp.write_text(json.dumps(res, indent=2, allow_nan=False) + "\n")
+        os.replace(tmp, out)
+
+
+def boundaries_picture(runs: list[dict], out: Path, tokenizer: Path) -> None:
+    """Every byte method's first finished run on SENTENCES (kept as it is while some method's runs were
+    only kept from an earlier session: their models are not here to draw)."""
+    firsts = {}
+    for r in runs:
+        if r["method"] != "bpe" and r["method"] not in firsts and finished(r):
+            firsts[r["method"]] = r["run_dir"]
+    if not firsts or len(firsts) < len({r["method"] for r in runs if r["method"] != "bpe"}):
+        return
+    args = [a for m in firsts for a in ("--run", firsts[m])]
+    if (tokenizer / "tokenizer.model").is_file():
+        args += ["--strategy", f"bpe:model_path={tokenizer / 'tokenizer.model'}"]
+    command("show_boundaries", *args, "--text", SENTENCES, "--width", "96", "--out", out / "boundaries",
+            "--title", "chunk starts: " + ", ".join(firsts) + (", BPE tokens" if "--strategy" in args else "")
+            + " (sampled, seed 0)")
+
+
+# ----------------------------------------------------------------------------- the study
+
+def run_study(preset: Preset, *, out: Path, work: Path, nproc: int, seeds: list[int], levels: list, methods: list[str],
+              overrides: list[str], given: dict, report_only: bool, invocation: str) -> int:
+    """The study of ``preset`` for these seeds, methods and (the control's) levels: data, configs, training
+    on ``nproc`` ranks per run (none with ``report_only``), evaluations and the report in ``out`` (the
+    command recorded: ``invocation``), resuming whatever is done. ``given``: {"shards", "heldout",
+    "parallel"} from the command line, or None each. The exit status: 2 on bad input, 1 when a run fails."""
+    datas, runs = {}, []
+    try:
+        for level in levels:
+            where = work if level is None else work / f"level{level:g}"
+            datas[level] = prepare_data(preset, where, given, level)
+            runs += write_configs(preset, where, datas[level], seeds, methods, overrides, nproc, level)
+    except (ConfigError, DataError, RuntimeError, OSError) as e:
+        print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
+        return 2
+    if not (CHECKOUT / "launch/pretrain.py").is_file() and not report_only and not all(finished(r) for r in runs):
+        print(f"error: megatok-replicate trains with launch/pretrain.py of a megatok checkout; there is none in "
+              f"{CHECKOUT} (run it from a clone: bash tools/setup.sh installs megatok editable)", file=sys.stderr)
+        return 2
+    out.mkdir(parents=True, exist_ok=True)
+    earlier = earlier_results(out)
+    for run in runs:  # decided up front, so a report written part way keeps them too
+        kept = earlier.get(run_key(run))
+        if not finished(run) and kept is not None and kept["config_digest"] == run["digest"]:
+            run["kept"] = kept
+        elif evaluated(run, datas[run["level"]]):
+            run["evaluated"] = True
+    # runs recorded by other invocations into the same OUT (other methods, seeds or levels) stay in the tables
+    others = [r for key, r in earlier.items() if key not in {run_key(run) for run in runs}]
+    try:
+        for i, run in enumerate(runs, 1):
+            if "kept" in run:
+                log(f"[{i}/{len(runs)}] {run['name']}: kept from {out / 'results.json'} (its run directory is gone)")
+                continue
+            if finished(run):
+                log(f"[{i}/{len(runs)}] {run['name']}: finished already")
+            elif report_only:
+                log(f"[{i}/{len(runs)}] {run['name']}: not finished (--report-only: not trained)")
+                continue
+            else:
+                log(f"[{i}/{len(runs)}] {run['name']}: training")
+                train(run, nproc)
+            evaluate(run, datas[run["level"]])
+            run["evaluated"] = True
+            if preset.data == "control":
+                probe_level(run, runs, datas[run["level"]], out)
+            if i < len(runs):  # the tables so far: a kill or a session's end keeps every finished run
+                report(runs, others, methods, preset, seeds, out, invocation)
+        if preset.data != "control":
+            boundaries_picture(runs, out, work / "bpe-tokenizer")
+    except RuntimeError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    written = report(runs, others, methods, preset, seeds, out, invocation)
+    log(f"wrote {out / 'results.md'}, results.json, {', '.join(written)}")
+    return 0
+
+
+def probe_level(run: dict, runs: list[dict], data: dict, out: Path) -> None:
+    """OUT/boundary_value-level<L>.json: megatok-boundary-value on the level's uniform run of the first seed
+    (the value of a chunk start per class of positions, for a model trained without a preference where
+    chunks start, and the return noise the estimator meets on it), once that run is evaluated."""
+    firsts = [r for r in runs if r["method"] == "uniform" and r["level"] == run["level"]]
+    target = out / f"boundary_value-level{run['level']:g}.json"
+    if not firsts or run is not firsts[0] or target.is_file():
+        return
+    log(f"{run['name']}: the value of a chunk start by class (megatok-boundary-value)")
+    command("boundary_value", "--run", run["run_dir"], "--rounds", "16", "--batch-size", "16", "--data",
+            data["heldout"][0], "--out", str(target))
+
+
+def report(runs: list[dict], others: list[dict], methods: list[str], preset: Preset, seeds: list[int], out: Path,
+           command: str) -> list[str]:
+    """results.json, results.md, command.txt and the plots for the runs evaluated or kept so far, and the
+    runs other invocations recorded in OUT (``others``)."""
+    done = [r for r in runs if "kept" in r or r.get("evaluated")]
+    summaries = [r["kept"] if "kept" in r else {**run_summary(Path(r["run_dir"]), r["method"], r["seed"], r["level"]),
+                                                "config_digest": r["digest"]} for r in done]
+    summaries = others + _relative(summaries, f"{Path.cwd()}{os.sep}")
+    summaries.sort(key=lambda r: (r.get("level") or 0, list(METHODS).index(r["method"]), r["seed"]))
+    commands = list(dict.fromkeys([*earlier_commands(out), command]))
+    progress = "" if len(done) == len(runs) else f" {len(done)} of the {len(runs)} runs finished so far."
+    header = (f"# Replication study: preset {preset.name}\n\n{preset.description}.{progress} "
+              f"{'Commands' if len(commands) > 1 else 'Command'}: {', '.join(f'`{c}`' for c in commands)}. Tables "
+              f"written {time.strftime('%Y-%m-%d')} on {machine()} (a study that spans sessions may have trained its "
+              f"runs on other machines).")
+    if preset.data == "control":
+        summaries = [{**s, **control_study.run_figures(s)} for s in summaries]
+        agg = control_study.aggregate(summaries, control_study.read_probes(out))
+        text = control_study.markdown(agg, header)
+    else:
+        agg = aggregate(summaries, methods)
+        text = markdown(agg, preset, header)
+    seeds_seen = sorted({r["seed"] for r in summaries} | set(seeds))
+    for name, content in (("results.json", json.dumps({"preset": preset.name, "seeds": seeds_seen, "command": command,
+                                                       "commands": commands, "aggregate": agg, "runs": summaries},
+                                                      indent=1) + "\n"),
+                          ("results.md", text), ("command.txt", "\n".join(commands) + "\n")):
+        tmp = out / f".{name}.tmp"  # replaced whole: a kill never leaves a torn results.json
+        tmp.write_text(content)
+        os.replace(tmp, out / name)
+    if preset.data == "control":
+        return control_study.plots(summaries, agg, out)
+    return plots(summaries, agg, out)
+
+
+def earlier_commands(out: Path) -> list[str]:
+    """The commands recorded in OUT/results.json by earlier invocations."""
+    try:
+        recorded = json.loads((out / "results.json").read_text())
+    except (OSError, ValueError):
+        return []
+    return recorded.get("commands") or ([recorded["command"]] if recorded.get("command") else [])
+
+
+def _relative(obj, prefix: str):
+    """Paths under the working directory written relative to it: results.json names no machine's paths."""
+    if isinstance(obj, dict):
+        return {k: _relative(v, prefix) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_relative(v, prefix) for v in obj]
+    return obj[len(prefix):] if isinstance(obj, str) and obj.startswith(prefix) else obj
+
+
+def machine() -> str:
+    import torch
+
+    from megatok.metrics import cpu_name
+
+    gpu = f", {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else ""
+    return f"{os.cpu_count()} x {cpu_name()}{gpu}"
+
