@@ -83,7 +83,7 @@ HOT_PATH = {
     "policy-docmask-dense": (["boundary.strategy=policy", "model.document_mask=true"], {}, False),
     "policy-nosync": (["boundary.strategy=policy", "model.chunk_capacity=0.3", "model.static_chunks=true"], {}, True),
 }
-TARGETS = {  # issue 24's targets: (figure, comparison, value)
+TARGETS = {  # the figures' targets: (figure, comparison, value)
     "policy_share/small": ("<=", 0.02), "policy_share/tiny": ("<=", 0.02),
     "megatok_vs_every_byte/small": ("<=", 0.3),
     "data_vs_step": (">=", 20.0), "eval_vs_train": (">=", 3.0), "mfu/small": (">=", 0.5),

@@ -22,7 +22,7 @@ They are rewritten after every run, so a study stopped part way has the tables o
 It resumes: data, tokenizer and configs are reused, finished runs are skipped, an interrupted run resumes
 from its last checkpoint, evaluations already made for a run's final checkpoint are kept. Kill it and
 rerun the same command; ``--report-only`` writes the tables of what has finished, training nothing
-(the recorded command leaves the flag out). Across sessions (a fresh clone, whose --work is gone) the runs recorded in
+(the recorded command leaves the flag out). In a fresh clone, whose --work is gone, the runs recorded in
 OUT/results.json with the same config are kept instead of trained again, so a study committed half
 done goes on where it stopped. Exit status 2 with one error line on bad input.
 """
@@ -197,7 +197,7 @@ def run_key(run: dict) -> tuple:
 
 def earlier_results(out: Path) -> dict:
     """{(method, seed, level): summary} of the runs an earlier invocation recorded in OUT/results.json: a
-    study that spans sessions keeps them when their run directories are gone (a fresh checkout)."""
+    study resumed in a fresh checkout keeps them when their run directories are gone."""
     try:
         runs = json.loads((out / "results.json").read_text())["runs"]
     except (OSError, ValueError, KeyError):
@@ -257,7 +257,7 @@ def evaluate(run: dict, data: dict) -> None:
 
 def boundaries_picture(runs: list[dict], out: Path, tokenizer: Path) -> None:
     """Every byte method's first finished run on SENTENCES (kept as it is while some method's runs were
-    only kept from an earlier session: their models are not here to draw)."""
+    only kept from an earlier invocation's results.json: their models are not here to draw)."""
     firsts = {}
     for r in runs:
         if r["method"] != "bpe" and r["method"] not in firsts and finished(r):
@@ -320,7 +320,7 @@ def run_study(preset: Preset, *, out: Path, work: Path, nproc: int, seeds: list[
             run["evaluated"] = True
             if preset.data == "control":
                 probe_level(run, runs, datas[run["level"]], out)
-            if i < len(runs):  # the tables so far: a kill or a session's end keeps every finished run
+            if i < len(runs):  # the tables so far: a kill keeps every finished run
                 report(runs, others, methods, preset, seeds, out, invocation)
         if preset.data != "control":
             boundaries_picture(runs, out, work / "bpe-tokenizer")
@@ -358,8 +358,8 @@ def report(runs: list[dict], others: list[dict], methods: list[str], preset: Pre
     progress = "" if len(done) == len(runs) else f" {len(done)} of the {len(runs)} runs finished so far."
     header = (f"# Replication study: preset {preset.name}\n\n{preset.description}.{progress} "
               f"{'Commands' if len(commands) > 1 else 'Command'}: {', '.join(f'`{c}`' for c in commands)}. Tables "
-              f"written {time.strftime('%Y-%m-%d')} on {machine()} (a study that spans sessions may have trained its "
-              f"runs on other machines).")
+              f"written {time.strftime('%Y-%m-%d')} on {machine()} (runs kept from earlier invocations may have trained "
+              f"on other machines).")
     if preset.data == "control":
         summaries = [{**s, **control_study.run_figures(s)} for s in summaries]
         agg = control_study.aggregate(summaries, control_study.read_probes(out))

@@ -103,10 +103,11 @@ def first_step(curve: list[dict], test) -> int | None:
 
 
 def training_seconds(rows: list[dict]) -> float | None:
-    """A run's training wall time from its metrics rows' clock, over every session that trained it: the
-    time from each session's first row to its last, plus one median interval between training rows for
-    the start-up to that first row. A session ends at a stop event (SIGTERM, RUN_DIR/STOP) or, after a
-    kill, where the steps go back; the time between sessions is not counted. None below two train rows."""
+    """A run's training wall time from its metrics rows' clock, over every start that trained it (the
+    first and each resume): the time from each start's first row to its last, plus one median interval
+    between training rows for the start-up to that first row. A start's stretch ends at a stop event
+    (SIGTERM, RUN_DIR/STOP) or, after a kill, where the steps go back; the time between them is not
+    counted. None below two train rows."""
     train = [r for r in rows if r.get("split") == "train" and "time" in r]
     if len(train) < 2:
         return None
@@ -117,7 +118,7 @@ def training_seconds(rows: list[dict]) -> float | None:
             continue
         stopped = r.get("split") == "event" and str(r.get("event", "")).startswith("stopped")
         replayed = r.get("split") == "train" and r["step"] <= step
-        if first is not None and replayed:  # killed: this row starts a new session
+        if first is not None and replayed:  # killed: this row is the next start's
             total += last - first + typical
             first = None
         if first is None:

@@ -1,5 +1,5 @@
 """The benchmark command (python -m megatok.cli.bench) runs end to end on the CPU and writes every figure,
-each a median with its spread and, where issue 24 sets one, its target; bad input is one clear line.
+each a median with its spread and, where the bench sets one, its target; bad input is one clear line.
 (Its figures are measurements, not asserted here: a benchmark is a tool.)"""
 
 import json

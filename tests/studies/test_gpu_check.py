@@ -1,7 +1,7 @@
 """megatok-gpu-check in its CPU smoke mode: the code paths the GPU check runs (attention comparison,
 DeepSpeed and plain-torch training steps, FLOPs, memory, the trainer with a resume and generation), on
-a tiny config, without a GPU; and tools/gpu_bench.sh, which runs it on a lent GPU: its plan (order and
-budget) and what a SIGTERM leaves."""
+a tiny config, without a GPU; and tools/gpu_bench.sh, which runs it on a GPU within a time budget: its
+plan (order and budget) and what a SIGTERM leaves."""
 
 import json
 import math
@@ -54,7 +54,7 @@ def test_the_peak_for_mfu_is_found_by_whole_words_of_the_device_name():
 
 
 def test_a_spent_budget_skips_what_is_left_and_still_reports(tmp_path, capsys):
-    """On a lent GPU a check cut short must keep what it measured: past --budget-s the rest is skipped and
+    """A check cut short by its budget must keep what it measured: past --budget-s the rest is skipped and
     reported as such, section by section (the trainer first), and the JSON is written after each."""
     from megatok.cli import gpu_check as mod
 

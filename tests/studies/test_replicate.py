@@ -64,7 +64,7 @@ def test_a_second_invocation_resumes_without_retraining(study, shards):
     assert "uniform-seed0: finished already" in second.stdout
     assert "fixed-seed0: training" in second.stdout
     assert "policy-seed0: evaluating" not in second.stdout  # its evaluations were kept
-    # a later session: the run directories are gone, results.json keeps what they gave
+    # a fresh checkout: the run directories are gone, results.json keeps what they gave
     shutil.rmtree(tmp / "work" / "runs" / "uniform-seed0")
     before = json.loads((tmp / "out" / "results.json").read_text())
     data = ["--shards", shards, "--heldout", tmp / "heldout_prose.jsonl", "--parallel", tmp / "parallel.jsonl"]
@@ -81,8 +81,8 @@ def test_a_second_invocation_resumes_without_retraining(study, shards):
 
 
 def test_a_study_stopped_part_way_keeps_the_tables_of_its_finished_runs(study, shards, monkeypatch, capsys):
-    """The tables are rewritten after every run: when a later run fails (or the study is killed, or a
-    session ends), results.json and results.md hold every run finished so far, and say how many."""
+    """The tables are rewritten after every run: when a later run fails (or the study is killed, or its
+    time runs out), results.json and results.md hold every run finished so far, and say how many."""
     from megatok.cli import replicate as cli
     from megatok.studies import replicate as runner
 
@@ -178,7 +178,7 @@ def test_configs_are_written_for_the_ranks_that_train_them(tmp_path, shards):
     assert len({(c.train.max_steps, c.train.global_batch_size, c.data.seq_len) for c in cfgs.values()}) == 1
 
 
-def test_wall_time_counts_every_session_and_not_the_time_between():
+def test_wall_time_counts_every_start_and_not_the_time_between():
     from megatok.studies.replication import training_seconds
 
     def train(step, t):
@@ -186,8 +186,8 @@ def test_wall_time_counts_every_session_and_not_the_time_between():
 
     rows = [train(10, 100), train(20, 110), {"split": "val", "step": 20, "time": 125},
             {"split": "event", "event": "stopped by signal", "step": 25, "time": 130},
-            train(30, 5000), train(40, 5010),  # resumed after a stop: 4870 s between sessions
+            train(30, 5000), train(40, 5010),  # resumed after a stop: 4870 s between the starts
             train(30, 9000), train(40, 9010), train(50, 9020)]  # killed after step 40, resumed from step 20
-    # sessions 100-130, 5000-5010 and 9000-9020, each with one median interval (10 s) for its start-up
+    # starts 100-130, 5000-5010 and 9000-9020, each with one median interval (10 s) for its start-up
     assert training_seconds(rows) == pytest.approx(30 + 10 + 10 + 10 + 20 + 10)
     assert training_seconds([train(10, 100)]) is None
