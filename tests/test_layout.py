@@ -1,6 +1,7 @@
 """The package's layout: the import graph between megatok's modules (read from the source with ast, imports
-at module level and inside functions alike), every command importable with its ``main``, and pyproject.toml
-agreeing with requirements.txt and with the packages on disk."""
+at module level and inside functions alike), every command importable with its ``main`` and importing no
+other command, no strategy option read by name outside megatok/boundaries/, no function over the length
+limit, and pyproject.toml agreeing with requirements.txt and with the packages on disk."""
 
 from __future__ import annotations
 
@@ -153,3 +154,98 @@ def test_pyproject_pins_are_requirements_txt_and_lists_every_package():
     for sub in (ROOT / "configs").iterdir():  # every configs/ folder is installed with its JSON files
         if sub.is_dir():
             assert PYPROJECT["tool"]["setuptools"]["package-data"][f"megatok.configs.{sub.name}"] == ["*.json"]
+
+
+# --------------------------------------------------------------------------- commands, strategies, functions
+
+def test_commands_import_no_other_command_and_the_library_no_command():
+    """A command is its arguments and a library call: what two commands share lives in the library
+    (megatok/studies/, megatok/eval/, ...), which never imports a command."""
+    cli = {mod for mod in MODULES if mod.startswith("megatok.cli.")}
+    bad = {mod: sorted(deps & cli) for mod, deps in GRAPH.items() if deps & cli}
+    assert bad == {}
+
+
+def _options_node(node) -> bool:
+    """An expression reached through a strategy's options: ``X.options``, ``X.options.model_dump()``, ..."""
+    while isinstance(node, (ast.Attribute, ast.Call, ast.Subscript)):
+        if isinstance(node, ast.Attribute) and node.attr == "options":
+            return True
+        node = node.func if isinstance(node, ast.Call) else node.value
+    return False
+
+
+def option_reads(source: str, names: set[str]) -> list[str]:
+    """Where ``source`` reads a strategy's option by name: ``X.options[...]``, ``X.options.get(...)``,
+    ``X.options.<one of names>``, ``getattr(X.options, ...)`` (also through ``.model_dump()``), as
+    "line: code"."""
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Subscript) and _options_node(node.value):
+            hit = node
+        elif isinstance(node, ast.Attribute) and _options_node(node.value) and (node.attr in names or node.attr == "get"):
+            hit = node
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "hasattr")
+              and node.args and _options_node(node.args[0])):
+            hit = node
+        else:
+            continue
+        out.append(f"{hit.lineno}: {ast.unparse(hit)}")
+    return out
+
+
+def strategy_option_names() -> set[str]:
+    from megatok.boundaries import available, strategy_options
+
+    return {name for s in available() for name in strategy_options(s).model_fields}
+
+
+def test_the_option_reader_finds_reads_by_name():
+    names = strategy_option_names()
+    assert {"window", "samples", "lambda_policy", "model_path"} <= names
+    reads = ["cfg.boundary.options['window']", "cfg.boundary.options.get('samples', 1)", "m.boundary.options.window",
+             "getattr(model.boundary.options, 'window', 1)", "cfg.boundary.options.model_dump()['gamma']"]
+    assert [len(option_reads(r, names)) for r in reads] == [1, 1, 1, 1, 1]
+    asked = ["build_strategy(b.strategy, options=b.options)", "strat.options = variants[name]",
+             "param_count(cfg.boundary, d)", "cfg.boundary.options.model_dump(mode='json')", "sp_options['model_type']"]
+    assert [option_reads(a, names) for a in asked] == [[]] * 5
+
+
+def test_no_strategy_option_is_read_by_name_outside_the_boundaries_package():
+    """A strategy answers for itself (megatok.boundaries: its checks, counts, samples, files); nothing
+    else reads its options by name, so a new strategy or option is a change in its own file."""
+    names = strategy_option_names()
+    bad = {mod: reads for mod, path in MODULES.items()
+           if not mod.startswith("megatok.boundaries") and (reads := option_reads(path.read_text(), names))}
+    assert bad == {}
+
+
+#: The most lines a function in megatok/ may have (from its ``def`` to its last line).
+LONGEST = 80
+#: Longer ones, by name, not yet split; the list only shrinks.
+LONGER = {"megatok.studies.bench.run", "megatok.generate.generate", "megatok.eval.bpb.evaluate_documents"}
+
+
+def function_lengths() -> dict[str, int]:
+    """{module.function or module.Class.method: lines} of every function in megatok/ (nested ones by their
+    enclosing function's name)."""
+    out = {}
+
+    def visit(node, prefix):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                out[f"{prefix}.{child.name}"] = child.end_lineno - child.lineno + 1
+                visit(child, f"{prefix}.{child.name}")
+            elif isinstance(child, ast.ClassDef):
+                visit(child, f"{prefix}.{child.name}")
+
+    for mod, path in MODULES.items():
+        visit(ast.parse(path.read_text()), mod)
+    return out
+
+
+def test_no_function_is_longer_than_the_limit():
+    lengths = function_lengths()
+    assert lengths["megatok.config.load_config"] > 10 and "megatok.train.engine.Engine.backward" in lengths
+    assert LONGER <= set(lengths)  # (a name that left is taken off the list)
+    assert {name: n for name, n in lengths.items() if n > LONGEST and name not in LONGER} == {}
