@@ -75,7 +75,7 @@ class Score:
 
     @property
     def bits_per_byte(self) -> float:
-        return -self.logprob / len(self.text) / math.log(2) if self.text else float("nan")
+        return -self.logprob / len(self.text) / math.log(2)
 
 
 @dataclass
@@ -186,6 +186,10 @@ class Model:
     def score_many(self, texts: list[str | bytes]) -> list[Score]:
         """:meth:`score` of several texts, batched (each scored as it would be alone)."""
         data = [_as_bytes(t) for t in texts]
+        empty = [i for i, t in enumerate(data) if not t]
+        if empty:
+            which = "the text" if len(data) == 1 else f"text {empty[0]} of {len(data)}"
+            raise ValueError(f"score: {which} is empty: there is no byte to score")
         passes, _ = self._passes(data)
         out = []
         for text, p in zip(data, passes):

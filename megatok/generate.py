@@ -84,6 +84,8 @@ def generate(model, prompt: bytes, *, seq_len: int, max_bytes: int = 200, temper
     ``model``: a ByteUNet or TokenLM (megatok.model), ``encoding``: its encoding (encoding_for(cfg)).
     ``temperature`` 0 is greedy; ``top_k``, ``top_p`` (nucleus) restrict the sampled ids. ``seed``
     fixes the samples, of ids and of boundaries."""
+    if max_bytes < 0:
+        raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
     if temperature < 0:
         raise ValueError(f"temperature must be >= 0, got {temperature}")
     if top_p is not None and not 0 < top_p <= 1:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 
+import lm_eval.models  # noqa: F401 - the harness's own models first: it loads them only into an empty registry
 from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 from tqdm.auto import tqdm
@@ -70,9 +71,12 @@ class MegatokLM(LM):
 
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
         texts = [req.args[0] for req in requests]
-        out = []
-        for start in tqdm(range(0, len(texts), 64), disable=disable_tqdm or None, desc="loglikelihood_rolling"):
-            out.extend(s.logprob for s in self.model.score_many(texts[start:start + 64]))
+        scored = [t for t in texts if t]  # an empty text: log p of no byte, 0
+        logprobs = []
+        for start in tqdm(range(0, len(scored), 64), disable=disable_tqdm or None, desc="loglikelihood_rolling"):
+            logprobs.extend(s.logprob for s in self.model.score_many(scored[start:start + 64]))
+        it = iter(logprobs)
+        out = [next(it) if t else 0.0 for t in texts]
         for req, res in zip(requests, out):
             self.cache_hook.add_partial("loglikelihood_rolling", req.args, res)
         return out

@@ -117,3 +117,38 @@ def test_the_command_runs_a_task_list_on_an_export(bpe_run, tasks, tmp_path, cap
     assert capsys.readouterr().err.strip().splitlines()[-1].startswith("error: --tasks: unknown task nope")
     assert main(["--model", str(tmp_path / "none"), "--tasks", "local_ppl", "--include-path", str(tasks)]) == 2
     assert "neither a megatok run directory" in capsys.readouterr().err
+
+
+def test_the_harness_hf_model_opens_a_bpe_export(bpe_run, tasks, tmp_path):
+    """``lm_eval --model hf`` on the BPE model's export (accelerate is one of megatok's requirements): its
+    log-likelihoods are megatok's wherever the harness's tokens for context + continuation are megatok's
+    (megatok tokenizes the two apart; ``hf`` cuts the tokens of the whole text after the context's)."""
+    import lm_eval
+    from transformers import AutoTokenizer
+
+    from megatok.run.export import export
+
+    out = export(bpe_run, tmp_path / "export")
+    res = lm_eval.simple_evaluate(model="hf", model_args=f"pretrained={out},add_bos_token=True,dtype=float32",
+                                  tasks=["local_mc"], task_manager=tasks[1], device="cpu", log_samples=True)
+    model, tok = megatok.load(out), AutoTokenizer.from_pretrained(str(out))
+    compared = 0
+    for sample in res["samples"]["local_mc"]:
+        for (context, continuation), ((ll, greedy),) in zip(sample["arguments"], sample["resps"]):
+            if tok(context + continuation).input_ids != tok(context).input_ids + tok(continuation).input_ids[1:]:
+                continue  # a token spans the join: the two tokenizations differ
+            want = model.loglikelihood(context, continuation)
+            assert ll == pytest.approx(want[0], abs=1e-3) and greedy == want[1]
+            compared += 1
+    assert compared >= 6
+
+
+def test_an_empty_perplexity_document_has_log_probability_0(tiny_run):
+    from lm_eval.api.instance import Instance
+
+    from megatok.eval.harness import MegatokLM
+
+    lm = MegatokLM(model=megatok.load(tiny_run))
+    requests = [Instance("loglikelihood_rolling", {}, (text,), i) for i, text in enumerate([DOCS[0], "", DOCS[1]])]
+    got = lm.loglikelihood_rolling(requests, disable_tqdm=True)
+    assert got[1] == 0.0 and got[::2] == [s.logprob for s in lm.model.score_many(DOCS[:2])]
