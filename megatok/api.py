@@ -35,7 +35,7 @@ from megatok.data.documents import Document
 from megatok.data.encoding import encoding_for
 from megatok.eval.bpb import Seeded, boundary_rule, document_windows, evaluate_documents, window_seed
 from megatok.boundaries.base import row_seeds
-from megatok.generate import Generation, generate as _generate
+from megatok.generate import Generation, generate_batch as _generate_batch
 from megatok.run.export import is_export, load_exported
 from megatok.run.reader import load_model
 
@@ -262,36 +262,49 @@ class Model:
 
     def generate(self, prompt: str | bytes | list, max_bytes: int = 200, temperature: float = 1.0,
                  top_k: int | None = None, top_p: float | None = None, stop=None, seed: int | list[int] | None = None,
-                 cache: bool = True):
+                 cache: bool = True, batch_size: int | None = None):
         """Continue ``prompt`` (read as the start of a document) for up to ``max_bytes`` bytes (a BPE
         model's last token may run past), until the model ends the document or the text holds one of
         the ``stop`` strings (str or bytes; the completion is cut before it; an empty one is ignored, as
         megatok.generate and lm-eval's cut of a generation ignore it). ``temperature`` 0 is
         greedy; ``top_k``/``top_p`` restrict the sampled ids. A list of prompts gives a list of
-        completions, prompt i sampled with seed ``seed + i`` (or ``seed[i]``); ``seed`` defaults to the
-        model's. Byte-model boundaries follow the model's rule (decided as each byte arrives)."""
-        if isinstance(prompt, (list, tuple)):
-            seeds = seed if isinstance(seed, (list, tuple)) else [(self.seed if seed is None else seed) + i
-                                                                  for i in range(len(prompt))]
-            if len(seeds) != len(prompt):
-                raise ValueError(f"{len(seeds)} seeds for {len(prompt)} prompts")
-            return [self.generate(p, max_bytes, temperature, top_k, top_p, stop, s, cache) for p, s in zip(prompt, seeds)]
+        completions, decoded together in batches of ``batch_size`` (default: the model's), prompt i
+        sampled with seed ``seed + i`` (or ``seed[i]``; ``seed`` defaults to the model's): each is the
+        completion it gets alone. Byte-model boundaries follow the model's rule (decided as each byte
+        arrives)."""
+        one = not isinstance(prompt, (list, tuple))
+        prompts = [prompt] if one else list(prompt)
+        if isinstance(seed, (list, tuple)):
+            seeds = list(seed)
+        else:
+            seeds = [(self.seed if seed is None else seed) + i for i in range(len(prompts))]
+        if len(seeds) != len(prompts):
+            raise ValueError(f"{len(seeds)} seeds for {len(prompts)} prompts")
         if isinstance(stop, (str, bytes)):
             stop = [stop]
         stops = [s for s in stop or [] if len(s)]  # b"" is in every text: it would cut at 0
         encoded = [_as_bytes(s) for s in stops]
-        g = _generate(self.module, _as_bytes(prompt), seq_len=self.seq_len, max_bytes=max_bytes,
-                      temperature=temperature, top_k=top_k, top_p=top_p, seed=self.seed if seed is None else seed,
-                      boundary_mode=self.boundary, encoding=self.encoding, cache=cache, stop=encoded)
-        data, reason, which = g.text, "separator" if g.stopped else "length", None
-        if g.stop is not None:
-            cut = min((data.find(s), i) for i, s in enumerate(encoded) if s in data)
-            data, which, reason = data[:cut[0]], stops[cut[1]], "stop"
-        text = data.decode("utf-8", "replace")
-        if reason == "length":  # max_bytes may stop inside a character: a decoder that is not told the
-            # text ended holds its first bytes back (other invalid bytes still read as U+FFFD)
-            text = codecs.getincrementaldecoder("utf-8")("replace").decode(data)
-        return Completion(text, data, reason, which, g)
+        data = [_as_bytes(p) for p in prompts]
+        size = max(1, batch_size or self.batch_size)
+        gens = []
+        for lo in range(0, len(data), size):
+            gens += _generate_batch(self.module, data[lo:lo + size], seq_len=self.seq_len, max_bytes=max_bytes,
+                                    temperature=temperature, top_k=top_k, top_p=top_p, seeds=seeds[lo:lo + size],
+                                    boundary_mode=self.boundary, encoding=self.encoding, cache=cache, stop=encoded)
+        out = [_completion(g, stops, encoded) for g in gens]
+        return out[0] if one else out
+
+
+def _completion(g: Generation, stops: list, encoded: list[bytes]) -> Completion:
+    data, reason, which = g.text, "separator" if g.stopped else "length", None
+    if g.stop is not None:
+        cut = min((data.find(s), i) for i, s in enumerate(encoded) if s in data)
+        data, which, reason = data[:cut[0]], stops[cut[1]], "stop"
+    text = data.decode("utf-8", "replace")
+    if reason == "length":  # max_bytes may stop inside a character: a decoder that is not told the
+        # text ended holds its first bytes back (other invalid bytes still read as U+FFFD)
+        text = codecs.getincrementaldecoder("utf-8")("replace").decode(data)
+    return Completion(text, data, reason, which, g)
 
 
 def load(path: str | Path, checkpoint: str | None = None, device: str | torch.device | None = None,
