@@ -144,24 +144,30 @@ class Model:
         per-target log-probabilities, argmax flags and chunk starts, and the evaluator's figures.
         ``windows``: per document, its windows (ids, separator first in a document's first window) and how
         many of each window's last targets to keep, instead of megatok-evaluate's windows (all kept)."""
-        passes = [_Pass() for _ in texts]
+        read: dict[tuple[int, int], _Pass] = {}  # (document, window) -> what that window gave
 
         def keep(doc_no, i, w, out, row):
             n = len(w) - 1
             lo = 0 if windows is None else n - windows[doc_no][i][1]  # the targets before lo are context
-            p = passes[doc_no]
-            ce = out.ce_full[row, lo:n].double()
-            p.logprobs.extend((-ce).tolist())
-            p.nll += float(out.rows["nll"][row])
-            p.greedy.extend((out.logits[row, lo:n].argmax(-1).cpu() == w[lo + 1:]).tolist())
+            p = read[doc_no, i] = _Pass()
+            p.logprobs = (-out.ce_full[row, lo:n].double()).tolist()
+            p.nll = float(out.rows["nll"][row])
+            p.greedy = (out.logits[row, lo:n].argmax(-1).cpu() == w[lo + 1:]).tolist()
             if out.boundaries is not None:
-                p.starts.extend(out.boundaries.starts[row, lo:n].tolist())
+                p.starts = out.boundaries.starts[row, lo:n].tolist()
 
         given = None if windows is None else (lambda doc_no, _text: [w for w, _ in windows[doc_no]])
         docs = (Document(text=t, lang=None, domain=None, source="") for t in texts)
         figures = evaluate_documents(self.module, docs, seq_len=self.seq_len, batch_size=self.batch_size,
                                      mode=self.boundary, seed=self.seed, device=self.device, encoding=self.encoding,
                                      per_window=keep, windows=given)
+        passes = [_Pass() for _ in texts]
+        for (doc_no, _), part in sorted(read.items()):  # each document's windows in order
+            p = passes[doc_no]
+            p.logprobs += part.logprobs
+            p.greedy += part.greedy
+            p.starts += part.starts
+            p.nll += part.nll
         return passes, figures
 
     def _ending_windows(self, ids: torch.Tensor, n: int) -> list[tuple[torch.Tensor, int]]:

@@ -152,3 +152,26 @@ def test_an_empty_perplexity_document_has_log_probability_0(tiny_run):
     requests = [Instance("loglikelihood_rolling", {}, (text,), i) for i, text in enumerate([DOCS[0], "", DOCS[1]])]
     got = lm.loglikelihood_rolling(requests, disable_tqdm=True)
     assert got[1] == 0.0 and got[::2] == [s.logprob for s in lm.model.score_many(DOCS[:2])]
+
+
+def test_requests_are_batched_longest_first_and_answered_as_alone(tiny_run):
+    """generate_until: requests with the same arguments decoded together (batch_size at a time, the longest
+    context first), each answer the one its request gets alone; loglikelihood: scored longest first."""
+    from lm_eval.api.instance import Instance
+
+    from megatok.eval.harness import MegatokLM
+
+    lm = MegatokLM(model=megatok.load(tiny_run, batch_size=2))
+    calls, generate, loglikelihoods = [], lm.model.generate, lm.model.loglikelihoods
+    lm.model.generate = lambda prompts, **kw: calls.append((prompts, kw["stop"])) or generate(prompts, **kw)
+    lm.model.loglikelihoods = lambda pairs: calls.append(pairs) or loglikelihoods(pairs)
+    asks = [("a", "x"), ("three", "x"), ("tw", "y"), ("four", "x"), ("fives", "y")]
+    requests = [Instance("generate_until", {}, (c, {"until": [u], "max_gen_toks": 6, "do_sample": True}), i)
+                for i, (c, u) in enumerate(asks)]
+    got = lm.generate_until(requests, disable_tqdm=True)
+    assert calls == [(["three", "four"], ["x"]), (["a"], ["x"]), (["fives", "tw"], ["y"])]
+    assert got == [generate(c, max_bytes=6, temperature=1.0, stop=[u], seed=i).text for i, (c, u) in enumerate(asks)]
+    calls.clear()
+    pairs = [("ab", " c"), ("abcdef", " g"), ("abc", " d")]
+    got = lm.loglikelihood([Instance("loglikelihood", {}, p, i) for i, p in enumerate(pairs)], disable_tqdm=True)
+    assert calls == [[pairs[1], pairs[2], pairs[0]]] and got == loglikelihoods(pairs)
