@@ -248,17 +248,23 @@ class _Cached:
         for s in self.parked:
             if self.held[s] >= self.seq_len:  # a placeholder row: emptied
                 self._read([s], [_Row([self.sep], 0)], [(0, 1)])
-        x = torch.full((self.cache.lengths.shape[0],), self.sep, dtype=torch.long)  # (the placeholder)
-        x[self.slots] = torch.tensor(ids)
-        x = x.to(self.device)
+        if self.parked:
+            x = torch.full((self.cache.lengths.shape[0],), self.sep, dtype=torch.long)  # (the placeholder)
+            x[self.slots] = torch.tensor(ids)
+            x = x.to(self.device)
+        else:
+            x = torch.tensor(ids, device=self.device)
         out = self.graph(x) if self.graph is not None else self.model.step(x, self.cache, static=self.static)
-        for s in range(len(self.held)):
-            self.held[s] += 1
-        where = torch.tensor(self.slots, device=self.device)
-        if self.byte_model:
-            for r, start in zip(self.rows, out.boundaries.starts[where, 0].tolist()):
+        self.held = [h + 1 for h in self.held]
+        logits = out.logits[:, 0]
+        starts = None if not self.byte_model else out.boundaries.starts[:, 0]
+        if self.parked:
+            where = torch.tensor(self.slots, device=self.device)
+            logits, starts = logits[where], None if starts is None else starts[where]
+        if starts is not None:
+            for r, start in zip(self.rows, starts.tolist()):
                 r.starts.append(start)
-        return out.logits[where, 0]
+        return logits
 
     def keep(self, idx: list[int]) -> None:
         """Only the rows ``idx`` (of the live rows) go on."""

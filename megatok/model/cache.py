@@ -25,7 +25,7 @@ import torch
 
 
 class _Plan:
-    __slots__ = ("prefill", "rows", "pos", "index", "mask", "limit")
+    __slots__ = ("prefill", "rows", "pos", "flat", "mask", "limit")
 
 
 class _Layer:
@@ -36,18 +36,22 @@ class _Layer:
 
     def __call__(self, k: torch.Tensor, v: torch.Tensor, mask):
         c, p = self.cache, self.cache.plan
+        if k.dtype != c.dtype:  # (autocast)
+            k, v = k.to(c.dtype), v.to(c.dtype)
         if p.prefill:  # [B', H, T, Dh] at positions 0..T-1 of the rows; attention as without a cache
             T = k.shape[2]
-            c.k[self.i, p.rows, :, :T] = k.to(c.k.dtype)
-            c.v[self.i, p.rows, :, :T] = v.to(c.v.dtype)
+            c.k[self.i, p.rows, :, :T] = k
+            c.v[self.i, p.rows, :, :T] = v
             return k, v, mask, True
         if k.shape[2] != 1:
             raise ValueError("a filled cache takes one position per row at a time")
-        c.k[self.i, p.index, :, p.pos] = k[:, :, 0].to(c.k.dtype)
-        c.v[self.i, p.index, :, p.pos] = v[:, :, 0].to(c.v.dtype)
+        dh = k.shape[-1]  # one copy per tensor: row b, head h at its position (extend's flat index)
+        (ki, vi), (kf, vf) = c.views[self.i], c.flat[self.i]
+        kf.index_copy_(0, p.flat, k.reshape(-1, dh))
+        vf.index_copy_(0, p.flat, v.reshape(-1, dh))
         if p.rows is None:
-            return c.k[self.i, :, :, :p.limit], c.v[self.i, :, :, :p.limit], p.mask, False
-        return c.k[self.i][p.rows, :, :p.limit], c.v[self.i][p.rows, :, :p.limit], p.mask, False
+            return ki[:, :, :p.limit], vi[:, :, :p.limit], p.mask, False
+        return ki[p.rows, :, :p.limit], vi[p.rows, :, :p.limit], p.mask, False
 
 
 class KVCache:
@@ -56,14 +60,20 @@ class KVCache:
 
     def __init__(self, n_layers: int, batch: int, heads: int, head_dim: int, capacity: int, *, device, dtype,
                  window: int | None = None):
-        self.k = torch.zeros(n_layers, batch, heads, capacity, head_dim, device=device, dtype=dtype)
-        self.v = torch.zeros_like(self.k)
+        self._set(torch.zeros(n_layers, batch, heads, capacity, head_dim, device=device, dtype=dtype))
         self.lengths = torch.zeros(batch, dtype=torch.long, device=device)
         self.capacity, self.window, self.dtype = capacity, window, dtype
         self.layers = [_Layer(self, i) for i in range(n_layers)]
         self.plan = _Plan()
         self._arange = torch.arange(capacity, device=device)
+        self._heads = torch.arange(heads, device=device)
         self._all = torch.arange(batch, device=device)
+
+    def _set(self, k: torch.Tensor, v: torch.Tensor | None = None) -> None:
+        """The buffers, and each layer's views of them (made once: a step takes them as they are)."""
+        self.k, self.v = k, torch.zeros_like(k) if v is None else v
+        self.views = [(self.k[i], self.v[i]) for i in range(len(k))]
+        self.flat = [(a.view(-1, k.shape[-1]), b.view(-1, k.shape[-1])) for a, b in self.views]
 
     def __getitem__(self, i: int) -> _Layer:
         return self.layers[i]
@@ -79,8 +89,10 @@ class KVCache:
         ``grow``, per row of ``rows``: 0 keeps what was written out of the row's positions)."""
         p = self.plan
         p.prefill, p.rows, p.limit = False, rows, limit or self.capacity
-        p.index = self._all if rows is None else rows
+        index = self._all if rows is None else rows
         p.pos = self.lengths.clone() if rows is None else self.lengths[rows]
+        heads = self.k.shape[2]  # [k|v][layer] viewed as [B * H * S, Dh]: (b, h, pos) is row (b H + h) S + pos
+        p.flat = ((index[:, None] * heads + self._heads) * self.capacity + p.pos[:, None]).reshape(-1)
         j = self._arange[:p.limit]
         allowed = j[None, :] <= p.pos[:, None]
         if self.window is not None:
@@ -95,7 +107,7 @@ class KVCache:
 
     def keep(self, rows: torch.Tensor) -> None:
         """Keep only ``rows``, in that order (finished rows leave the batch)."""
-        self.k, self.v = self.k[:, rows], self.v[:, rows]
+        self._set(self.k[:, rows], self.v[:, rows])
         self.lengths = self.lengths[rows]
         self._all = self._all[:len(rows)]
 
