@@ -112,28 +112,45 @@ class KVCache:
         self._all = self._all[:len(rows)]
 
 
-class TokenCache:
-    """The BPE token model's generation state: its layers' keys and values."""
+class _RowState:
+    """A model's generation state, row by row: the KVCaches named in ``caches`` (the first one's lengths are
+    the rows' lengths), tensors whose first axis is the row (``tensors``) and host-side lists (``host``)."""
+
+    caches: tuple[str, ...] = ()
+    tensors: tuple[str, ...] = ()
+    host: tuple[str, ...] = ("n_host",)
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        return getattr(self, self.caches[0]).lengths
+
+    def keep(self, rows: torch.Tensor) -> None:
+        """Keep only ``rows``, in that order (rows that ended leave the batch)."""
+        for name in self.caches:
+            getattr(self, name).keep(rows)
+        for name in self.tensors:
+            if getattr(self, name) is not None:
+                setattr(self, name, getattr(self, name)[rows])
+        at = rows.tolist()
+        for name in self.host:
+            setattr(self, name, [getattr(self, name)[i] for i in at])
+
+
+class TokenCache(_RowState):
+    """The BPE token model's generation state: its layers' keys and values, each row's length on the host."""
+
+    caches = ("main",)
 
     def __init__(self, model, batch: int, capacity: int):
         p = next(model.parameters())
         m = model.main
         self.main = KVCache(len(m.layers), batch, m.layers[0].attn.n_heads, m.head_dim, capacity, device=p.device,
                             dtype=p.dtype)
-        self.n_host = [0] * batch  # each row's length, on the host
+        self.n_host = [0] * batch
         self.capacity = capacity
 
-    @property
-    def lengths(self) -> torch.Tensor:
-        return self.main.lengths
 
-    def keep(self, rows: torch.Tensor) -> None:
-        """Keep only ``rows``, in that order."""
-        self.main.keep(rows)
-        self.n_host = [self.n_host[i] for i in rows.tolist()]
-
-
-class ByteCache:
+class ByteCache(_RowState):
     """The byte U-net's generation state for ``batch`` rows of up to ``capacity`` bytes:
 
     - ``byte``: the encoder's and the decoder's keys and values (one KVCache: the two stacks advance
@@ -145,6 +162,10 @@ class ByteCache:
       None: the strategy draws its own);
     - ``n_host``, ``chunks_host``: each row's length and chunk count, on the host (where a step reads how
       much of the caches to attend over)."""
+
+    caches = ("byte", "main")
+    tensors = ("x", "h", "starts", "z", "up", "noise")
+    host = ("n_host", "chunks_host")
 
     def __init__(self, model, batch: int, capacity: int):
         p = next(model.parameters())
@@ -167,18 +188,3 @@ class ByteCache:
         self.n_host = [0] * batch
         self.chunks_host = [0] * batch
         self.capacity = capacity
-
-    @property
-    def lengths(self) -> torch.Tensor:
-        return self.byte.lengths
-
-    def keep(self, rows: torch.Tensor) -> None:
-        """Keep only ``rows``, in that order."""
-        self.byte.keep(rows)
-        self.main.keep(rows)
-        self.x, self.h, self.starts, self.z, self.up = (t[rows] for t in (self.x, self.h, self.starts, self.z, self.up))
-        if self.noise is not None:
-            self.noise = self.noise[rows]
-        host = rows.tolist()
-        self.n_host = [self.n_host[i] for i in host]
-        self.chunks_host = [self.chunks_host[i] for i in host]
