@@ -302,6 +302,7 @@ class Model:
 
 
 def _completion(g: Generation, stops: list, encoded: list[bytes]) -> Completion:
+    """A Generation as a Completion: cut before the stop string that ended it, decoded."""
     data, reason, which = g.text, "separator" if g.stopped else "length", None
     if g.stop is not None:
         cut = min((data.find(s), i) for i, s in enumerate(encoded) if s in data)
