@@ -116,6 +116,7 @@ class Strategy(BoundaryStrategy):
         if options.start_margin is not None:
             self.register_buffer("started", torch.zeros((), dtype=torch.bool))
         self.samples = options.samples
+        self.reach = 0 if options.window == 1 else None  # window 1: b_t reads h_t and its noise
 
     def gamma_now(self) -> float:
         """The discount at the optimizer step the trainer set (``step``)."""
