@@ -137,6 +137,11 @@ def run(cfg, resume: str) -> int:
             else:
                 what = f"a write failed (torch.save: {str(e).splitlines()[0]}{free})"
             return _die(3, f"error: rank {rank}: {what}; last good checkpoint: {_last_good(cfg)}")
+        if dist.address_in_use(e):  # before is_comm_failure: torch raises it as a DistNetworkError too
+            return _die(2, f"error: rank {rank}: the rendezvous port {os.environ.get('MASTER_PORT', '?')} is in use "
+                           f"(EADDRINUSE: another job, or a run still shutting down, listens on it); start the job "
+                           f"on a free port: deepspeed --master_port PORT, or MASTER_PORT=PORT for tools/quickstart.sh "
+                           f"and tools/head_to_head.sh (which pick a free one by default)")
         if not dist.is_comm_failure(e):
             return _unexpected(e, cfg, rank)
         reason = str(e).splitlines()[0][:200]

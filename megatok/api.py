@@ -35,7 +35,7 @@ from megatok.data.documents import Document
 from megatok.data.encoding import encoding_for
 from megatok.eval.bpb import Seeded, boundary_rule, document_windows, evaluate_documents, window_seed
 from megatok.boundaries.base import row_seeds
-from megatok.generate import Generation, generate as _generate
+from megatok.generate import Generation, generate_batch as _generate_batch
 from megatok.run.export import is_export, load_exported
 from megatok.run.reader import load_model
 
@@ -75,7 +75,7 @@ class Score:
 
     @property
     def bits_per_byte(self) -> float:
-        return -self.logprob / len(self.text) / math.log(2) if self.text else float("nan")
+        return -self.logprob / len(self.text) / math.log(2)
 
 
 @dataclass
@@ -144,24 +144,30 @@ class Model:
         per-target log-probabilities, argmax flags and chunk starts, and the evaluator's figures.
         ``windows``: per document, its windows (ids, separator first in a document's first window) and how
         many of each window's last targets to keep, instead of megatok-evaluate's windows (all kept)."""
-        passes = [_Pass() for _ in texts]
+        read: dict[tuple[int, int], _Pass] = {}  # (document, window) -> what that window gave
 
         def keep(doc_no, i, w, out, row):
             n = len(w) - 1
             lo = 0 if windows is None else n - windows[doc_no][i][1]  # the targets before lo are context
-            p = passes[doc_no]
-            ce = out.ce_full[row, lo:n].double()
-            p.logprobs.extend((-ce).tolist())
-            p.nll += float(out.rows["nll"][row])
-            p.greedy.extend((out.logits[row, lo:n].argmax(-1).cpu() == w[lo + 1:]).tolist())
+            p = read[doc_no, i] = _Pass()
+            p.logprobs = (-out.ce_full[row, lo:n].double()).tolist()
+            p.nll = float(out.rows["nll"][row])
+            p.greedy = (out.logits[row, lo:n].argmax(-1).cpu() == w[lo + 1:]).tolist()
             if out.boundaries is not None:
-                p.starts.extend(out.boundaries.starts[row, lo:n].tolist())
+                p.starts = out.boundaries.starts[row, lo:n].tolist()
 
         given = None if windows is None else (lambda doc_no, _text: [w for w, _ in windows[doc_no]])
         docs = (Document(text=t, lang=None, domain=None, source="") for t in texts)
         figures = evaluate_documents(self.module, docs, seq_len=self.seq_len, batch_size=self.batch_size,
                                      mode=self.boundary, seed=self.seed, device=self.device, encoding=self.encoding,
                                      per_window=keep, windows=given)
+        passes = [_Pass() for _ in texts]
+        for (doc_no, _), part in sorted(read.items()):  # each document's windows in order
+            p = passes[doc_no]
+            p.logprobs += part.logprobs
+            p.greedy += part.greedy
+            p.starts += part.starts
+            p.nll += part.nll
         return passes, figures
 
     def _ending_windows(self, ids: torch.Tensor, n: int) -> list[tuple[torch.Tensor, int]]:
@@ -186,6 +192,10 @@ class Model:
     def score_many(self, texts: list[str | bytes]) -> list[Score]:
         """:meth:`score` of several texts, batched (each scored as it would be alone)."""
         data = [_as_bytes(t) for t in texts]
+        empty = [i for i, t in enumerate(data) if not t]
+        if empty:
+            which = "the text" if len(data) == 1 else f"text {empty[0]} of {len(data)}"
+            raise ValueError(f"score: {which} is empty: there is no byte to score")
         passes, _ = self._passes(data)
         out = []
         for text, p in zip(data, passes):
@@ -258,36 +268,50 @@ class Model:
 
     def generate(self, prompt: str | bytes | list, max_bytes: int = 200, temperature: float = 1.0,
                  top_k: int | None = None, top_p: float | None = None, stop=None, seed: int | list[int] | None = None,
-                 cache: bool = True):
+                 cache: bool = True, batch_size: int | None = None):
         """Continue ``prompt`` (read as the start of a document) for up to ``max_bytes`` bytes (a BPE
         model's last token may run past), until the model ends the document or the text holds one of
         the ``stop`` strings (str or bytes; the completion is cut before it; an empty one is ignored, as
         megatok.generate and lm-eval's cut of a generation ignore it). ``temperature`` 0 is
         greedy; ``top_k``/``top_p`` restrict the sampled ids. A list of prompts gives a list of
-        completions, prompt i sampled with seed ``seed + i`` (or ``seed[i]``); ``seed`` defaults to the
-        model's. Byte-model boundaries follow the model's rule (decided as each byte arrives)."""
-        if isinstance(prompt, (list, tuple)):
-            seeds = seed if isinstance(seed, (list, tuple)) else [(self.seed if seed is None else seed) + i
-                                                                  for i in range(len(prompt))]
-            if len(seeds) != len(prompt):
-                raise ValueError(f"{len(seeds)} seeds for {len(prompt)} prompts")
-            return [self.generate(p, max_bytes, temperature, top_k, top_p, stop, s, cache) for p, s in zip(prompt, seeds)]
+        completions, decoded together in batches of ``batch_size`` (default: the model's), prompt i
+        sampled with seed ``seed + i`` (or ``seed[i]``; ``seed`` defaults to the model's): each is the
+        completion it gets alone. Byte-model boundaries follow the model's rule (decided as each byte
+        arrives)."""
+        one = not isinstance(prompt, (list, tuple))
+        prompts = [prompt] if one else list(prompt)
+        if isinstance(seed, (list, tuple)):
+            seeds = list(seed)
+        else:
+            seeds = [(self.seed if seed is None else seed) + i for i in range(len(prompts))]
+        if len(seeds) != len(prompts):
+            raise ValueError(f"{len(seeds)} seeds for {len(prompts)} prompts")
         if isinstance(stop, (str, bytes)):
             stop = [stop]
         stops = [s for s in stop or [] if len(s)]  # b"" is in every text: it would cut at 0
         encoded = [_as_bytes(s) for s in stops]
-        g = _generate(self.module, _as_bytes(prompt), seq_len=self.seq_len, max_bytes=max_bytes,
-                      temperature=temperature, top_k=top_k, top_p=top_p, seed=self.seed if seed is None else seed,
-                      boundary_mode=self.boundary, encoding=self.encoding, cache=cache, stop=encoded)
-        data, reason, which = g.text, "separator" if g.stopped else "length", None
-        if g.stop is not None:
-            cut = min((data.find(s), i) for i, s in enumerate(encoded) if s in data)
-            data, which, reason = data[:cut[0]], stops[cut[1]], "stop"
-        text = data.decode("utf-8", "replace")
-        if reason == "length":  # max_bytes may stop inside a character: a decoder that is not told the
-            # text ended holds its first bytes back (other invalid bytes still read as U+FFFD)
-            text = codecs.getincrementaldecoder("utf-8")("replace").decode(data)
-        return Completion(text, data, reason, which, g)
+        data = [_as_bytes(p) for p in prompts]
+        size = max(1, batch_size or self.batch_size)
+        gens = []
+        for lo in range(0, len(data), size):
+            gens += _generate_batch(self.module, data[lo:lo + size], seq_len=self.seq_len, max_bytes=max_bytes,
+                                    temperature=temperature, top_k=top_k, top_p=top_p, seeds=seeds[lo:lo + size],
+                                    boundary_mode=self.boundary, encoding=self.encoding, cache=cache, stop=encoded)
+        out = [_completion(g, stops, encoded) for g in gens]
+        return out[0] if one else out
+
+
+def _completion(g: Generation, stops: list, encoded: list[bytes]) -> Completion:
+    """A Generation as a Completion: cut before the stop string that ended it, decoded."""
+    data, reason, which = g.text, "separator" if g.stopped else "length", None
+    if g.stop is not None:
+        cut = min((data.find(s), i) for i, s in enumerate(encoded) if s in data)
+        data, which, reason = data[:cut[0]], stops[cut[1]], "stop"
+    text = data.decode("utf-8", "replace")
+    if reason == "length":  # max_bytes may stop inside a character: a decoder that is not told the
+        # text ended holds its first bytes back (other invalid bytes still read as U+FFFD)
+        text = codecs.getincrementaldecoder("utf-8")("replace").decode(data)
+    return Completion(text, data, reason, which, g)
 
 
 def load(path: str | Path, checkpoint: str | None = None, device: str | torch.device | None = None,

@@ -1,33 +1,51 @@
-"""Sampling text from a model: megatok's byte model one byte at a time, the BPE token model one token
-at a time.
+"""Sampling text from a model: megatok's byte model one byte at a time, the BPE token model one token at a
+time, a batch of prompts together.
 
-The prompt is read like an evaluation document (a separator first, then its bytes or tokens). The
-model reads the prompt once and keeps every layer's keys and values (``cache=True``, the default):
-each new id then runs the encoder and decoder on that id only and the main network only when the id
-starts a chunk (ByteUNet.step, TokenLM.step); the strategy still decides the new byte's boundary over
-the whole window (cheap for the learned heads, the vectorised rules and the window > 1 policy's scan;
-the bpe rule walks the window in Python at every byte, so it gains little). When the window reaches ``seq_len`` ids the cache is
-rebuilt from the last ``seq_len // 2``. ``cache=False`` runs the model over the last ``seq_len`` ids
-at every step instead (a window that slides by one id). The next id is sampled from the last
-position's distribution, at a temperature, optionally among the top k; a separator ends the text.
-Within ``seq_len`` both ways give the same text, boundaries and log-probabilities (the same random
-draws; up to float rounding; tests/model/test_generate.py). Byte-model chunk boundaries
-are decided once: the strategy decides each new byte's boundary as it arrives (sampled, or p > 0.5
-with ``boundary_mode="threshold"``) and earlier decisions are held fixed (ByteUNet's ``starts``), so
-a text that fits in seq_len is chunked as one forward pass over it would be. Because the model is
-causal, the log-probability reported for every sampled id then equals the one a single forward pass
-over the whole text assigns it (tests/model/test_generate.py, tests/bpe/test_token_model.py). Past
-seq_len the model sees a window whose first byte always starts a chunk.
+Each prompt is read like an evaluation document (a separator first, then its bytes or tokens) into its own
+row of a generation cache (megatok.model.cache: every layer's keys and values, preallocated; rows of any
+lengths, each at its own). Each step feeds every row its newest id: the byte model's encoder and decoder run
+on it and its main network only for the rows whose byte starts a chunk (ByteUNet.step), the token model's
+layers on it (TokenLM.step). Every row has its own seed, stop strings, boundary decisions and end; a row that
+ends leaves the batch. When a row's window holds ``seq_len`` ids, that row alone is read again from its last
+``seq_len // 2`` ids. ``cache=False`` runs the model over each row's last ``seq_len`` ids at every step
+instead (a window that slides by one id): the reference the cache is tested against. Within ``seq_len``
+both give the same text, boundaries and log-probabilities (up to float rounding; tests/model/test_generate.py).
+
+The next id is drawn from the last position's distribution (at a temperature, optionally among the top k or
+the top p of the mass); a separator ends the text. Byte-model chunk boundaries are decided once: the strategy
+decides each new byte's boundary as it arrives (sampled, or p > 0.5 with ``boundary_mode="threshold"``) and
+earlier decisions are held fixed, so a text that fits in ``seq_len`` is chunked as one forward pass over it
+would be, and the log-probability reported for every sampled id equals the one a single forward pass over
+the whole text assigns it (the model is causal). Past ``seq_len`` the model sees a window whose first byte
+always starts a chunk.
+
+Randomness is per row: two streams seeded from the row's seed, one uniform draw per step for its next id
+(the inverse of the kept probabilities' distribution function at that draw) and one per position for its
+boundary (read by the strategy through megatok.boundaries.base.given_noise). A row's text, boundaries and
+log-probabilities are therefore the same alone or in any batch, up to float rounding (a batch's shapes
+change the rounding, which flips a draw only where it falls within it). The caller's global random state
+is left as it was.
+
+``static=True`` steps with fixed shapes and no host sync (ByteUNet.step / TokenLM.step ``static``: the caches
+read over their whole capacity, the byte model's main network on every row); ``cuda_graph=True`` (on a GPU)
+captures that step once as a CUDA graph and replays it: the batch then keeps its rows to the end (a row that
+ended is fed a placeholder), and each step costs one graph launch instead of one per kernel.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import math
 from dataclasses import dataclass, field
 
 import torch
 
+from megatok.boundaries.base import given_noise
 from megatok.data.encoding import BYTES
+
+#: Uniform draws taken per row at a time for its next ids.
+DRAWS = 256
 
 
 @dataclass
@@ -46,6 +64,40 @@ class Generation:
         return -sum(self.logprobs) / max(1, len(self.text)) / math.log(2)
 
 
+def stream_seed(seed: int, what: str) -> int:
+    """The seed of one of a row's random streams ("ids", "boundaries"), from the row's seed."""
+    digest = hashlib.blake2b(f"{seed}:{what}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & (2**63 - 1)
+
+
+class _Row:
+    """One prompt's generation: its ids (prompt and generated), boundary decisions, output and streams."""
+
+    def __init__(self, ids: list[int], seed: int):
+        self.ids, self.n_prompt = ids, len(ids)
+        self.starts: list[bool] = []  # one decision per id once the model has seen it (byte model)
+        self.out: list[int] = []
+        self.logprobs: list[float] = []
+        self.text = bytearray()
+        self.stopped, self.stop = False, None
+        self.draws = torch.Generator().manual_seed(stream_seed(seed, "ids"))
+        self._noise = torch.Generator().manual_seed(stream_seed(seed, "boundaries"))
+        self._blocks: list[torch.Tensor] = []
+
+    def noise(self, lo: int, n: int) -> torch.Tensor:
+        """The boundary draws [n] of positions lo .. lo + n - 1 of the document (drawn in blocks of n)."""
+        while len(self._blocks) * n < lo + n:
+            self._blocks.append(torch.rand(n, generator=self._noise))
+        return torch.cat(self._blocks)[lo:lo + n]
+
+    def result(self, byte_model: bool) -> Generation:
+        g = Generation(text=bytes(self.text), ids=self.out, logprobs=self.logprobs, stopped=self.stopped,
+                       stop=self.stop)
+        if byte_model:  # starts[0] is the separator's
+            g.prompt_starts, g.starts = self.starts[1:self.n_prompt], self.starts[self.n_prompt:]
+        return g
+
+
 def _allowed(vocab: int, encoding, device) -> torch.Tensor:
     """Ids that may be sampled: text ids and the separator (never padding or control ids)."""
     ok = torch.zeros(vocab, dtype=torch.bool, device=device)
@@ -58,41 +110,242 @@ def _allowed(vocab: int, encoding, device) -> torch.Tensor:
     return ok
 
 
-def _pick(logits: torch.Tensor, temperature: float, top_k: int | None, gen: torch.Generator,
-          top_p: float | None = None) -> int:
+def pick(logits: torch.Tensor, u: torch.Tensor, temperature: float, top_k: int | None = None,
+         top_p: float | None = None) -> torch.Tensor:
+    """One id per row of ``logits`` [B, V] (-inf: never), the row's uniform draw ``u`` [B] deciding which:
+    the argmax at temperature 0, else the first id whose cumulative probability (at the temperature, among
+    the top k and the top p of the mass) exceeds u."""
     if temperature == 0:
-        return int(logits.argmax())
-    scaled = logits / temperature
+        return logits.argmax(-1)
+    scaled = logits.float() / temperature
     if top_k:
-        kth = torch.topk(scaled, min(top_k, int(torch.isfinite(scaled).sum()))).values[-1]
+        kth = torch.topk(scaled, min(top_k, scaled.shape[-1]), -1).values[:, -1:]
         scaled = scaled.masked_fill(scaled < kth, float("-inf"))
     probs = torch.softmax(scaled, -1)
     if top_p is not None and top_p < 1:  # nucleus: the most likely ids whose mass reaches top_p
-        sorted_probs, order = probs.sort(descending=True)
+        sorted_probs, order = probs.sort(-1, descending=True)
         outside = sorted_probs.cumsum(-1) - sorted_probs >= top_p  # the mass before an id already reaches top_p
-        probs = probs.scatter(0, order, sorted_probs.masked_fill(outside, 0))
-    return int(torch.multinomial(probs, 1, generator=gen))
+        probs = torch.zeros_like(probs).scatter_(-1, order, sorted_probs.masked_fill(outside, 0))
+    cdf = probs.cumsum(-1)
+    at = (u.to(cdf.dtype) * cdf[:, -1])[:, None]
+    return torch.searchsorted(cdf, at, right=True)[:, 0].clamp_(max=logits.shape[-1] - 1)
 
 
-@torch.no_grad()
-def generate(model, prompt: bytes, *, seq_len: int, max_bytes: int = 200, temperature: float = 1.0,
-             top_k: int | None = None, seed: int = 0, boundary_mode: str = "sample", encoding=BYTES,
-             stop_at_separator: bool = True, progress=None, cache: bool = True, top_p: float | None = None,
-             stop: tuple[bytes, ...] | list[bytes] = ()) -> Generation:
-    """Continue ``prompt`` until ``max_bytes`` bytes are generated (a BPE model's last token may run
-    past it), a separator is sampled or the text ends with one of the ``stop`` strings.
-    ``model``: a ByteUNet or TokenLM (megatok.model), ``encoding``: its encoding (encoding_for(cfg)).
-    ``temperature`` 0 is greedy; ``top_k``, ``top_p`` (nucleus) restrict the sampled ids. ``seed``
-    fixes the samples, of ids and of boundaries."""
+class _Draws:
+    """The rows' uniform draws for their next ids, DRAWS at a time from each row's stream, kept on the device."""
+
+    def __init__(self, rows: list[_Row], device):
+        self.rows, self.device, self.table, self.col = rows, device, None, DRAWS
+
+    def next(self) -> torch.Tensor:
+        if self.col == DRAWS:
+            self.table = torch.stack([torch.rand(DRAWS, generator=r.draws) for r in self.rows]).to(self.device)
+            self.col = 0
+        self.col += 1
+        return self.table[:, self.col - 1]
+
+    def keep(self, idx: list[int]) -> None:
+        self.rows = [self.rows[i] for i in idx]
+        if self.table is not None:
+            self.table = self.table[torch.tensor(idx, device=self.device)]
+
+
+def _decide_windows(model, row: _Row, seq_len: int, device) -> torch.Tensor:
+    """The byte model over the row's last seq_len ids, the ids without a boundary decision yet decided
+    window by window (a prompt may be longer than seq_len) with the decisions already taken inside each
+    window held fixed; the last id's next-byte logits [V]."""
+    ids, starts = row.ids, row.starts
+    while True:
+        # Each window holds at least one decided id before the undecided ones, so none of them is the
+        # window's first id (which the model always starts a chunk at).
+        end = min(len(ids), len(starts) + seq_len - 1 if starts else seq_len)
+        lo = max(0, end - seq_len)
+        pinned = torch.tensor([starts[lo:]], dtype=torch.bool, device=device)
+        with given_noise(row.noise(lo, seq_len)[None].to(device)):
+            out = model(torch.tensor([ids[lo:end]], device=device), starts=pinned)
+        starts.extend(out.boundaries.starts[0, pinned.shape[1]:].tolist())
+        if end == len(ids):
+            return out.logits[0, -1]
+
+
+class _Uncached:
+    """The reference: each row's last seq_len ids through the model's forward at every step."""
+
+    def __init__(self, model, rows, seq_len, byte_model, device):
+        self.model, self.rows, self.seq_len, self.byte_model, self.device = model, rows, seq_len, byte_model, device
+
+    def _logits(self, row: _Row) -> torch.Tensor:
+        if self.byte_model:
+            return _decide_windows(self.model, row, self.seq_len, self.device)
+        return self.model(torch.tensor([row.ids[-self.seq_len:]], device=self.device)).logits[0, -1]
+
+    def start(self) -> torch.Tensor:
+        return torch.stack([self._logits(r) for r in self.rows])
+
+    def step(self, ids: list[int]) -> torch.Tensor:
+        return self.start()
+
+    def keep(self, idx: list[int]) -> None:
+        self.rows = [self.rows[i] for i in idx]
+
+
+class _Cached:
+    """Every row in a generation cache (model.new_cache); each step feeds every row one id."""
+
+    def __init__(self, model, rows, seq_len, byte_model, device, encoding, static=False, cuda_graph=False):
+        self.model, self.rows, self.seq_len, self.byte_model, self.device = model, rows, seq_len, byte_model, device
+        self.pad, self.sep = encoding.pad, encoding.sep
+        self.cache = model.new_cache(len(rows), seq_len)
+        if byte_model:
+            self.cache.noise = torch.zeros(len(rows), seq_len, device=device)
+        self.held = [0] * len(rows)  # ids in each row's window
+        self.static = static or cuda_graph
+        self.graph = None if not cuda_graph else _Graph(model, self.cache, len(rows), device)
+        self.slots = list(range(len(rows)))  # each live row's row of the cache (static: rows never move)
+        self.parked: list[int] = []  # static: cache rows of ended rows, fed a placeholder
+
+    def _read(self, slots: list[int], rows: list[_Row], spans: list[tuple[int, int]]) -> torch.Tensor:
+        """Read ids[lo:hi] of each row into its cache row (right-padded, its decisions held); the logits
+        [len(rows), V] at each window's last id."""
+        width = max(hi - lo for lo, hi in spans)
+        x = torch.full((len(rows), width), self.pad, dtype=torch.long)
+        for i, (r, (lo, hi)) in enumerate(zip(rows, spans)):
+            x[i, :hi - lo] = torch.tensor(r.ids[lo:hi])
+        where = torch.tensor(slots, device=self.device)
+        if not self.byte_model:
+            out = self.model(x.to(self.device), cache=self.cache, cache_rows=where)
+        else:
+            decided = [min(max(0, len(r.starts) - lo), hi - lo) for r, (lo, hi) in zip(rows, spans)]
+            pinned = torch.zeros(len(rows), width, dtype=torch.bool)
+            for i, (r, (lo, hi)) in enumerate(zip(rows, spans)):
+                pinned[i, :decided[i]] = torch.tensor(r.starts[lo:lo + decided[i]], dtype=torch.bool)
+            self.cache.noise[where] = torch.stack([r.noise(lo, self.seq_len) for r, (lo, _) in zip(rows, spans)]).to(
+                self.device)
+            out = self.model(x.to(self.device), starts=pinned.to(self.device),
+                             decided=torch.tensor(decided, device=self.device), cache=self.cache, cache_rows=where)
+            new = out.boundaries.starts.tolist()
+            for i, (r, (lo, hi)) in enumerate(zip(rows, spans)):
+                r.starts.extend(new[i][decided[i]:hi - lo])
+        for s, (lo, hi) in zip(slots, spans):
+            self.held[s] = hi - lo
+        last = torch.tensor([hi - lo - 1 for lo, hi in spans], device=self.device)
+        return out.logits[torch.arange(len(rows), device=self.device), last]
+
+    def start(self) -> torch.Tensor:
+        if self.byte_model:
+            for r in self.rows:  # a prompt longer than the window: its boundaries window by window first
+                if len(r.ids) > self.seq_len:
+                    _decide_windows(self.model, r, self.seq_len, self.device)
+        return self._read(self.slots, self.rows, [(max(0, len(r.ids) - self.seq_len), len(r.ids)) for r in self.rows])
+
+    def step(self, ids: list[int]) -> torch.Tensor:
+        """The rows' new ids (already appended to their ids); their next logits [len(rows), V]."""
+        keep = max(1, self.seq_len // 2 - 1)  # then the new id: seq_len // 2 ids
+        full = [i for i, s in enumerate(self.slots) if self.held[s] >= self.seq_len]
+        if full:  # a full window: read again from the last ids before the new one (all decided)
+            self._read([self.slots[i] for i in full], [self.rows[i] for i in full],
+                       [(len(self.rows[i].ids) - 1 - keep, len(self.rows[i].ids) - 1) for i in full])
+        for s in self.parked:
+            if self.held[s] >= self.seq_len:  # a placeholder row: emptied
+                self._read([s], [_Row([self.sep], 0)], [(0, 1)])
+        if self.parked:
+            x = torch.full((self.cache.lengths.shape[0],), self.sep, dtype=torch.long)  # (the placeholder)
+            x[self.slots] = torch.tensor(ids)
+            x = x.to(self.device)
+        else:
+            x = torch.tensor(ids, device=self.device)
+        out = self.graph(x) if self.graph is not None else self.model.step(x, self.cache, static=self.static)
+        self.held = [h + 1 for h in self.held]
+        logits = out.logits[:, 0]
+        starts = None if not self.byte_model else out.boundaries.starts[:, 0]
+        if self.parked:
+            where = torch.tensor(self.slots, device=self.device)
+            logits, starts = logits[where], None if starts is None else starts[where]
+        if starts is not None:
+            for r, start in zip(self.rows, starts.tolist()):
+                r.starts.append(start)
+        return logits
+
+    def keep(self, idx: list[int]) -> None:
+        """Only the rows ``idx`` (of the live rows) go on."""
+        gone = set(range(len(self.rows))) - set(idx)
+        self.rows = [self.rows[i] for i in idx]
+        if self.static:  # fixed shapes: an ended row's cache row stays, fed a placeholder
+            self.parked += [self.slots[i] for i in gone]
+            self.slots = [self.slots[i] for i in idx]
+            return
+        self.cache.keep(torch.tensor(idx, device=self.device))
+        self.held = [self.held[i] for i in idx]
+        self.slots = list(range(len(idx)))
+
+
+class _Graph:
+    """ByteUNet.step / TokenLM.step (static) captured once as a CUDA graph over fixed input and output
+    tensors, and replayed. Warm-up steps run first on a side stream (they write past every row's length,
+    where nothing reads, and the state they advance is put back)."""
+
+    def __init__(self, model, cache, batch: int, device):
+        if torch.device(device).type != "cuda":
+            raise ValueError("cuda_graph needs the model on a CUDA device")
+        self.model, self.cache, self.graph = model, cache, None
+        self.x = torch.zeros(batch, dtype=torch.long, device=device)
+
+    def _state(self) -> list[torch.Tensor]:
+        c = self.cache
+        return [c.main.lengths] + ([c.byte.lengths, c.z, c.up] if hasattr(c, "byte") else [])
+
+    def __call__(self, x: torch.Tensor):
+        self.x.copy_(x)
+        if self.graph is None:
+            saved = [t.clone() for t in self._state()]
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(2):
+                    self.model.step(self.x, self.cache, static=True)
+            torch.cuda.current_stream().wait_stream(side)
+            for t, s in zip(self._state(), saved):
+                t.copy_(s)
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph):
+                self.out = self.model.step(self.x, self.cache, static=True)
+        self.graph.replay()
+        return self.out
+
+
+def _check(max_bytes, temperature, top_p) -> None:
+    if max_bytes < 0:
+        raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
     if temperature < 0:
         raise ValueError(f"temperature must be >= 0, got {temperature}")
     if top_p is not None and not 0 < top_p <= 1:
         raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+
+
+@torch.no_grad()
+def generate_batch(model, prompts: list[bytes], *, seq_len: int, max_bytes: int = 200, temperature: float = 1.0,
+                   top_k: int | None = None, top_p: float | None = None, seeds: list[int] | None = None,
+                   boundary_mode: str = "sample", encoding=BYTES, stop_at_separator: bool = True,
+                   stop: tuple[bytes, ...] | list[bytes] = (), progress=None, cache: bool = True,
+                   static: bool = False, cuda_graph: bool = False) -> list[Generation]:
+    """Continue every prompt until ``max_bytes`` bytes are generated (a BPE model's last token may run past
+    it), a separator is sampled or its text ends with one of the ``stop`` strings; one Generation per prompt,
+    in order. ``model``: a ByteUNet or TokenLM (megatok.model), ``encoding``: its encoding
+    (encoding_for(cfg)). ``temperature`` 0 is greedy; ``top_k``, ``top_p`` (nucleus) restrict the sampled
+    ids. ``seeds[i]`` (default i) fixes prompt i's samples, of ids and of boundaries. ``progress``: a tqdm
+    bar, advanced by each row's bytes (up to max_bytes a row)."""
+    _check(max_bytes, temperature, top_p)
     stop = [bytes(s) for s in stop if s]
+    seeds = list(range(len(prompts))) if seeds is None else list(seeds)
+    if len(seeds) != len(prompts):
+        raise ValueError(f"{len(seeds)} seeds for {len(prompts)} prompts")
     byte_model = encoding.byte_lengths is None
     if byte_model and boundary_mode == "sample" and model.boundary.reads_earlier_decisions:
         raise ValueError("sampled boundaries with boundary.window > 1 depend on the earlier samples, which "
                          "generation holds fixed; use boundary_mode='threshold'")
+    rows = [_Row([int(i) for i in encoding.doc_ids(bytes(p))], s) for p, s in zip(prompts, seeds)]
+    if not rows:
+        return []
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()
@@ -100,83 +353,55 @@ def generate(model, prompt: bytes, *, seq_len: int, max_bytes: int = 200, temper
         saved_mode, model.boundary.eval_mode = model.boundary.eval_mode, boundary_mode
     rng_state = torch.random.get_rng_state()
     cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
-    torch.manual_seed(seed)  # boundary samples
-    gen = torch.Generator(device=device).manual_seed(seed)  # id samples
-    ids = [int(i) for i in encoding.doc_ids(prompt)]
-    n_prompt = len(ids)
-    starts: list[bool] = []  # one decision per id in ``ids`` once the model has seen it
-    out_ids, logprobs, text = [], [], bytearray()
-    stopped = False
-    result_stop = None
-    allowed = None
-
-    def forward():
-        """The model over the last seq_len ids. For the byte model, the ids without a boundary decision
-        yet get one, window by window (a prompt may be longer than seq_len), with the decisions already
-        taken inside each window held fixed."""
-        if not byte_model:
-            return model(torch.tensor([ids[-seq_len:]], device=device))
-        while True:
-            # Each window holds at least one decided id before the undecided ones, so none of them is
-            # the window's first id (which the model always starts a chunk at).
-            end = min(len(ids), len(starts) + seq_len - 1 if starts else seq_len)
-            lo = max(0, end - seq_len)
-            pinned = torch.tensor([starts[lo:]], dtype=torch.bool, device=device)
-            out = model(torch.tensor([ids[lo:end]], device=device), starts=pinned)
-            starts.extend(out.boundaries.starts[0, pinned.shape[1]:].tolist())
-            if end == len(ids):
-                return out
-
-    state, held = None, 0  # the generation cache and the number of ids in it
-
-    def cached_forward():
-        """The newest id through ``step``, or (at the start, or when the window is full) the model
-        over the last ids with a fresh cache."""
-        nonlocal state, held
-        if state is not None and held < seq_len:
-            out = model.step(torch.tensor([ids[-1:]], device=device), state)
-            held += 1
-        else:
-            if byte_model and state is None and len(ids) > seq_len:
-                forward()  # a prompt longer than the window: its boundaries window by window
-            held = min(len(ids), seq_len if state is None else max(1, seq_len // 2))
-            window, state = torch.tensor([ids[-held:]], device=device), {}
-            if not byte_model:
-                return model(window, cache=state)
-            pinned = torch.tensor([starts[len(ids) - held:]], dtype=torch.bool, device=device)
-            out = model(window, starts=pinned, cache=state)
-        undecided = len(ids) - len(starts)
-        if byte_model and undecided:
-            starts.extend(state["starts"][0, -undecided:].tolist())
-        return out
-
+    pieces = None if byte_model else encoding.pieces()
     try:
-        step = cached_forward if cache else forward
-        while len(text) < max_bytes:
-            out = step()
-            logits = out.logits[0, -1].float()
-            if allowed is None:
-                allowed = _allowed(logits.numel(), encoding, device)
-                if not stop_at_separator:
-                    allowed[encoding.sep] = False
-            nxt = _pick(logits.masked_fill(~allowed, float("-inf")), temperature, top_k, gen, top_p)
-            if nxt == encoding.sep:
-                stopped = True
+        engine = (_Cached(model, rows, seq_len, byte_model, device, encoding, static, cuda_graph) if cache
+                  else _Uncached(model, rows, seq_len, byte_model, device))
+        logits = engine.start()
+        allowed = _allowed(logits.shape[-1], encoding, device)
+        if not stop_at_separator:
+            allowed[encoding.sep] = False
+        draws = _Draws(rows, device)
+        live = list(rows) if max_bytes > 0 else []
+        while live:
+            lf = logits.float()
+            nxt = pick(lf.masked_fill(~allowed, float("-inf")), draws.next(), temperature, top_k, top_p)
+            logp = torch.log_softmax(lf, -1).gather(1, nxt[:, None])[:, 0]
+            fed, feed, ending = [], [], []
+            for i, (r, t, lp) in enumerate(zip(live, nxt.tolist(), logp.tolist())):
+                if t == encoding.sep:
+                    r.stopped = True
+                    continue
+                piece = bytes([t]) if byte_model else pieces[t]
+                r.ids.append(t)
+                r.out.append(t)
+                r.logprobs.append(lp)
+                r.text += piece
+                if progress is not None:
+                    progress.update(max(0, min(len(piece), max_bytes - len(r.text) + len(piece))))
+                hit = next((s for s in stop if s in r.text[max(0, len(r.text) - len(piece) - len(s) + 1):]), None)
+                if hit is not None:  # the text now holds a stop string (a BPE token may run past its end)
+                    r.stopped, r.stop = True, hit
+                done = hit is not None or len(r.text) >= max_bytes
+                if done and not byte_model:
+                    continue
+                fed.append(i)  # the byte model's last byte too: its boundary is decided as it is read
+                feed.append(t)
+                ending.append(done)
+            if not fed:
                 break
-            ids.append(nxt)
-            out_ids.append(nxt)
-            logprobs.append(float(torch.log_softmax(logits, -1)[nxt]))
-            piece = bytes([nxt]) if byte_model else encoding.pieces()[nxt]
-            text += piece
-            if progress is not None:
-                progress.update(min(len(piece), max(0, max_bytes - progress.n)))
-            hit = next((s for s in stop if s in text[max(0, len(text) - len(piece) - len(s) + 1):]), None)
-            if hit is not None:  # the text now holds a stop string (a BPE token may run past its end)
-                stopped = True
-                result_stop = hit
-                break
-        if byte_model and len(starts) < len(ids):  # the last byte's boundary
-            step()
+            if len(fed) < len(live):
+                engine.keep(fed)
+                draws.keep(fed)
+            logits = engine.step(feed)
+            live = [live[i] for i in fed]
+            going = [j for j, e in enumerate(ending) if not e]
+            if len(going) < len(live):
+                live = [live[j] for j in going]
+                if live:
+                    engine.keep(going)
+                    draws.keep(going)
+                    logits = logits[torch.tensor(going, device=device)]
     finally:
         torch.random.set_rng_state(rng_state)
         if cuda_rng is not None:
@@ -184,7 +409,14 @@ def generate(model, prompt: bytes, *, seq_len: int, max_bytes: int = 200, temper
         model.train(was_training)
         if byte_model:
             model.boundary.eval_mode = saved_mode
-    result = Generation(text=bytes(text), ids=out_ids, logprobs=logprobs, stopped=stopped, stop=result_stop)
-    if byte_model:  # starts[0] is the separator's
-        result.prompt_starts, result.starts = starts[1:n_prompt], starts[n_prompt:]
-    return result
+    return [r.result(byte_model) for r in rows]
+
+
+def generate(model, prompt: bytes, *, seq_len: int, max_bytes: int = 200, temperature: float = 1.0,
+             top_k: int | None = None, seed: int = 0, boundary_mode: str = "sample", encoding=BYTES,
+             stop_at_separator: bool = True, progress=None, cache: bool = True, top_p: float | None = None,
+             stop: tuple[bytes, ...] | list[bytes] = ()) -> Generation:
+    """:func:`generate_batch` of one prompt, seeded by ``seed``."""
+    return generate_batch(model, [prompt], seq_len=seq_len, max_bytes=max_bytes, temperature=temperature,
+                          top_k=top_k, top_p=top_p, seeds=[seed], boundary_mode=boundary_mode, encoding=encoding,
+                          stop_at_separator=stop_at_separator, stop=stop, progress=progress, cache=cache)[0]

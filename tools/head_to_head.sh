@@ -5,7 +5,8 @@
 #   (megatok-match-bpe) -> train it -> train megatok with the periodic head-to-head against it on held-out
 #   Bible chapters (the same verses in every language) -> megatok-compare on the Bible and the UDHR
 #   held-out sets (tables, plots, per-language tables) into $OUT/compare-bible and $OUT/compare-udhr.
-# Environment: OUT (default runs/h2h), VOCAB (4096), CONFIG (configs/tiny.json), NPROC (2);
+# Environment: OUT (default runs/h2h), VOCAB (4096), CONFIG (configs/tiny.json), NPROC (2), MASTER_PORT (the
+# ranks' rendezvous port; default a free one for each run);
 # for a variant of the megatok run next to the same BPE run: MEGATOK_NAME (its directory under OUT, default
 # megatok; the comparisons go to OUT/compare-<set>-<name>), MEGATOK_SET (--set items for it alone) and
 # REUSE_BPE=1 (keep OUT/bpe if it has a checkpoint instead of training it again).
@@ -34,7 +35,9 @@ if [ ! -f data/shards-multi/manifest.json ] || [ data/corpus.jsonl.gz -nt data/s
     --overwrite
 fi
 mkdir -p "$OUT"
-run() { .venv/bin/deepspeed --num_gpus "$NPROC" launch/pretrain.py --resume none "$@"; }
+# each run's rendezvous port: MASTER_PORT, else a free one (the launcher's default, 29500, may be taken)
+port() { echo "${MASTER_PORT:-$($PY -c 'from megatok.train.dist import free_port; print(free_port())')}"; }
+run() { .venv/bin/deepspeed --num_gpus "$NPROC" --master_port "$(port)" launch/pretrain.py --resume none "$@"; }
 if [ "${REUSE_BPE:-0}" = 1 ] && [ -f "$OUT/bpe/checkpoints/latest" ]; then
   # the kept run, its tokenizer and its config as they are: nothing here is trained again
   echo "head_to_head: REUSE_BPE=1: keeping $OUT/bpe ($(cat "$OUT/bpe/checkpoints/latest")) and $OUT/bpe$VOCAB"

@@ -62,7 +62,7 @@ class Boundaries(Record):
                          extra=extra or {}, forced=None, resets=None)
 
 
-_ROW_SEEDS: list = [None]  # the seeds of the rows being evaluated, set by row_seeds()
+_ROW_SEEDS: list = [None]  # the seeds of the rows being evaluated (row_seeds), or the draws (given_noise)
 
 
 @contextlib.contextmanager
@@ -76,15 +76,30 @@ def row_seeds(seeds: list[int]):
         _ROW_SEEDS[0] = None
 
 
+@contextlib.contextmanager
+def given_noise(noise: torch.Tensor):
+    """Within this block uniform_noise returns the first T columns of ``noise`` [B, >= T] instead of
+    drawing (generation: each row's draws from its own stream, by position)."""
+    _ROW_SEEDS[0] = noise
+    try:
+        yield
+    finally:
+        _ROW_SEEDS[0] = None
+
+
 def uniform_noise(like: torch.Tensor, length: int | None = None) -> torch.Tensor:
     """U[0, 1) noise shaped, typed and placed like ``like`` [B, T]: what a strategy samples its
     boundaries with. torch.rand_like(like) normally; inside :func:`row_seeds`, row i comes from its
     own generator, drawn at length max(T, ``length``) (the strategy's window) and cut to T, so a row
-    gets the same numbers whatever the batch's padded width."""
+    gets the same numbers whatever the batch's padded width; inside :func:`given_noise`, the noise given."""
     seeds = _ROW_SEEDS[0]
     if seeds is None:
         return torch.rand_like(like)
     B, T = like.shape
+    if isinstance(seeds, torch.Tensor):
+        if seeds.shape[0] != B or seeds.shape[1] < T:
+            raise ValueError(f"given_noise holds {tuple(seeds.shape)} draws for a [{B}, {T}] batch")
+        return seeds[:, :T].to(like.device, like.dtype)
     if len(seeds) != B:
         raise ValueError(f"row_seeds has {len(seeds)} seeds for a batch of {B} rows")
     n = max(T, length or T)
@@ -112,6 +127,10 @@ class BoundaryStrategy(nn.Module):
     #: The optimizer step being trained (0 before the first), set by the trainer before each forward,
     #: for strategies with schedules. Restored with the trainer's step on a resume, so never saved.
     step: int = 0
+    #: How far back a decision reads: the one at t depends on positions t - reach .. t only (their states,
+    #: bytes and noise, and whether t is a forced start); None: on anything before t in the window.
+    #: Generation then decides a new byte over its last reach + 2 positions rather than the whole window.
+    reach: int | None = None
     #: Boundary samples per training sequence: the model runs each training sequence this many times
     #: (rows i*samples .. i*samples + samples - 1 of the batch the strategy sees) and reports each
     #: sequence's statistics once, averaged over its samples.

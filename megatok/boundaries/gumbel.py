@@ -63,6 +63,7 @@ def binomial_prior_loss(hard: torch.Tensor, mask: torch.Tensor, rate: float) -> 
 
 
 class Strategy(BoundaryStrategy):
+    reach = 0  # b_t reads h_t and its noise
     def __init__(self, *, d_model, target_rate, options: Options):
         super().__init__(d_model=d_model, target_rate=target_rate, options=options)
         self.head = nn.Linear(d_model, 1)

@@ -47,6 +47,7 @@ def ratio_loss(starts: torch.Tensor, probs: torch.Tensor, mask: torch.Tensor, ta
 
 
 class Strategy(BoundaryStrategy):
+    reach = 1  # p_t reads h_{t-1} and h_t
     def __init__(self, *, d_model, target_rate, options: Options):
         super().__init__(d_model=d_model, target_rate=target_rate, options=options)
         self.wq = nn.Linear(d_model, d_model, bias=False)

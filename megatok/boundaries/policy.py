@@ -115,6 +115,7 @@ class Strategy(BoundaryStrategy):
             initialise(self.value_head, lambda m: (nn.init.zeros_(m.weight), nn.init.zeros_(m.bias)))
         if options.start_margin is not None:
             self.register_buffer("started", torch.zeros((), dtype=torch.bool))
+        self.reach = 0 if options.window == 1 else None  # window 1: b_t reads h_t and its noise
 
     @classmethod
     def check_config(cls, options: Options, cfg, world_size: int) -> None:

@@ -53,6 +53,7 @@ def whitespace_starts(x: torch.Tensor, mask: torch.Tensor, merge_space_runs: boo
 
 
 class Strategy(BoundaryStrategy):
+    reach = 1  # b_t reads x_{t-1} and x_t
     def forward(self, h, x, mask, forced) -> Boundaries:
         starts = whitespace_starts(x, mask, self.options.merge_space_runs)
         return Boundaries(starts=finalize_starts(starts, mask, forced))

@@ -36,6 +36,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "SIGTERM ends the bench (``stage`` says how far it got, ``stopped`` why it ended early)")
     ap.add_argument("--budget-s", type=float, default=None,
                     help="start no round after this many seconds (the rounds done are reported; at least one runs)")
+    ap.add_argument("--inference", action="store_true",
+                    help="instead: generation bytes/s of the byte model and its matched BPE model at batch 1 and 8")
+    ap.add_argument("--vocab", type=int, default=4096, help="--inference: the matched BPE model's vocabulary")
     ap.add_argument("--profile", default=None, metavar="SHAPE/VARIANT",
                     help="instead: torch.profiler's top operators over --steps steps of one variant, e.g. small/policy")
     return ap

@@ -5,8 +5,8 @@
     megatok-generate --run runs/h2h/bpe --prompt-file prompt.txt --json
 
 Each sample continues the prompt (read as a new document) until --max-bytes bytes or the model's
-document separator, one byte (or token) per forward pass over the last data.seq_len ids, on the CPU
-unless --device says otherwise. --temperature 0 is greedy. Sample i uses seed --seed + i (ids and,
+document separator, one byte (or token) per step of the model over its cached keys and values (the --num
+samples together, as one batch), on the CPU unless --device says otherwise. --temperature 0 is greedy. Sample i uses seed --seed + i (ids and,
 for the byte model, boundaries: sampled as in validation, or p > 0.5 with --boundary threshold).
 --chunks marks where the byte model's chunks start ("│"; "¦" inside a UTF-8 character). Each sample
 is followed by its length, whether it stopped at a separator, and the model's bits per byte on its
@@ -58,7 +58,7 @@ def main(argv=None) -> int:
     from megatok import sizing
     from megatok.config import ConfigError
     from megatok.data.encoding import encoding_for
-    from megatok.generate import generate
+    from megatok.generate import generate_batch
     from megatok.run.reader import load_model
 
     sizing.quiet_deepspeed_import()  # stdout carries only the samples (--json stays parseable)
@@ -78,12 +78,13 @@ def main(argv=None) -> int:
         print("note: boundary.window > 1: boundaries are p > 0.5 (--boundary threshold)", file=sys.stderr)
     print(f"# {args.run} ({cfg.model.kind}{', ' + cfg.boundary.strategy if byte_model else ''}, {tag}), "
           f"temperature {args.temperature:g}{f', top-k {args.top_k}' if args.top_k else ''}", file=sys.stderr)
-    for i in range(args.num):
-        with tqdm(total=args.max_bytes, unit="B", desc=f"sample {i + 1}/{args.num}", leave=False,
-                  disable=None) as bar:
-            g = generate(model, data, seq_len=cfg.data.seq_len, max_bytes=args.max_bytes,
-                         temperature=args.temperature, top_k=args.top_k, seed=args.seed + i,
-                         boundary_mode=args.boundary, encoding=encoding, progress=bar, cache=args.cache)
+    with tqdm(total=args.max_bytes * args.num, unit="B", desc=f"{args.num} sample(s)", leave=False,
+              disable=None) as bar:
+        gens = generate_batch(model, [data] * args.num, seq_len=cfg.data.seq_len, max_bytes=args.max_bytes,
+                              temperature=args.temperature, top_k=args.top_k,
+                              seeds=[args.seed + i for i in range(args.num)], boundary_mode=args.boundary,
+                              encoding=encoding, progress=bar, cache=args.cache)
+    for i, g in enumerate(gens):
         _show(args, i, data, g, byte_model)
     return 0
 

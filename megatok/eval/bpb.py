@@ -110,10 +110,15 @@ def document_windows(text: bytes, seq_len: int, encoding=BYTES) -> list[torch.Te
 @torch.no_grad()
 def evaluate_documents(model, docs: Iterator, *, seq_len: int, batch_size: int, mode: str, seed: int,
                        device, progress=None, encoding=BYTES, share: tuple[int, int] | None = None,
-                       gather=None, per_window=None, windows=None) -> dict:
+                       gather=None, per_window=None, windows=None, buffer: int = 64) -> dict:
     """Per-document evaluation with breakdowns by the documents' ``lang`` and ``domain``. ``encoding``
     turns documents into the model's ids (megatok.data.encoding.encoding_for(cfg)); for every model,
     "bytes" and bpb are over the documents' UTF-8 bytes.
+
+    Windows are read ``batch_size`` at a time, padded to the longest of their batch: up to ``buffer``
+    batches of windows are collected, sorted by length (longest first) and cut into batches, so that
+    windows of about the same length share a batch and little padding is computed. The figures are sums
+    over windows: the order changes them by float rounding only.
 
     Split over ranks: with ``share=(rank, world)`` this process runs only batches rank, rank + world,
     ...; ``gather(obj)`` must return every rank's obj (torch.distributed.all_gather_object) and the
@@ -124,8 +129,9 @@ def evaluate_documents(model, docs: Iterator, *, seq_len: int, batch_size: int, 
     documents or what else is evaluated with it.
 
     ``per_window(doc_no, window_index, window, output, row)`` is called for every window after its
-    batch's forward, with the model's Output for the batch and the window's row in it (megatok.api
-    reads per-position log-probabilities and boundaries there).
+    batch's forward (windows in the order their batches run, not the documents'), with the model's Output
+    for the batch and the window's row in it (megatok.api reads per-position log-probabilities and
+    boundaries there).
 
     ``windows(doc_no, text)``: the document's windows instead of :func:`document_windows` (megatok.api
     reads a long context's continuation in windows that end at it); the figures then sum over every
@@ -142,33 +148,36 @@ def evaluate_documents(model, docs: Iterator, *, seq_len: int, batch_size: int, 
     per_doc: dict[int, list[float]] = defaultdict(lambda: [0.0, 0.0])  # nll, bytes
     batch_no = 0
 
-    def flush():
+    def run(batch):
         nonlocal batch_no
-        if not pending:
-            return
         if share is not None and batch_no % share[1] != share[0]:  # another rank's batch
             batch_no += 1
-            pending.clear()
             return
-        width = max(len(w) for _, w, _, _ in pending)
-        tokens = torch.full((len(pending), width), encoding.pad, dtype=torch.long)
-        for row, (_, w, _, _) in enumerate(pending):
+        width = max(len(w) for _, w, _, _ in batch)
+        tokens = torch.full((len(batch), width), encoding.pad, dtype=torch.long)
+        for row, (_, w, _, _) in enumerate(batch):
             tokens[row, :len(w)] = w
-        seeds = row_seeds([window_seed(seed, text, i) for _, _, text, i in pending]) if sampled else nullcontext()
+        seeds = row_seeds([window_seed(seed, text, i) for _, _, text, i in batch]) if sampled else nullcontext()
         outputs = [] if per_window is not None else None
         with Seeded(seed * 1_000_003 + batch_no), seeds:
             cols = {k: v.cpu().tolist() for k, v in row_sums(model, tokens.to(device), outputs).items()}
         batch_no += 1
         if per_window is not None:
-            for row, (doc_no, w, _, i) in enumerate(pending):
+            for row, (doc_no, w, _, i) in enumerate(batch):
                 per_window(doc_no, i, w, outputs[0], row)
-        for i, (doc_no, _, _, _) in enumerate(pending):
+        for i, (doc_no, _, _, _) in enumerate(batch):
             row = {k: cols[k][i] for k in cols}
             for key in _keys(meta[doc_no]):
                 for k, v in row.items():
                     groups[key][k] += v
             per_doc[doc_no][0] += row["nll"]
             per_doc[doc_no][1] += row["targets"]
+
+    def flush():
+        """The buffered windows, longest first, batch by batch."""
+        pending.sort(key=lambda item: -len(item[1]))  # stable: equal lengths keep the documents' order
+        for lo in range(0, len(pending), batch_size):
+            run(pending[lo:lo + batch_size])
         pending.clear()
 
     for doc_no, d in enumerate(docs):
@@ -176,7 +185,7 @@ def evaluate_documents(model, docs: Iterator, *, seq_len: int, batch_size: int, 
         cuts = document_windows(d.text, seq_len, encoding) if windows is None else windows(doc_no, d.text)
         for i, w in enumerate(cuts):
             pending.append((doc_no, w, d.text, i))
-            if len(pending) == batch_size:
+            if len(pending) == batch_size * max(1, buffer):
                 flush()
         if progress is not None:
             progress.update(len(d.text))

@@ -17,13 +17,17 @@ Both model kinds, through megatok.api (so every figure is the one ``megatok.load
   bits per byte over them (tests/api/test_harness.py).
 - ``generate_until``: megatok.generate until a stop string (``until``), the model's separator, or
   ``max_gen_toks`` x ``bytes_per_gen_tok`` bytes (default 1 for the byte model, the tokenizer's bytes per
-  token for the BPE model); greedy unless ``do_sample``.
+  token for the BPE model); greedy unless ``do_sample``. Requests with the same arguments are decoded
+  together, ``batch_size`` at a time, longest context first (each gets what it would alone).
+
+``loglikelihood`` requests are scored longest first (megatok.eval.bpb batches windows of about one length).
 """
 
 from __future__ import annotations
 
 import math
 
+import lm_eval.models  # noqa: F401 - the harness's own models first: it loads them only into an empty registry
 from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 from tqdm.auto import tqdm
@@ -61,25 +65,34 @@ class MegatokLM(LM):
                 if n:
                     context, continuation = context[:-n], context[-n:] + continuation
             pairs.append((context, continuation))
-        out = []
+        order = _longest_first([c + x for c, x in pairs])
+        out: list = [None] * len(pairs)
         for start in tqdm(range(0, len(pairs), 256), disable=disable_tqdm or None, desc="loglikelihood"):
-            out.extend(self.model.loglikelihoods(pairs[start:start + 256]))
+            part = order[start:start + 256]
+            for i, res in zip(part, self.model.loglikelihoods([pairs[i] for i in part])):
+                out[i] = res
         for req, res in zip(requests, out):
             self.cache_hook.add_partial("loglikelihood", req.args, res)
         return out
 
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
         texts = [req.args[0] for req in requests]
-        out = []
-        for start in tqdm(range(0, len(texts), 64), disable=disable_tqdm or None, desc="loglikelihood_rolling"):
-            out.extend(s.logprob for s in self.model.score_many(texts[start:start + 64]))
+        scored = [t for t in texts if t]  # an empty text: log p of no byte, 0
+        logprobs = []
+        for start in tqdm(range(0, len(scored), 64), disable=disable_tqdm or None, desc="loglikelihood_rolling"):
+            logprobs.extend(s.logprob for s in self.model.score_many(scored[start:start + 64]))
+        it = iter(logprobs)
+        out = [next(it) if t else 0.0 for t in texts]
         for req, res in zip(requests, out):
             self.cache_hook.add_partial("loglikelihood_rolling", req.args, res)
         return out
 
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
-        out = []
-        for i, req in enumerate(tqdm(requests, disable=disable_tqdm or None, desc="generate_until")):
+        """Requests with the same generation arguments are decoded together, longest context first,
+        ``batch_size`` at a time; request i is sampled with seed model.seed + i."""
+        groups: dict[str, list[int]] = {}
+        settings = []
+        for i, req in enumerate(requests):
             context, kwargs = req.args
             kwargs = dict(kwargs or {})
             until = kwargs.pop("until", None) or []
@@ -87,11 +100,29 @@ class MegatokLM(LM):
                 until = [until]
             max_toks = int(kwargs.pop("max_gen_toks", 256))
             sample = bool(kwargs.pop("do_sample", False))
-            temperature = float(kwargs.pop("temperature", 1.0)) if sample else 0.0  # greedy unless do_sample
-            c = self.model.generate(context, max_bytes=max(1, math.ceil(max_toks * self.bytes_per_gen_tok)),
-                                    temperature=temperature,
-                                    top_k=kwargs.pop("top_k", None), top_p=kwargs.pop("top_p", None),
-                                    stop=until, seed=self.model.seed + i)
-            out.append(c.text)
-            self.cache_hook.add_partial("generate_until", req.args, c.text)
+            setting = {"max_bytes": max(1, math.ceil(max_toks * self.bytes_per_gen_tok)),
+                       "temperature": float(kwargs.pop("temperature", 1.0)) if sample else 0.0,  # greedy unless do_sample
+                       "top_k": kwargs.pop("top_k", None), "top_p": kwargs.pop("top_p", None), "stop": until}
+            settings.append(setting)
+            groups.setdefault(repr(sorted(setting.items())), []).append(i)
+        out: list = [None] * len(requests)
+        bar = tqdm(total=len(requests), disable=disable_tqdm or None, desc="generate_until")
+        size = self.model.batch_size
+        for members in groups.values():
+            members = [members[j] for j in _longest_first([requests[i].args[0] for i in members])]
+            for lo in range(0, len(members), size):
+                part = members[lo:lo + size]
+                done = self.model.generate([requests[i].args[0] for i in part], **settings[part[0]],
+                                           seed=[self.model.seed + i for i in part])
+                for i, c in zip(part, done):
+                    out[i] = c.text
+                    self.cache_hook.add_partial("generate_until", requests[i].args, c.text)
+                bar.update(len(part))
+        bar.close()
         return out
+
+
+def _longest_first(texts: list[str]) -> list[int]:
+    """Indices of ``texts``, the longest (in UTF-8 bytes) first, as the harness's own models order their
+    requests: a batch then holds texts of about one length, and the first batch shows the most memory."""
+    return sorted(range(len(texts)), key=lambda i: -len(texts[i].encode()))

@@ -222,10 +222,11 @@ class Attention(nn.Module):
         self.qkv = nn.Linear(d, 3 * d, bias=False)
         self.out = nn.Linear(d, d, bias=False)
 
-    def forward(self, x, cos, sin, mask=None, kv: dict | None = None, packed: "Packed | None" = None):
-        """``kv``: a generation cache (a dict, empty at first) that keeps this layer's keys and values;
-        with earlier ones in it, ``x`` must be one new position. ``packed``: x holds only the real
-        positions of a [B, T] batch (see :class:`Packed`); attention runs on the whole [B, T] layout."""
+    def forward(self, x, cos, sin, mask=None, kv=None, packed: "Packed | None" = None):
+        """``kv``: a generation cache's hook for this layer (megatok.model.cache): ``kv(k, v, mask)`` stores
+        the keys and values and returns what to attend over (k, v, mask, causal): the prompt's own, or one
+        new position's query against the cached ones. ``packed``: x holds only the real positions of a
+        [B, T] batch (see :class:`Packed`); attention runs on the whole [B, T] layout."""
         qkv = self.qkv(x)
         if packed is not None:
             qkv = packed.unpack(qkv)
@@ -237,13 +238,7 @@ class Attention(nn.Module):
         v = qkv[:, :, 2].transpose(1, 2)
         causal = True
         if kv is not None:
-            if kv:
-                if T != 1:
-                    raise ValueError("a filled cache takes one position at a time")
-                k, v, causal = torch.cat([kv["k"], k], 2), torch.cat([kv["v"], v], 2), False
-                if self.window is not None:  # the new position sees its last ``window`` keys (itself included)
-                    k, v = k[:, :, -self.window:], v[:, :, -self.window:]
-            kv["k"], kv["v"] = k, v
+            k, v, mask, causal = kv(k, v, mask)
         y = attention(q, k, v, mask=mask, causal=causal).transpose(1, 2).reshape(B, T, D)
         return self.out(y if packed is None else packed.pack(y))
 
@@ -349,10 +344,9 @@ class Stack(nn.Module):
         self.head_dim, self.theta, self.checkpointing, self.window = d // n_heads, theta, checkpointing, window
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, segments: torch.Tensor | None = None,
-                cache: list[dict] | None = None, rows: torch.Tensor | None = None) -> torch.Tensor:
+                cache=None, rows: torch.Tensor | None = None) -> torch.Tensor:
         """``segments`` [B, T]: the document of each position (document masking), or None (causal).
-        ``cache``: for generation, one dict per layer (see Attention); a filled cache takes one new
-        position (and no ``segments``: generation reads one document). ``rows``: the positions that
+        ``cache``: for generation, one hook per layer (megatok.model.cache.KVCache; see Attention). ``rows``: the positions that
         carry data (flat indices into B * T; the others must come after them in their row), None: all;
         the layers run on those only (:class:`Packed`) and the others' outputs are zeros."""
         # [T, Dh/2] or [B, 1, T, Dh/2] -> [(B,) T, 1, 1, Dh/2]: the layout of Attention's [B, T, 2, H, Dh] q and k
@@ -361,7 +355,7 @@ class Stack(nn.Module):
         window = self.window if self.window is not None and self.window < x.shape[1] else None
         if segments is not None:
             mask = document_attention_mask(segments, x.dtype, window)
-        elif window is not None:  # (one new position on a filled cache: Attention keeps the window)
+        elif window is not None:  # (one new position on a filled cache: the cache keeps the window)
             mask = window_attention_mask(x, window)
         else:
             mask = None

@@ -17,6 +17,7 @@ from torch import nn
 from megatok.boundaries.base import forced_starts
 from megatok.config import ModelConfig
 from megatok.model.blocks import Stack, ffn_hidden, init_matrices
+from megatok.model.cache import TokenCache
 from megatok.model.unet import Output
 
 
@@ -54,19 +55,32 @@ class TokenLM(nn.Module):
         self.head = nn.Linear(w, V, bias=False)
         init_matrices(self, cfg.init_std, cfg.n_main_layers)
 
-    def forward(self, x: torch.Tensor, targets: torch.Tensor | None = None, cache: dict | None = None) -> Output:
-        """``cache``: an empty dict, filled for :meth:`step` (generation, no targets)."""
+    def new_cache(self, batch: int, capacity: int) -> TokenCache:
+        """Generation state for ``batch`` rows of up to ``capacity`` tokens (megatok.model.cache), filled by
+        ``forward(..., cache=, cache_rows=)`` and advanced by :meth:`step`."""
+        return TokenCache(self, batch, capacity)
+
+    def forward(self, x: torch.Tensor, targets: torch.Tensor | None = None, cache: TokenCache | None = None,
+                cache_rows: torch.Tensor | None = None) -> Output:
+        """``cache`` (eval mode, no targets): row i of x is a prompt (right-padded with pad_id) read into row
+        ``cache_rows[i]`` of the cache (default: row i), for :meth:`step`."""
         B, T = x.shape
         if cache is not None:
             if targets is not None or self.training:
                 raise ValueError("cache is for inference (eval mode, no targets)")
-            cache.update(main=[{} for _ in self.main.layers], t=T)
+            cache_rows = torch.arange(B, device=x.device) if cache_rows is None else cache_rows
+            cache.main.prefill(cache_rows)
         docs = None
         if self.cfg.document_mask:
             if self.sep_id is None:
                 raise ValueError("model.document_mask needs the tokenizer's </s> id (sep_id)")
             docs = forced_starts(x, x != self.pad_id, self.sep_id).long().cumsum(1)
-        h = self.main(self.embed(x), torch.arange(T, device=x.device), docs, None if cache is None else cache["main"])
+        h = self.main(self.embed(x), torch.arange(T, device=x.device), docs, None if cache is None else cache.main)
+        if cache is not None:
+            cache.main.lengths[cache_rows] = (x != self.pad_id).sum(1)
+            n = (x != self.pad_id).sum(1).tolist()
+            for row, length in zip(cache_rows.tolist(), n):
+                cache.n_host[row] = length
         out = Output(logits=self.head(self.main_norm(h)), early_logits=None, boundaries=None)
         if targets is not None:
             ce = F.cross_entropy(out.logits.float().reshape(B * T, -1), targets.reshape(-1), ignore_index=self.pad_id,
@@ -79,10 +93,12 @@ class TokenLM(nn.Module):
         return out
 
     @torch.no_grad()
-    def step(self, x_new: torch.Tensor, cache: dict) -> Output:
-        """One more token [B, 1] after ``forward(..., cache=cache)``: its logits, from the cached keys
-        and values of the tokens before it."""
-        pos = torch.tensor([cache["t"]], device=x_new.device)
-        h = self.main(self.embed(x_new), pos, cache=cache["main"])
-        cache["t"] += 1
+    def step(self, x_new: torch.Tensor, cache: TokenCache, static: bool = False) -> Output:
+        """One more token for every row of the cache, ``x_new`` [B]: its logits [B, 1, V], from the cached
+        keys and values of the tokens before it. ``static``: fixed shapes, no host sync (a CUDA graph's)."""
+        pos = cache.main.lengths.clone()[:, None]
+        cache.main.extend(limit=None if static else max(cache.n_host) + 1)
+        h = self.main(self.embed(x_new[:, None]), pos, cache=cache.main)
+        if not static:
+            cache.n_host = [i + 1 for i in cache.n_host]
         return Output(logits=self.head(self.main_norm(h)), early_logits=None, boundaries=None)

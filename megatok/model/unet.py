@@ -14,8 +14,9 @@ With ``document_mask`` the packed documents of a window are independent: every S
 start, and the encoder, the main network and the decoder attend within a document only (chunks
 inherit the document of their start), so no output in a document depends on anything before its SEP.
 
-Generation reads a prompt with ``forward(..., cache={})`` and then one byte at a time with ``step``,
-which runs the encoder and decoder on that byte and the main network only when it starts a chunk.
+Generation reads a batch of prompts with ``forward(..., cache=model.new_cache(B, S))`` and then one byte
+per row at a time with ``step``, which runs the encoder and decoder on that byte and the main network only
+for the rows whose byte starts a chunk (megatok.model.cache: preallocated keys and values).
 
 Every module runs on every call whatever the boundaries are, so ranks never diverge in the
 modules they call (ZeRO needs that). The model knows nothing of DeepSpeed or of the data pipeline.
@@ -23,14 +24,17 @@ modules they call (ZeRO needs that). The model knows nothing of DeepSpeed or of 
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from megatok.boundaries import build_strategy
-from megatok.boundaries.base import Record, finalize_starts, forced_starts
+from megatok.boundaries.base import Boundaries, Record, finalize_starts, forced_starts, given_noise
 from megatok.config import BoundaryConfig, ModelConfig
 from megatok.model.blocks import Stack, ffn_hidden, init_matrices
+from megatok.model.cache import ByteCache
 from megatok.model.chunking import chunk_layout, downsample, ema_over_chunks, upsample
 from megatok.rl import masked_mean
 from megatok.stats import row_stats
@@ -84,21 +88,31 @@ class ByteUNet(nn.Module):
         n_layers = self.cfg.n_encoder_layers + self.cfg.n_main_layers + self.cfg.n_decoder_layers
         init_matrices(self, self.cfg.init_std, n_layers, skip="boundary.")  # strategies initialise their own
 
-    def forward(self, x: torch.Tensor, targets: torch.Tensor | None = None,
-                starts: torch.Tensor | None = None, cache: dict | None = None) -> Output:
+    def new_cache(self, batch: int, capacity: int) -> ByteCache:
+        """Generation state for ``batch`` rows of up to ``capacity`` bytes (megatok.model.cache), filled by
+        ``forward(..., cache=, cache_rows=)`` and advanced by :meth:`step`."""
+        return ByteCache(self, batch, capacity)
+
+    def forward(self, x: torch.Tensor, targets: torch.Tensor | None = None, starts: torch.Tensor | None = None,
+                cache: ByteCache | None = None, cache_rows: torch.Tensor | None = None,
+                decided: torch.Tensor | None = None) -> Output:
         """x, targets: [B, T] ids (PAD where there is nothing). ``starts`` [B, T'] (T' <= T) overrides
-        the strategy's first T' decisions (the strategy still runs), e.g. to hold boundaries fixed in a
-        test, or the ones already taken while generating (megatok.generate). Not with ``targets``: the
-        strategy's log-probabilities, gate and losses would still describe its own decisions.
-        ``cache``: an empty dict, filled for :meth:`step` (generation, one sequence, no targets)."""
+        the strategy's first T' decisions of each row (``decided`` [B]: of row b its first decided[b] only)
+        (the strategy still runs), e.g. to hold boundaries fixed in a test, or the ones already taken while
+        generating (megatok.generate). Not with ``targets``: the strategy's log-probabilities, gate and
+        losses would still describe its own decisions. ``cache`` (eval mode, no targets): row i of x is a
+        prompt (right-padded) read into row ``cache_rows[i]`` of the cache (default: row i), for
+        :meth:`step`; the strategy draws from ``cache.noise`` there when it is set."""
         if (starts is not None or cache is not None) and targets is not None:
             raise ValueError("starts and cache are for inference only; they cannot be combined with targets")
         if cache is not None:
-            if x.shape[0] != 1 or self.training:
-                raise ValueError("a generation cache holds one sequence, in eval mode")
-            cache.update(encoder=[{} for _ in self.encoder.layers], main=[{} for _ in self.main.layers],
-                         decoder=[{} for _ in self.decoder.layers])
-        kv = cache if cache is not None else {}  # each stack's per-layer key/value caches, or None
+            if self.training:
+                raise ValueError("a generation cache is filled in eval mode")
+            if cache_rows is None:
+                cache_rows = torch.arange(x.shape[0], device=x.device)
+            cache.byte.prefill(cache_rows)
+            cache.main.prefill(cache_rows)
+        kv = {} if cache is None else {"encoder": cache.encoder, "main": cache.main, "decoder": cache.decoder}
         B, T = x.shape
         real = x != PAD
         positions = torch.arange(T, device=x.device)
@@ -112,15 +126,22 @@ class ByteUNet(nn.Module):
             x, targets, real, h, early_logits = (v.repeat_interleave(k, 0) for v in (x, targets, real, h, early_logits))
             forced = None if forced is None else forced.repeat_interleave(k, 0)
             docs = None if docs is None else docs.repeat_interleave(k, 0)
-        b = self.boundary(h, x, real, forced)
+        noise = None if cache is None or cache.noise is None else given_noise(cache.noise[cache_rows])
+        with noise or contextlib.nullcontext():
+            b = self.boundary(h, x, real, forced)
         forced = b.forced  # the strategy's (t = 0 when it was given None)
         if starts is not None:
             pinned = b.starts.clone()
-            pinned[:, :starts.shape[1]] = starts
+            if decided is None:
+                pinned[:, :starts.shape[1]] = starts
+            else:
+                keep = torch.arange(starts.shape[1], device=x.device)[None, :] < decided[:, None]
+                pinned[:, :starts.shape[1]] = torch.where(keep, starts, pinned[:, :starts.shape[1]])
             b.starts = finalize_starts(pinned, real, forced)
 
         # K chunks a row (the last ones pads); the main network's row-wise layers skip the pads (rows).
-        # Generation's cache keeps the main network's keys: no pad chunk may enter it.
+        # Generation's cache keeps the main network's keys: every chunk enters it (the pads past a row's count
+        # stay out of its length).
         K, rows = (None, None) if cache is not None else chunk_layout(b.starts, self.chunk_capacity,
                                                                      static=self.static_chunks)
         chunks, chunk_pos, _ = downsample(h, b.starts, K)
@@ -133,42 +154,123 @@ class ByteUNet(nn.Module):
             up = up * b.gate[..., None].to(up.dtype)
         y = self.decoder(h + up, positions, docs, kv.get("decoder"))
         if cache is not None:
-            cache.update(x=x, h=h, starts=b.starts, z=z[:, -1:])
+            self._fill(cache, cache_rows, x, real, h, b.starts, z)
         logits = self.head(self.out_norm(y))
         out = Output(logits=logits, early_logits=early_logits, boundaries=b)
         if targets is not None:
             self._losses(out, x, targets)
         return out
 
+    def _fill(self, cache: ByteCache, rows: torch.Tensor, x, real, h, starts, z) -> None:
+        """The rest of a prompt's state, after its stacks wrote their keys and values."""
+        T = x.shape[1]
+        n, counts = real.sum(1), starts.sum(1)
+        cache.byte.lengths[rows] = n
+        cache.main.lengths[rows] = counts
+        cache.x[rows, :T], cache.h[rows, :T], cache.starts[rows, :T] = x, h.to(cache.h.dtype), starts
+        last = z.gather(1, (counts - 1)[:, None, None].expand(-1, 1, z.shape[-1]))  # the row's latest chunk
+        cache.z[rows] = last.to(cache.z.dtype)
+        cache.up[rows] = self.up_proj(last).to(cache.up.dtype)
+        for row, length, count in zip(rows.tolist(), n.tolist(), counts.tolist()):
+            cache.n_host[row], cache.chunks_host[row] = length, count
+
     @torch.no_grad()
-    def step(self, x_new: torch.Tensor, cache: dict) -> Output:
-        """One more byte [1, 1] after ``forward(..., cache=cache)`` or earlier steps: its logits and
-        early-exit logits [1, 1, V], and its boundary, decided by the strategy over the whole window as
-        ``forward`` would (earlier decisions stay as taken). The encoder and decoder run on the new byte
-        only, the main network only when it starts a chunk; their keys and values come from the cache.
-        Equal to ``forward`` over the window with its starts pinned (up to float rounding)."""
-        t = cache["x"].shape[1]
-        x = torch.cat([cache["x"], x_new], 1)
-        pos = torch.tensor([t], device=x.device)
-        h_t = self.encoder(self.embed(x_new), pos, cache=cache["encoder"])
-        h = torch.cat([cache["h"], h_t], 1)
-        real = x != PAD
-        b = self.boundary(h, x, real, forced_starts(x, real, SEP) if self.cfg.document_mask else None)
-        forced = b.forced
-        b.starts = torch.cat([cache["starts"], b.starts[:, -1:]], 1)
-        if b.starts[0, -1]:
-            z = self.main_norm(self.main(self.down_proj(h_t), pos, cache=cache["main"]))
-            if b.get("smooth") is not None:
-                p = b.smooth.masked_fill(forced, 1.0)[:, -1:, None].to(z.dtype)
-                z = p * z + (1 - p) * cache["z"]
-            cache["z"] = z
-        up = self.up_proj(cache["z"])
+    def step(self, x_new: torch.Tensor, cache: ByteCache, static: bool = False) -> Output:
+        """One more byte for every row of the cache, ``x_new`` [B]: its next-byte logits [B, 1, V] and its
+        boundary (``boundaries.starts`` [B, 1]), decided by the strategy as ``forward`` would decide it over
+        the row's window, earlier decisions held (over the last reach + 2 positions where the strategy
+        declares a ``reach``). The encoder and decoder run on the new byte only; the main network only for
+        the rows whose byte starts a chunk; every layer attends over its cached keys and values. Equal to
+        ``forward`` over each row's window with its starts pinned (up to float rounding).
+
+        ``static``: fixed shapes and no host sync (what a CUDA graph captures): the caches are read over
+        their whole capacity and the main network runs on every row, keeping the result of the rows whose
+        byte starts a chunk. The host-side lengths are then not kept (``n_host``, ``chunks_host``)."""
+        ar = cache.byte._all
+        n = cache.byte.lengths.clone()  # the new byte's position in each row
+        cache.byte.extend(limit=None if static else max(cache.n_host) + 1)
+        pos = n[:, None]
+        cache.x[ar, n] = x_new
+        h_t = self.encoder(self.embed(x_new[:, None]), pos, cache=cache.encoder)  # [B, 1, d]
+        cache.h[ar, n] = h_t[:, 0].to(cache.h.dtype)
+        b = self._decide(cache, n, static)
+        start = b.starts
+        cache.starts[ar, n] = start
+        self._main_step(cache, h_t, n, start, b.get("smooth"), static)
+        up = cache.up
         if b.gate is not None:
-            up = up * b.gate[:, -1:, None].to(up.dtype)
-        y = self.decoder(h_t + up, pos, cache=cache["decoder"])
-        cache.update(x=x, h=h, starts=b.starts)
-        return Output(logits=self.head(self.out_norm(y)), early_logits=self.early_head(self.early_norm(h_t)),
-                      boundaries=b)
+            up = up * b.gate[:, None, None].to(up.dtype)
+        y = self.decoder(h_t + up, pos, cache=cache.decoder)
+        if not static:
+            cache.n_host = [i + 1 for i in cache.n_host]
+        return Output(logits=self.head(self.out_norm(y)), early_logits=None,
+                      boundaries=Boundaries(starts=start[:, None]))
+
+    def _decide(self, cache: ByteCache, n: torch.Tensor, static: bool) -> Boundaries:
+        """The strategy's decision at each row's new byte (position n): starts [B] and, where the strategy
+        has them, gate and smooth [B] there."""
+        reach = self.boundary.reach
+        if reach is not None:  # the last reach + 2 positions (the first one only stands for "before")
+            p = n[:, None] + torch.arange(-reach - 1, 1, device=n.device)  # [B, reach + 2]
+            valid = p >= 0
+            at = p.clamp(min=0)
+            x = cache.x.gather(1, at).masked_fill(~valid, PAD)
+            h = cache.h.gather(1, at[..., None].expand(-1, -1, cache.h.shape[-1]))
+            forced = p == 0
+            noise = None if cache.noise is None else cache.noise.gather(1, at)
+            col = None
+        else:  # the whole window, each row up to its new byte
+            L = cache.capacity if static else max(cache.n_host) + 1
+            j = torch.arange(L, device=n.device)
+            valid = j[None, :] <= n[:, None]
+            x, h = cache.x[:, :L].masked_fill(~valid, PAD), cache.h[:, :L]
+            forced = forced_starts(x, valid, None)
+            noise = cache.noise
+            col = n[:, None]
+        if self.cfg.document_mask:
+            forced = forced | ((x == SEP) & valid)
+        with given_noise(noise) if noise is not None else contextlib.nullcontext():
+            b = self.boundary(h, x, valid, forced)
+
+        def at_new(t):
+            return None if t is None else (t[:, -1] if col is None else t.gather(1, col)[:, 0])
+
+        smooth = b.get("smooth")
+        if smooth is not None:
+            smooth = smooth.masked_fill(b.forced, 1.0)
+        return Boundaries(starts=at_new(b.starts), gate=at_new(b.gate), smooth=at_new(smooth))
+
+    def _main_step(self, cache: ByteCache, h_t, n, start, smooth, static: bool) -> None:
+        """The main network on the new bytes that start a chunk (static: on every row, kept where one does):
+        the chunk's output (after the strategy's smoothing) becomes the row's ``z`` and ``up``."""
+        if static:
+            rows = None
+            cache.main.extend(grow=start.long())
+        else:
+            picked = start.nonzero().squeeze(1)
+            host = picked.tolist()
+            if not host:
+                return
+            rows = None if len(host) == len(start) else picked
+            chunks = cache.chunks_host
+            cache.main.extend(rows, limit=max(chunks[i] for i in host) + 1)
+            for i in host:
+                chunks[i] += 1
+        pick = (lambda t: t) if rows is None else (lambda t: t[rows])
+        z = self.main_norm(self.main(self.down_proj(pick(h_t)), pick(n)[:, None], cache=cache.main))
+        if smooth is not None:
+            p = pick(smooth)[:, None, None].to(z.dtype)
+            z = p * z + (1 - p) * pick(cache.z)
+        up = self.up_proj(z)
+        if static:
+            keep = start[:, None, None]
+            cache.z.copy_(torch.where(keep, z.to(cache.z.dtype), cache.z))
+            cache.up.copy_(torch.where(keep, up.to(cache.up.dtype), cache.up))
+        elif rows is None:
+            cache.z.copy_(z)
+            cache.up.copy_(up)
+        else:
+            cache.z[rows], cache.up[rows] = z.to(cache.z.dtype), up.to(cache.up.dtype)
 
     def _losses(self, out: Output, x: torch.Tensor, targets: torch.Tensor) -> None:
         B, T = targets.shape

@@ -119,6 +119,8 @@ def export(run_dir: str | Path, out_dir: str | Path, *, dtype: str = "fp32", tag
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     where = {dst: (src, lo, n) for dst, src, lo, n in plan}
+    umask = os.umask(0)
+    os.umask(umask)
     held: tuple[str, torch.Tensor] | None = None  # the last source tensor read (q, k and v share one)
     for filename, names in split.filename_to_tensors.items():
         shard = {}
@@ -129,6 +131,7 @@ def export(run_dir: str | Path, out_dir: str | Path, *, dtype: str = "fp32", tag
             value = held[1] if n < 0 else held[1][lo:lo + n]
             shard[dst] = value.contiguous()
         save_file(shard, str(tmp / filename), metadata={"format": "pt", "megatok_tag": tag})
+        os.chmod(tmp / filename, 0o666 & ~umask)  # safetensors writes 0600: readable as the export's other files
         del shard
     held = None
     if split.is_sharded:

@@ -4,6 +4,7 @@
     python -m megatok.cli.bench --quick                  # fewer repetitions and bytes (a smoke run)
     python -m megatok.cli.bench --json-out bench.json --reps 7 --threads 1
     python -m megatok.cli.bench --profile small/policy   # torch.profiler's top operators of one variant
+    python -m megatok.cli.bench --inference              # generation: byte model and matched BPE model, batch 1 and 8
 
 The timed variants are built once and then run in turns, because the machine may be shared: ``--reps``
 rounds, each of ``--steps`` steps of every training variant one step at a time (in a rotating order),
@@ -26,6 +27,16 @@ time spent waiting for a core that others use is not counted; elsewhere it is wa
 - **eval / train** and **generate / train**: bytes per second of megatok.eval.bpb.evaluate_documents
   (what megatok-evaluate and the head-to-head run) and of megatok.generate.generate (with the
   cache), over training's bytes per second (forward, backward and update) of the same model.
+- **generation** (``--inference``, instead of the figures above): bytes per second of
+  megatok.generate.generate_batch (sampled boundaries and ids, no stop) at batch 1 and 8 (prompts of
+  8 lengths, 16 to 200 bytes, each row with its own seed; batch 1: the one of 90 bytes, about their mean), for the byte model of each shape and the BPE
+  token model matched to it in training FLOPs per byte (megatok-match-bpe, on a ``--vocab`` tokenizer trained
+  here on the same text). Both are untrained: the byte model's boundaries are drawn at its target rate, and
+  the BPE model's bytes per second are its tokens per second times the tokenizer's bytes per token on the
+  text (an untrained model's random tokens are longer than a text's); each row generates ``--gen-bytes``
+  bytes of text (the BPE model: that many bytes' worth of tokens). Figures: batch 8 over batch 1; the byte
+  model over the BPE model at batch 8; each one's model FLOP/s (megatok.flops' forward FLOPs per byte) over
+  the matmul's; and the **per-step overhead**, a step's time less its FLOPs at the matmul's FLOP/s.
 - **head-to-head share**: the time HeadToHead.run takes (measured on ``--h2h-bytes`` of held-out
   text, scaled to the config's eval.heldout_max_bytes) over that plus the training time between two
   evaluations (eval.every steps of train.grad_accum micro-batches), at one rank; a baseline run,
@@ -39,7 +50,6 @@ megatok-gpu-check measures that one.
 from __future__ import annotations
 
 import json
-import math
 import os
 import platform
 import shutil
@@ -83,10 +93,15 @@ HOT_PATH = {
     "policy-docmask-dense": (["boundary.strategy=policy", "model.document_mask=true"], {}, False),
     "policy-nosync": (["boundary.strategy=policy", "model.chunk_capacity=0.3", "model.static_chunks=true"], {}, True),
 }
-TARGETS = {  # the figures' targets: (figure, comparison, value)
+#: --inference: the batch sizes of the generation figures
+GEN_BATCHES = (1, 8)
+TARGETS = {  # (figure, comparison, value)
     "policy_share/small": ("<=", 0.02), "policy_share/tiny": ("<=", 0.02),
     "megatok_vs_every_byte/small": ("<=", 0.3),
     "data_vs_step": (">=", 20.0), "eval_vs_train": (">=", 3.0), "mfu/small": (">=", 0.5),
+    "gen_b8_vs_b1/byte/tiny": (">=", 5.0), "gen_b8_vs_b1/bpe/tiny": (">=", 5.0),
+    "gen_b8_vs_b1/byte/small": (">=", 5.0), "gen_b8_vs_b1/bpe/small": (">=", 5.0),
+    "gen_byte_vs_bpe_b8/tiny": (">=", 0.8), "gen_byte_vs_bpe_b8/small": (">=", 1.0),
 }
 
 
@@ -248,199 +263,242 @@ def run(args) -> int:
 
     if args.profile:
         return profile(args, device, config)
+    if args.inference:
+        return inference(args, device, config)
+    return Bench(args, device, config, base).run()
 
-    t_wall = time.perf_counter()
-    report: dict = {"environment": environment(device, args.threads), "settings": {
-        k: getattr(args, k) for k in ("config", "overrides", "shapes", "reps", "steps", "eval_bytes", "gen_bytes",
-                                      "h2h_bytes", "quick")}, "figures": {}, "measured": {}}
-    temporary: list[Path] = []
 
-    def write(stage: str | None = None) -> None:
+def figure(figures: dict, key: str, per_round: list[float], what: str) -> None:
+    """figures[key]: the summary of a figure's values over the rounds, what it is, and its target (TARGETS)
+    and whether the median meets it."""
+    figures[key] = {**summary(per_round), "what": what}
+    if key in TARGETS:
+        op, value = TARGETS[key]
+        figures[key]["target"] = f"{op} {value:g}"
+        figures[key]["met"] = figures[key]["median"] <= value if op == "<=" else figures[key]["median"] >= value
+
+
+class Bench:
+    """The timed rounds of the training variants and of the other measurements, and their report (written
+    to --json-out at every stage, after every round and on SIGTERM). ``config(shape, variant, extra)``:
+    a variant's config; ``base``: the first shape's policy config."""
+
+    def __init__(self, args, device: torch.device, config, base):
+        self.args, self.device, self.config, self.base = args, device, config, base
+        self.t_wall = time.perf_counter()
+        self.report: dict = {"environment": environment(device, args.threads), "settings": {
+            k: getattr(args, k) for k in ("config", "overrides", "shapes", "reps", "steps", "eval_bytes", "gen_bytes",
+                                          "h2h_bytes", "quick")}, "figures": {}, "measured": {}}
+        self.temporary: list[Path] = []
+        self.rounds: list[dict[str, float]] = []
+
+    def write(self, stage: str | None = None) -> None:
         """--json-out now: what is measured so far, and where the bench is (a run cut short keeps it)."""
         if stage:
-            report["stage"] = stage
-            print(f"bench: {stage} ({time.perf_counter() - t_wall:.0f} s)", file=sys.stderr, flush=True)
-        if args.json_out:
-            Path(args.json_out).write_text(json.dumps(report, indent=2) + "\n")
+            self.report["stage"] = stage
+            print(f"bench: {stage} ({time.perf_counter() - self.t_wall:.0f} s)", file=sys.stderr, flush=True)
+        if self.args.json_out:
+            Path(self.args.json_out).write_text(json.dumps(self.report, indent=2) + "\n")
 
-    def stop(signum, frame):  # `timeout`, a job's time limit: keep what was measured, then end
-        report["stopped"] = f"SIGTERM while {report.get('stage', 'starting')}"
-        write()
-        for path in temporary:
+    def stop(self, signum, frame):  # `timeout`, a job's time limit: keep what was measured, then end
+        self.report["stopped"] = f"SIGTERM while {self.report.get('stage', 'starting')}"
+        self.write()
+        for path in self.temporary:
             shutil.rmtree(path, ignore_errors=True)
         sys.exit(143)
 
-    previous = signal.signal(signal.SIGTERM, stop)
-    write("building the variants")
-    trainees = {f"{s}/{v}": Trainee(f"{s}/{v}", config(s, v), device) for s in args.shapes for v in VARIANTS}
-    if args.hot_path:
-        s = args.shapes[-1]
-        trainees.update({f"{s}/{v}": Trainee(f"{s}/{v}", config(s, v), device, attrs, flex)
-                         for v, (_, attrs, flex) in HOT_PATH.items()})
-        report["checks"] = {"flex_attention": flex_check(trainees[f"{s}/policy-docmask"], device)}
-    peak = matmul_peak(device, args.matmul or (8192 if device.type == "cuda" else 1024))
-    tiny = trainees[f"{args.shapes[0]}/policy"]
+    def run(self) -> int:
+        args, device = self.args, self.device
+        previous = signal.signal(signal.SIGTERM, self.stop)
+        self.write("building the variants")
+        self.trainees = self.build_trainees()
+        self.tiny = self.trainees[f"{args.shapes[0]}/policy"]
+        others = self.measurements()
+        # warm-up: a step of every variant (on a GPU three: compiling FlexAttention for a few chunk counts)
+        self.write("warming up")
+        for tr in self.trainees.values():
+            tr.run(3 if device.type == "cuda" else 1)
+            tr.sums = {"chunks": 0.0, "positions": 0.0, "targets": 0.0, "steps": 0}
+        print(f"bench: {len(self.trainees)} variants, {args.reps} rounds of {args.steps} steps, device {device}, "
+              f"{args.threads if device.type == 'cpu' else '-'} thread(s)", file=sys.stderr, flush=True)
+        # A round: every training variant one step at a time, in turns (so that a change of the machine's
+        # load reaches them all alike), then everything else once; each round starts at another variant.
+        for r in range(args.reps):
+            if args.budget_s is not None and self.rounds and time.perf_counter() - self.t_wall > args.budget_s:
+                print(f"bench: --budget-s {args.budget_s:g} spent: {len(self.rounds)} round(s)", file=sys.stderr,
+                      flush=True)
+                break
+            got = dict.fromkeys(self.trainees, 0.0)
+            for i in range(args.steps):
+                for name in rotated(list(self.trainees), r * args.steps + i):
+                    got[name] += self.trainees[name].run(1) / args.steps
+            for name in rotated(list(others), r):
+                got[name] = others[name]()
+            self.rounds.append(got)
+            self.summarise()
+        signal.signal(signal.SIGTERM, previous)
+        print(show(self.report))
+        for path in self.temporary:
+            shutil.rmtree(path, ignore_errors=True)
+        return 0
 
-    from megatok.data.stream import PackedByteStream, make_loader, resolve_shards
-    from megatok.eval.bpb import evaluate_documents
-    from megatok.generate import generate
-
-    write("building the data, evaluation and head-to-head measurements")
-    tmp = Path(tempfile.mkdtemp(prefix="megatok-bench-"))
-    temporary.append(tmp)
-    shards = build_shards_here(tmp, 2_000_000)
-    stream = PackedByteStream(resolve_shards(shards, "train"), seq_len=base.data.seq_len,
-                              batch_size=base.train.micro_batch_size, seed=0)
-    batches = iter(make_loader(stream, 0))
-    next(batches)  # opening the first shard
-    n_data = 16
-
-    def data_rate() -> float:
-        t0 = clock()
-        n = sum(next(batches)["tokens"][:, 1:].lt(256).sum().item() for _ in range(n_data))
-        return n / (clock() - t0)
-
-    eval_docs = text_documents(args.eval_bytes)
-    eval_model = tiny.model
-
-    def eval_rate() -> float:
-        sync(device)
-        t0 = clock()
-        r = evaluate_documents(eval_model, iter(eval_docs_as_documents(eval_docs)), seq_len=base.data.seq_len,
-                               batch_size=base.train.micro_batch_size, mode="sample", seed=0, device=device)
-        sync(device)
-        eval_model.train()
-        return r["bytes"] / (clock() - t0)
-
-    def gen_rate(model) -> float:
-        t0 = clock()
-        g = generate(model, b"def main(", seq_len=base.data.seq_len, max_bytes=args.gen_bytes, seed=0,
-                     stop_at_separator=False, boundary_mode="threshold")
-        model.train()
-        return len(g.text) / (clock() - t0)
-
-    # the head-to-head as the trainer runs it, on --h2h-bytes of held-out text
-    from megatok.eval.head_to_head import HeadToHead
-
-    heldout = tmp / "heldout.jsonl"
-    with heldout.open("w") as f:
-        for d in text_documents(args.h2h_bytes):
-            f.write(json.dumps({"text": d.decode("utf-8", "replace"), "lang": "en", "domain": "code"}) + "\n")
-    h2h_cfg = config(args.shapes[0], "policy", [f"eval.heldout={heldout}", f"eval.heldout_max_bytes={args.h2h_bytes}"])
-    h2h = HeadToHead(h2h_cfg, 0, 1)
-    h2h_bytes = sum(len(d.text) for d in h2h.docs)
-
-    def h2h_seconds_per_byte() -> float:
-        t0 = clock()
-        h2h.run(tiny.model, 0, device, NullLogger())
-        tiny.model.train()
-        return (clock() - t0) / h2h_bytes
-
-    # warm-up: a step of every variant (on a GPU three: compiling FlexAttention for a few chunk counts)
-    write("warming up")
-    for tr in trainees.values():
-        tr.run(3 if device.type == "cuda" else 1)
-        tr.sums = {"chunks": 0.0, "positions": 0.0, "targets": 0.0, "steps": 0}
-    print(f"bench: {len(trainees)} variants, {args.reps} rounds of {args.steps} steps, device {device}, "
-          f"{args.threads if device.type == 'cpu' else '-'} thread(s)", file=sys.stderr, flush=True)
-
-    # A round: every training variant one step at a time, in turns (so that a change of the machine's
-    # load reaches them all alike), then everything else once; each round starts at another variant.
-    others = {"matmul": peak, "data": data_rate, "eval": eval_rate, "generate": lambda: gen_rate(tiny.model),
-              "generate-w3": lambda: gen_rate(trainees[f"{args.shapes[0]}/policy-w3"].model),
-              "h2h": h2h_seconds_per_byte}
-    rounds: list[dict[str, float]] = []
-
-    def rotated(names: list[str], k: int) -> list[str]:
-        return names[k % len(names):] + names[:k % len(names)]
-
-    from megatok.flops import flops_per_byte
-
-    def summarise() -> None:
-        """The figures of the rounds so far, into ``report`` (and --json-out: a run cut short keeps them)."""
-        figures = report["figures"]
-
-        def figure(key: str, per_round: list[float], what: str) -> None:
-            figures[key] = {**summary(per_round), "what": what}
-            if key in TARGETS:
-                op, value = TARGETS[key]
-                figures[key]["target"] = f"{op} {value:g}"
-                figures[key]["met"] = figures[key]["median"] <= value if op == "<=" else figures[key]["median"] >= value
-
-        for s in args.shapes:
-            t = {v: [g[f"{s}/{v}"] for g in rounds] for v in VARIANTS}
-            figure(f"policy_share/{s}", [(p - f) / p for p, f in zip(t["policy"], t["fixed"])],
-                   "(policy - fixed) / policy, step time")
-            figure(f"policy_w3_share/{s}", [(p - f) / p for p, f in zip(t["policy-w3"], t["fixed"])],
-                   "(policy window 3 - fixed) / policy window 3, step time")
-            per_byte = {v: [x / trainees[f"{s}/{v}"].bytes_per_step for x in t[v]] for v in VARIANTS}
-            figure(f"megatok_vs_every_byte/{s}", [p / e for p, e in zip(per_byte["policy"], per_byte["every-byte"])],
-                   "time per byte, policy / a chunk at every byte")
-            tr = trainees[f"{s}/policy"]
-            fpb = flops_per_byte(tr.cfg, rate=tr.rate)["training"]
-            figure(f"mfu/{s}", [fpb * tr.cfg.train.micro_batch_size * tr.cfg.data.seq_len / x / g["matmul"]
-                                for x, g in zip(t["policy"], rounds)],
-                   f"model FLOP/s / matmul FLOP/s ({'bf16' if device.type == 'cuda' else 'fp32'})")
-            report["measured"][s] = {
-                v: {"step_s": summary(t[v]), "bytes_per_step": trainees[f"{s}/{v}"].bytes_per_step,
-                    "realised_rate": trainees[f"{s}/{v}"].rate,
-                    "params": sum(p.numel() for p in trainees[f"{s}/{v}"].model.parameters())} for v in VARIANTS}
+    def build_trainees(self) -> dict[str, "Trainee"]:
+        """Every shape's variants, and with --hot-path the last shape's, with FlexAttention's check."""
+        args, config, device = self.args, self.config, self.device
+        trainees = {f"{s}/{v}": Trainee(f"{s}/{v}", config(s, v), device) for s in args.shapes for v in VARIANTS}
         if args.hot_path:
             s = args.shapes[-1]
-            t = {v: [g[f"{s}/{v}"] for g in rounds] for v in ["policy", *HOT_PATH]}
-            figure(f"docmask_cost/{s}", [(d - p) / p for d, p in zip(t["policy-docmask"], t["policy"])],
-                   "(document mask - none) / none, step time, FlexAttention where usable")
-            figure(f"docmask_dense_cost/{s}", [(d - p) / p for d, p in zip(t["policy-docmask-dense"], t["policy"])],
-                   "(document mask - none) / none, step time, the dense [B, T, T] mask")
-            figure(f"sync_share/{s}", [(p - n) / p for p, n in zip(t["policy"], t["policy-nosync"])],
-                   "(K from the batch's count - K from a static chunk_capacity 0.3, no host sync) / the first, "
-                   "step time")
-            report["measured"][f"{s}/hot_path"] = {v: {"step_s": summary(t[v])} for v in HOT_PATH}
-        s0 = args.shapes[0]
-        train_bps = [tiny.bytes_per_step / g[f"{s0}/policy"] for g in rounds]
-        figure("data_vs_step", [g["data"] / b for g, b in zip(rounds, train_bps)],
+            trainees.update({f"{s}/{v}": Trainee(f"{s}/{v}", config(s, v), device, attrs, flex)
+                             for v, (_, attrs, flex) in HOT_PATH.items()})
+            self.report["checks"] = {"flex_attention": flex_check(trainees[f"{s}/policy-docmask"], device)}
+        return trainees
+
+    def measurements(self) -> dict:
+        """{name: a function measuring it once}: the matmul's FLOP/s, one data reader's bytes/s, evaluation's
+        and generation's bytes/s, and the head-to-head's seconds per byte (on the first shape's policy)."""
+        args, device, base, tiny = self.args, self.device, self.base, self.tiny
+        peak = matmul_peak(device, args.matmul or (8192 if device.type == "cuda" else 1024))
+
+        from megatok.data.stream import PackedByteStream, make_loader, resolve_shards
+        from megatok.eval.bpb import evaluate_documents
+        from megatok.eval.head_to_head import HeadToHead
+        from megatok.generate import generate
+
+        self.write("building the data, evaluation and head-to-head measurements")
+        tmp = Path(tempfile.mkdtemp(prefix="megatok-bench-"))
+        self.temporary.append(tmp)
+        shards = build_shards_here(tmp, 2_000_000)
+        stream = PackedByteStream(resolve_shards(shards, "train"), seq_len=base.data.seq_len,
+                                  batch_size=base.train.micro_batch_size, seed=0)
+        batches = iter(make_loader(stream, 0))
+        next(batches)  # opening the first shard
+        n_data = 16
+
+        def data_rate() -> float:
+            t0 = clock()
+            n = sum(next(batches)["tokens"][:, 1:].lt(256).sum().item() for _ in range(n_data))
+            return n / (clock() - t0)
+
+        eval_docs = text_documents(args.eval_bytes)
+        eval_model = tiny.model
+
+        def eval_rate() -> float:
+            sync(device)
+            t0 = clock()
+            r = evaluate_documents(eval_model, iter(eval_docs_as_documents(eval_docs)), seq_len=base.data.seq_len,
+                                   batch_size=base.train.micro_batch_size, mode="sample", seed=0, device=device)
+            sync(device)
+            eval_model.train()
+            return r["bytes"] / (clock() - t0)
+
+        def gen_rate(model) -> float:
+            t0 = clock()
+            g = generate(model, b"def main(", seq_len=base.data.seq_len, max_bytes=args.gen_bytes, seed=0,
+                         stop_at_separator=False, boundary_mode="threshold")
+            model.train()
+            return len(g.text) / (clock() - t0)
+
+        # the head-to-head as the trainer runs it, on --h2h-bytes of held-out text
+        heldout = tmp / "heldout.jsonl"
+        with heldout.open("w") as f:
+            for d in text_documents(args.h2h_bytes):
+                f.write(json.dumps({"text": d.decode("utf-8", "replace"), "lang": "en", "domain": "code"}) + "\n")
+        h2h_cfg = self.config(args.shapes[0], "policy", [f"eval.heldout={heldout}",
+                                                          f"eval.heldout_max_bytes={args.h2h_bytes}"])
+        h2h = HeadToHead(h2h_cfg, 0, 1)
+        h2h_bytes = sum(len(d.text) for d in h2h.docs)
+
+        def h2h_seconds_per_byte() -> float:
+            t0 = clock()
+            h2h.run(tiny.model, 0, device, NullLogger())
+            tiny.model.train()
+            return (clock() - t0) / h2h_bytes
+
+        return {"matmul": peak, "data": data_rate, "eval": eval_rate, "generate": lambda: gen_rate(tiny.model),
+                "generate-w3": lambda: gen_rate(self.trainees[f"{args.shapes[0]}/policy-w3"].model),
+                "h2h": h2h_seconds_per_byte}
+
+    def summarise(self) -> None:
+        """The figures of the rounds so far, into the report (and --json-out: a run cut short keeps them)."""
+        args, rounds, measured = self.args, self.rounds, self.report["measured"]
+        for s in args.shapes:
+            self.shape_figures(s)
+        if args.hot_path:
+            self.hot_path_figures(args.shapes[-1])
+        train_bps = self.other_figures()
+        measured["matmul_flops"] = summary([g["matmul"] for g in rounds])
+        measured["data_bytes_per_s"] = summary([g["data"] for g in rounds])
+        measured["eval_bytes_per_s"] = summary([g["eval"] for g in rounds])
+        measured["generate_bytes_per_s"] = summary([g["generate"] for g in rounds])
+        measured["train_bytes_per_s"] = summary(train_bps)
+        measured["h2h_s_per_mb"] = summary([g["h2h"] * 2**20 for g in rounds])
+        measured["wall_s"] = time.perf_counter() - self.t_wall
+        measured["rounds"] = len(rounds)
+        self.write(f"round {len(rounds)} of {args.reps} done")
+
+    def shape_figures(self, s: str) -> None:
+        """A shape's policy share, megatok against every byte and MFU, and its variants' step times."""
+        from megatok.flops import flops_per_byte
+
+        rounds, trainees, figures = self.rounds, self.trainees, self.report["figures"]
+        t = {v: [g[f"{s}/{v}"] for g in rounds] for v in VARIANTS}
+        figure(figures, f"policy_share/{s}", [(p - f) / p for p, f in zip(t["policy"], t["fixed"])],
+               "(policy - fixed) / policy, step time")
+        figure(figures, f"policy_w3_share/{s}", [(p - f) / p for p, f in zip(t["policy-w3"], t["fixed"])],
+               "(policy window 3 - fixed) / policy window 3, step time")
+        per_byte = {v: [x / trainees[f"{s}/{v}"].bytes_per_step for x in t[v]] for v in VARIANTS}
+        figure(figures, f"megatok_vs_every_byte/{s}",
+               [p / e for p, e in zip(per_byte["policy"], per_byte["every-byte"])],
+               "time per byte, policy / a chunk at every byte")
+        tr = trainees[f"{s}/policy"]
+        fpb = flops_per_byte(tr.cfg, rate=tr.rate)["training"]
+        figure(figures, f"mfu/{s}", [fpb * tr.cfg.train.micro_batch_size * tr.cfg.data.seq_len / x / g["matmul"]
+                                     for x, g in zip(t["policy"], rounds)],
+               f"model FLOP/s / matmul FLOP/s ({'bf16' if self.device.type == 'cuda' else 'fp32'})")
+        self.report["measured"][s] = {
+            v: {"step_s": summary(t[v]), "bytes_per_step": trainees[f"{s}/{v}"].bytes_per_step,
+                "realised_rate": trainees[f"{s}/{v}"].rate,
+                "params": sum(p.numel() for p in trainees[f"{s}/{v}"].model.parameters())} for v in VARIANTS}
+
+    def hot_path_figures(self, s: str) -> None:
+        """What document masking (FlexAttention, the dense mask) and a static chunk capacity cost at shape s."""
+        figures = self.report["figures"]
+        t = {v: [g[f"{s}/{v}"] for g in self.rounds] for v in ["policy", *HOT_PATH]}
+        figure(figures, f"docmask_cost/{s}", [(d - p) / p for d, p in zip(t["policy-docmask"], t["policy"])],
+               "(document mask - none) / none, step time, FlexAttention where usable")
+        figure(figures, f"docmask_dense_cost/{s}", [(d - p) / p for d, p in zip(t["policy-docmask-dense"], t["policy"])],
+               "(document mask - none) / none, step time, the dense [B, T, T] mask")
+        figure(figures, f"sync_share/{s}", [(p - n) / p for p, n in zip(t["policy"], t["policy-nosync"])],
+               "(K from the batch's count - K from a static chunk_capacity 0.3, no host sync) / the first, "
+               "step time")
+        self.report["measured"][f"{s}/hot_path"] = {v: {"step_s": summary(t[v])} for v in HOT_PATH}
+
+    def other_figures(self) -> list[float]:
+        """Data, evaluation, generation and the head-to-head against training on the first shape; returns
+        training's bytes/s per round."""
+        rounds, figures, s0 = self.rounds, self.report["figures"], self.args.shapes[0]
+        train_bps = [self.tiny.bytes_per_step / g[f"{s0}/policy"] for g in rounds]
+        figure(figures, "data_vs_step", [g["data"] / b for g, b in zip(rounds, train_bps)],
                "one data reader's bytes/s / a training step's bytes/s (tiny shape, one rank)")
-        figure("eval_vs_train", [g["eval"] / b for g, b in zip(rounds, train_bps)],
+        figure(figures, "eval_vs_train", [g["eval"] / b for g, b in zip(rounds, train_bps)],
                "evaluate_documents bytes/s / training bytes/s (same model)")
-        figure("generate_vs_train", [g["generate"] / b for g, b in zip(rounds, train_bps)],
+        figure(figures, "generate_vs_train", [g["generate"] / b for g, b in zip(rounds, train_bps)],
                "generate (cache, window 1) bytes/s / training bytes/s (same model)")
-        train_w3 = [trainees[f"{s0}/policy-w3"].bytes_per_step / g[f"{s0}/policy-w3"] for g in rounds]
-        figure("generate_w3_vs_train", [g["generate-w3"] / b for g, b in zip(rounds, train_w3)],
+        train_w3 = [self.trainees[f"{s0}/policy-w3"].bytes_per_step / g[f"{s0}/policy-w3"] for g in rounds]
+        figure(figures, "generate_w3_vs_train", [g["generate-w3"] / b for g, b in zip(rounds, train_w3)],
                "generate (cache, policy window 3, threshold) bytes/s / training bytes/s (same model)")
-        c = base
+        c = self.base
         accum = c.train.grad_accum or 1
-        figure("h2h_share", [g["h2h"] * c.eval.heldout_max_bytes /
-                             (g["h2h"] * c.eval.heldout_max_bytes + c.eval.every * accum * g[f"{s0}/policy"])
-                             for g in rounds],
+        figure(figures, "h2h_share", [g["h2h"] * c.eval.heldout_max_bytes /
+                                      (g["h2h"] * c.eval.heldout_max_bytes + c.eval.every * accum * g[f"{s0}/policy"])
+                                      for g in rounds],
                f"head-to-head time / (it + {c.eval.every} steps x {accum} micro-batches), "
                f"{c.eval.heldout_max_bytes} held-out bytes, no baseline")
-        report["measured"]["matmul_flops"] = summary([g["matmul"] for g in rounds])
-        report["measured"]["data_bytes_per_s"] = summary([g["data"] for g in rounds])
-        report["measured"]["eval_bytes_per_s"] = summary([g["eval"] for g in rounds])
-        report["measured"]["generate_bytes_per_s"] = summary([g["generate"] for g in rounds])
-        report["measured"]["train_bytes_per_s"] = summary(train_bps)
-        report["measured"]["h2h_s_per_mb"] = summary([g["h2h"] * 2**20 for g in rounds])
-        report["measured"]["wall_s"] = time.perf_counter() - t_wall
-        report["measured"]["rounds"] = len(rounds)
-        write(f"round {len(rounds)} of {args.reps} done")
+        return train_bps
 
-    for r in range(args.reps):
-        if args.budget_s is not None and rounds and time.perf_counter() - t_wall > args.budget_s:
-            print(f"bench: --budget-s {args.budget_s:g} spent: {len(rounds)} round(s)", file=sys.stderr, flush=True)
-            break
-        got = dict.fromkeys(trainees, 0.0)
-        for i in range(args.steps):
-            for name in rotated(list(trainees), r * args.steps + i):
-                got[name] += trainees[name].run(1) / args.steps
-        for name in rotated(list(others), r):
-            got[name] = others[name]()
-        rounds.append(got)
-        summarise()
 
-    signal.signal(signal.SIGTERM, previous)
-    print(show(report))
-    shutil.rmtree(tmp, ignore_errors=True)
-    return 0
+def rotated(names: list[str], k: int) -> list[str]:
+    return names[k % len(names):] + names[:k % len(names)]
 
 
 def flex_check(tr: Trainee, device: torch.device) -> dict:
@@ -494,6 +552,144 @@ def show(report: dict) -> str:
     lines.append(f"\nmatmul {m['matmul_flops']['median'] / 1e9:.1f} GFLOP/s; train {m['train_bytes_per_s']['median']:,.0f}"
                  f" B/s; data {m['data_bytes_per_s']['median']:,.0f} B/s; eval {m['eval_bytes_per_s']['median']:,.0f}"
                  f" B/s; generate {m['generate_bytes_per_s']['median']:,.1f} B/s; wall {m['wall_s']:.0f} s")
+    return "\n".join(lines)
+
+
+def inference(args, device: torch.device, config) -> int:
+    """The generation figures (see the module docstring): rounds of every (shape, kind, batch) in turns."""
+    import shutil
+
+    from megatok import bpe
+
+    tmp = Path(tempfile.mkdtemp(prefix="megatok-bench-"))
+    docs = text_documents(300_000 if args.quick else 2_000_000)
+    tok = bpe.train_bpe(docs, tmp / "bpe", args.vocab)
+    sp = bpe.load_tokenizer(tok["model"])
+    per_token = bpe.bytes_per_token(sp, docs)["bytes_per_token"]
+    piece = statistics.mean(len(p) for p in bpe.token_bytes(sp) if p)  # an untrained model's mean token
+    # 8 lengths; batch 1 reads the first, 90 bytes, about their mean (91)
+    prompts = [d[:n] for d, n in zip(docs[::7], (90, 24, 200, 57, 130, 16, 170, 40))]
+    variants = generation_variants(args, device, config, tok, per_token, piece)
+    peak = matmul_peak(device, args.matmul or (8192 if device.type == "cuda" else 1024))
+    for v in variants.values():  # warm-up
+        generation_round(v, prompts, device)
+    print(f"bench --inference: {len(variants)} variants, {args.reps} rounds, device {device}", file=sys.stderr, flush=True)
+    rounds: list[dict] = []
+    names = list(variants)
+    for r in range(args.reps):
+        got = {"matmul": peak()}
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            got[name] = generation_round(variants[name], prompts, device)
+        rounds.append(got)
+        print(f"bench --inference: round {r + 1}/{args.reps} done", file=sys.stderr, flush=True)
+    figures, measured = generation_figures(args, variants, rounds)
+    measured["matmul_flops"] = summary([g["matmul"] for g in rounds])
+    measured["bpe"] = {"vocab": tok["vocab_size"], "bytes_per_token": per_token, "mean_piece_bytes": piece}
+    report = {"environment": environment(device, args.threads), "settings": {
+        k: getattr(args, k) for k in ("config", "overrides", "shapes", "reps", "gen_bytes", "vocab")},
+        "figures": figures, "measured": measured}
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps(report, indent=2) + "\n")
+    print(show_generation(report, names, tok["vocab_size"], per_token))
+    shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
+
+def generation_variants(args, device: torch.device, config, tok: dict, per_token: float, piece: float) -> dict:
+    """{shape/kind/bB: the model and what its figures need}: each shape's byte model and the BPE model
+    matched to it (on the tokenizer ``tok``, ``per_token`` bytes per token on the text, pieces of ``piece``
+    bytes on average), at each batch of GEN_BATCHES."""
+    from megatok import flops
+    from megatok.config import load_config
+    from megatok.data.encoding import encoding_for
+    from megatok.model import build_model
+
+    variants: dict[str, dict] = {}
+    for s in args.shapes:
+        ucfg = config(s, "policy")
+        match = flops.match_bpe(ucfg, tokenizer=tok["model"], vocab_size=tok["vocab_size"], bytes_per_token=per_token)
+        o = match["overrides"]
+        bcfg = load_config(args.config, [*SHAPES[s], *args.overrides, *(f"model.{k}={v}" for k, v in o["model"].items()),
+                                         f"data.seq_len={o['data']['seq_len']}"], world_size=1)
+        for kind, cfg in (("byte", ucfg), ("bpe", bcfg)):
+            torch.manual_seed(0)
+            with torch.device(device):
+                model = build_model(cfg).eval()
+            enc = encoding_for(cfg)
+            byte = kind == "byte"
+            fpb = flops.flops_per_byte(cfg)["forward"]  # BPE: at its bytes per token
+            for B in GEN_BATCHES:
+                variants[f"{s}/{kind}/b{B}"] = {
+                    "model": model, "cfg": cfg, "enc": enc, "B": B, "bytes_per_id": 1.0 if byte else per_token,
+                    "max_bytes": args.gen_bytes if byte else round(args.gen_bytes * piece / per_token),
+                    "flops_per_id": fpb if byte else fpb * per_token, "params": sum(p.numel() for p in model.parameters())}
+    return variants
+
+
+def generation_round(v: dict, prompts: list[bytes], device: torch.device) -> dict:
+    """One timed generate_batch of variant ``v``: seconds, ids, steps (the longest row's ids), chunk starts."""
+    from megatok.generate import generate_batch
+
+    sync(device)
+    t0 = clock()
+    gens = generate_batch(v["model"], [prompts[i % len(prompts)] for i in range(v["B"])], seq_len=v["cfg"].data.seq_len,
+                          max_bytes=v["max_bytes"], seeds=list(range(v["B"])), boundary_mode="sample",
+                          encoding=v["enc"], stop_at_separator=False)
+    sync(device)
+    dt = clock() - t0
+    ids, steps = sum(len(g.ids) for g in gens), max(len(g.ids) for g in gens)
+    return {"s": dt, "ids": ids, "steps": steps, "chunks": sum(sum(g.starts) for g in gens)}
+
+
+def generation_figures(args, variants: dict, rounds: list[dict]) -> tuple[dict, dict]:
+    """(figures, measured) of the generation rounds: batch 8 over batch 1, the byte model over the BPE
+    model, and each variant's MFU, per-step overhead and speed."""
+    figures, measured = {}, {}
+    names = list(variants)
+
+    def bytes_per_s(name: str) -> list[float]:
+        return [g[name]["ids"] * variants[name]["bytes_per_id"] / g[name]["s"] for g in rounds]
+
+    for s in args.shapes:
+        for kind in ("byte", "bpe"):
+            b1, b8 = bytes_per_s(f"{s}/{kind}/b1"), bytes_per_s(f"{s}/{kind}/b8")
+            figure(figures, f"gen_b8_vs_b1/{kind}/{s}", [x / y for x, y in zip(b8, b1)],
+                   "generation bytes/s, batch 8 / batch 1")
+        figure(figures, f"gen_byte_vs_bpe_b8/{s}",
+               [x / y for x, y in zip(bytes_per_s(f"{s}/byte/b8"), bytes_per_s(f"{s}/bpe/b8"))],
+               "generation bytes/s at batch 8, byte model / matched BPE model")
+        for name in (n for n in names if n.startswith(f"{s}/")):
+            v = variants[name]
+            step = [g[name]["s"] / g[name]["steps"] for g in rounds]
+            work = [v["B"] * v["flops_per_id"] / g["matmul"] for g in rounds]  # a step's FLOPs at the matmul's rate
+            figure(figures, f"gen_mfu/{name}",
+                   [g[name]["ids"] * v["flops_per_id"] / g[name]["s"] / g["matmul"] for g in rounds],
+                   "model FLOP/s / matmul FLOP/s")
+            figure(figures, f"gen_overhead_ms/{name}", [(t - w) * 1e3 for t, w in zip(step, work)],
+                   "a step's time less its FLOPs at the matmul's FLOP/s, ms")
+            measured[name] = {"bytes_per_s": summary(bytes_per_s(name)), "step_ms": summary([t * 1e3 for t in step]),
+                              "flops_per_id": v["flops_per_id"], "bytes_per_id": v["bytes_per_id"],
+                              "params": v["params"], "steps": rounds[-1][name]["steps"],
+                              "chunks_per_byte": rounds[-1][name]["chunks"] / max(1, rounds[-1][name]["ids"])}
+    return figures, measured
+
+
+def show_generation(report: dict, names: list[str], vocab: int, per_token: float) -> str:
+    figures, measured, env = report["figures"], report["measured"], report["environment"]
+    lines = [f"megatok bench --inference, {env['date']}: {env.get('gpu') or env.get('cpu')} ({env['device']}, "
+             f"{env['threads']} thread(s)), torch {env['torch']}", "",
+             f"{'figure':<34} {'median':>9} {'min':>9} {'max':>9}  {'target':<8} {'met':<5} what", "-" * 110]
+    for key, f in figures.items():
+        met = "" if "met" not in f else ("yes" if f["met"] else "NO")
+        lines.append(f"{key:<34} {f['median']:>9.4g} {f['min']:>9.4g} {f['max']:>9.4g}  {f.get('target', ''):<8} "
+                     f"{met:<5} {f['what']}")
+    lines += ["", f"{'variant':<18} {'bytes/s':>9} {'step ms':>8} {'params':>10} {'FLOPs/id':>10}"]
+    for name in names:
+        m = measured[name]
+        lines.append(f"{name:<18} {m['bytes_per_s']['median']:>9,.0f} {m['step_ms']['median']:>8.3f} {m['params']:>10,} "
+                     f"{m['flops_per_id']:>10.3g}")
+    lines.append(f"\nmatmul {measured['matmul_flops']['median'] / 1e9:.1f} GFLOP/s; BPE vocabulary {vocab}, "
+                 f"{per_token:.2f} bytes/token on the text")
     return "\n".join(lines)
 
 

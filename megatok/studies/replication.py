@@ -73,6 +73,11 @@ PRESETS = {p.name: p for p in (
     Preset("gpu-18m", "configs/replication/gpu-18m.json", 1, 8192,
            ("policy", "policy-vr", "uniform", "fixed", "whitespace", "bpe"), "prose", 2_000_000,
            "the research's smallest model (d 384, 2/6/2 layers) on one GPU, about a minute of training each"),
+    Preset("gpu-40m", "configs/replication/gpu-40m.json", 1, 8192,
+           ("policy", "policy-vr", "uniform", "fixed", "whitespace", "bpe"), "prose", 2_000_000,
+           "the research's ablation scale: 39M parameters (d 512, 2/8/2 layers, byte layers over 64-byte windows), "
+           "4096-byte windows, batch 32, 1.5e9 bytes (11,444 steps) on one GPU, checkpoints kept every 2000 steps "
+           "for the probe"),
     Preset("node-147m", "configs/replication/node-147m.json", 8, 32768, ALL, "given", 4_000_000,
            "the published run (d 768, 4/12/4 layers, 4096-byte windows, batch 128) on 8 GPUs"),
 )}

@@ -112,6 +112,12 @@ def finish() -> None:
         dist.destroy_process_group()
 
 
+def address_in_use(exc: BaseException) -> bool:
+    """Whether the process group could not start because its rendezvous port (MASTER_PORT) is taken."""
+    text = str(exc)
+    return "EADDRINUSE" in text or "address already in use" in text.lower()
+
+
 _COMM_FAILURES = ("timed out", "timeout", "connection closed", "connection reset", "broken pipe",
                   "nccl error", "gloo/transport")
 

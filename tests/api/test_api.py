@@ -165,6 +165,17 @@ def test_a_long_contexts_continuation_is_read_in_windows_that_end_at_it(tiny_run
                                   + model.loglikelihood(context + continuation[:m], continuation[m:])[0], abs=1e-4)
 
 
+def test_what_cannot_be_scored_or_generated_is_one_line_error(tiny_run):
+    model = megatok.load(tiny_run)
+    with pytest.raises(ValueError, match="^max_bytes must be >= 0, got -1$"):
+        model.generate("def ", max_bytes=-1)
+    with pytest.raises(ValueError, match="^score: the text is empty: there is no byte to score$"):
+        model.score("")
+    with pytest.raises(ValueError, match="^score: text 1 of 2 is empty: there is no byte to score$"):
+        model.score_many(["a", b""])
+    assert model.generate("def ", max_bytes=0).data == b"" and model.loglikelihood("def", "") == (0.0, True)
+
+
 def test_load_names_what_it_cannot_use(tiny_run, tmp_path):
     with pytest.raises(FileNotFoundError, match="neither a megatok run directory"):
         megatok.load(tmp_path)

@@ -5,6 +5,7 @@ checkpoint, and the merge's peak host memory against DeepSpeed's whole-model mer
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -57,6 +58,9 @@ def test_the_byte_model_exports_sharded_and_loads_back(tiny_run, tmp_path):
     index = json.loads((out / "model.safetensors.index.json").read_text())
     shards = sorted(set(index["weight_map"].values()))
     assert len(shards) > 1 and all((out / s).is_file() for s in shards) and not (out / "config.json").exists()
+    umask = os.umask(0)
+    os.umask(umask)  # every file of the export is readable as any new file is (safetensors alone writes 0600)
+    assert {f.name: f.stat().st_mode & 0o777 for f in out.iterdir()} == {f.name: 0o666 & ~umask for f in out.iterdir()}
     merged = {k: v.load() for k, v in checkpoint_tensors(checkpoint_dir(tiny_run) / latest_tag(tiny_run)).items()}
     stored = {k: v for s in shards for k, v in load_file(str(out / s)).items()}
     assert_same_weights(stored, merged)
@@ -81,14 +85,25 @@ def test_the_byte_model_exports_sharded_and_loads_back(tiny_run, tmp_path):
                                                       "500MB or a number of bytes")
 
 
-def test_deepspeeds_zero_to_fp32_script_runs_on_a_megatok_checkpoint(tiny_run, tmp_path):
-    """DeepSpeed writes zero_to_fp32.py into every checkpoints folder; it needs huggingface_hub to shard."""
-    script = checkpoint_dir(tiny_run) / "zero_to_fp32.py"
-    r = subprocess.run([sys.executable, str(script), str(checkpoint_dir(tiny_run)), str(tmp_path / "ds"),
+@pytest.mark.parametrize("kind", ["unet", "bpe"])
+def test_deepspeeds_zero_to_fp32_script_runs_on_a_megatok_checkpoint(kind, tiny_run, bpe_run, tmp_path):
+    """DeepSpeed writes zero_to_fp32.py into every checkpoints folder; it needs huggingface_hub to shard. It
+    writes megatok's names: the byte model's export keeps them, the BPE model's export has Llama's (the
+    fused q/k/v split in three), the same values after llama_names' map."""
+    from megatok.run.export import exported_config, llama_names
+
+    run = tiny_run if kind == "unet" else bpe_run
+    script = checkpoint_dir(run) / "zero_to_fp32.py"
+    r = subprocess.run([sys.executable, str(script), str(checkpoint_dir(run)), str(tmp_path / "ds"),
                         "--safe_serialization"], capture_output=True, text=True, env=TOOL_ENV, cwd=ROOT, timeout=240)
     assert r.returncode == 0, r.stderr[-3000:]
-    out = export(tiny_run, tmp_path / "ours")
-    assert_same_weights(load_file(str(tmp_path / "ds" / "model.safetensors")), load_file(str(out / "model.safetensors")))
+    out = export(run, tmp_path / "ours")
+    ds, ours = load_file(str(tmp_path / "ds" / "model.safetensors")), load_file(str(out / "model.safetensors"))
+    if kind == "bpe":
+        assert not set(ds) & set(ours)  # no name in common
+        ds = {dst: ds[src][lo:lo + n] if n > 0 else ds[src]
+              for src, parts in llama_names(exported_config(out)).items() for dst, lo, n in parts}
+    assert_same_weights(ds, ours)
 
 
 def merge_memory(run, path: str, dtype: str) -> dict:

@@ -117,3 +117,61 @@ def test_the_command_runs_a_task_list_on_an_export(bpe_run, tasks, tmp_path, cap
     assert capsys.readouterr().err.strip().splitlines()[-1].startswith("error: --tasks: unknown task nope")
     assert main(["--model", str(tmp_path / "none"), "--tasks", "local_ppl", "--include-path", str(tasks)]) == 2
     assert "neither a megatok run directory" in capsys.readouterr().err
+
+
+def test_the_harness_hf_model_opens_a_bpe_export(bpe_run, tasks, tmp_path):
+    """``lm_eval --model hf`` on the BPE model's export (accelerate is one of megatok's requirements): its
+    log-likelihoods are megatok's wherever the harness's tokens for context + continuation are megatok's
+    (megatok tokenizes the two apart; ``hf`` cuts the tokens of the whole text after the context's)."""
+    import lm_eval
+    from transformers import AutoTokenizer
+
+    from megatok.run.export import export
+
+    out = export(bpe_run, tmp_path / "export")
+    res = lm_eval.simple_evaluate(model="hf", model_args=f"pretrained={out},add_bos_token=True,dtype=float32",
+                                  tasks=["local_mc"], task_manager=tasks[1], device="cpu", log_samples=True)
+    model, tok = megatok.load(out), AutoTokenizer.from_pretrained(str(out))
+    compared = 0
+    for sample in res["samples"]["local_mc"]:
+        for (context, continuation), ((ll, greedy),) in zip(sample["arguments"], sample["resps"]):
+            if tok(context + continuation).input_ids != tok(context).input_ids + tok(continuation).input_ids[1:]:
+                continue  # a token spans the join: the two tokenizations differ
+            want = model.loglikelihood(context, continuation)
+            assert ll == pytest.approx(want[0], abs=1e-3) and greedy == want[1]
+            compared += 1
+    assert compared >= 6
+
+
+def test_an_empty_perplexity_document_has_log_probability_0(tiny_run):
+    from lm_eval.api.instance import Instance
+
+    from megatok.eval.harness import MegatokLM
+
+    lm = MegatokLM(model=megatok.load(tiny_run))
+    requests = [Instance("loglikelihood_rolling", {}, (text,), i) for i, text in enumerate([DOCS[0], "", DOCS[1]])]
+    got = lm.loglikelihood_rolling(requests, disable_tqdm=True)
+    assert got[1] == 0.0 and got[::2] == [s.logprob for s in lm.model.score_many(DOCS[:2])]
+
+
+def test_requests_are_batched_longest_first_and_answered_as_alone(tiny_run):
+    """generate_until: requests with the same arguments decoded together (batch_size at a time, the longest
+    context first), each answer the one its request gets alone; loglikelihood: scored longest first."""
+    from lm_eval.api.instance import Instance
+
+    from megatok.eval.harness import MegatokLM
+
+    lm = MegatokLM(model=megatok.load(tiny_run, batch_size=2))
+    calls, generate, loglikelihoods = [], lm.model.generate, lm.model.loglikelihoods
+    lm.model.generate = lambda prompts, **kw: calls.append((prompts, kw["stop"])) or generate(prompts, **kw)
+    lm.model.loglikelihoods = lambda pairs: calls.append(pairs) or loglikelihoods(pairs)
+    asks = [("a", "x"), ("three", "x"), ("tw", "y"), ("four", "x"), ("fives", "y")]
+    requests = [Instance("generate_until", {}, (c, {"until": [u], "max_gen_toks": 6, "do_sample": True}), i)
+                for i, (c, u) in enumerate(asks)]
+    got = lm.generate_until(requests, disable_tqdm=True)
+    assert calls == [(["three", "four"], ["x"]), (["a"], ["x"]), (["fives", "tw"], ["y"])]
+    assert got == [generate(c, max_bytes=6, temperature=1.0, stop=[u], seed=i).text for i, (c, u) in enumerate(asks)]
+    calls.clear()
+    pairs = [("ab", " c"), ("abcdef", " g"), ("abc", " d")]
+    got = lm.loglikelihood([Instance("loglikelihood", {}, p, i) for i, p in enumerate(pairs)], disable_tqdm=True)
+    assert calls == [[pairs[1], pairs[2], pairs[0]]] and got == loglikelihoods(pairs)

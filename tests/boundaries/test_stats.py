@@ -130,6 +130,37 @@ def test_sampled_boundaries_of_a_document_do_not_depend_on_its_batch(strategy):
     assert run(docs, 1, seed=1)["bytes_per_chunk"] != one["bytes_per_chunk"]  # the seed still matters
 
 
+def test_windows_of_about_one_length_share_a_batch_and_the_figures_stay():
+    """evaluate_documents sorts a buffer of windows by length before cutting it into batches: less padding
+    is computed, and the figures are those of batches in the documents' order (to float rounding)."""
+    from megatok.config import load_config
+    from megatok.data.documents import Document
+    from megatok.eval.bpb import evaluate_documents
+    from megatok.model import build_model
+    from tests.conftest import ROOT
+
+    cfg = load_config(ROOT / "configs/tiny.json", ["data.seq_len=32"], world_size=1)
+    torch.manual_seed(0)
+    model = build_model(cfg)
+    texts = [b"x" * n + b" word, and more" for n in (3, 70, 1, 40, 12, 90, 5, 33, 2, 64, 20)]
+    docs = [Document(t, "en" if i % 2 else "fr", "test", f"d{i}") for i, t in enumerate(texts)]
+    shapes = []
+    model.register_forward_pre_hook(lambda m, args: shapes.append(tuple(args[0].shape)))
+
+    def run(buffer):
+        shapes.clear()
+        r = evaluate_documents(model, iter(docs), seq_len=32, batch_size=4, mode="sample", seed=0, device="cpu",
+                               buffer=buffer)
+        return r, sum(b * t for b, t in shapes)
+
+    (in_order, padded_in_order), (by_length, padded_by_length) = run(1), run(64)
+    assert padded_by_length < 0.85 * padded_in_order
+    for result, want in ((by_length, in_order), (by_length["by_lang"]["fr"], in_order["by_lang"]["fr"])):
+        assert result["bytes"] == want["bytes"] and result["documents"] == want["documents"]
+        for key in ("bpb", "bpb_doc_mean", "bytes_per_chunk", "boundary_rate", "whitespace_boundary_fraction"):
+            assert result[key] == pytest.approx(want[key], rel=1e-6 if key.startswith("bpb") else 1e-12), key
+
+
 def test_sep_targets_are_trained_on_but_not_counted_and_cr_is_whitespace():
     """Packed documents: the SEP between them is a target the model trains on, but bits per byte
     count UTF-8 bytes only (nll and targets leave it out); \\r is whitespace like \\n, \\t and ' '."""

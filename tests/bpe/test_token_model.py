@@ -17,7 +17,7 @@ from megatok.data.encoding import BpeEncoding, encoding_for
 from megatok.data.documents import Document
 from megatok.data.stream import PackedByteStream, make_loader, pack_documents, resolve_shards
 from megatok.eval.bpb import evaluate_documents
-from megatok.generate import generate
+from megatok.generate import generate, generate_batch
 from megatok.model import build_model
 from tests.bpe.conftest import MULTILINGUAL
 from tests.conftest import run_tool
@@ -153,6 +153,26 @@ def test_the_token_cache_is_rebuilt_when_the_window_is_full(model_and_cfg):
         assert tok == int(logp.masked_fill(~text, float("-inf")).argmax()), k  # greedy over text ids
         assert abs(float(logp[tok]) - g.logprobs[k]) < 1e-4, k
     assert restarts >= 3
+
+
+def test_a_batch_of_prompts_gives_every_row_what_it_gets_alone(model_and_cfg):
+    """Prompts of different lengths decoded together (sampled at a temperature, each with its own seed; one
+    longer than the window, every row past it, one ended early by a stop string): each row's tokens and
+    log-probabilities are the ones it gets alone; so with the static step (fixed shapes)."""
+    model, cfg = model_and_cfg
+    enc, S = encoding_for(cfg), cfg.data.seq_len
+    prompts, seeds = [b"The ", b"def main(argv):\n    return " * 6, b"", "Все люди ".encode()], [4, 1, 9, 2]
+    kw = dict(seq_len=S, max_bytes=3 * S, temperature=0.9, top_p=0.95, encoding=enc, stop_at_separator=False)
+    first = generate(model, prompts[2], seed=seeds[2], **kw)
+    stop = [first.text[40:43]]
+    alone = [generate(model, p, seed=s, stop=stop, **kw) for p, s in zip(prompts, seeds)]
+    assert alone[2].stop == stop[0] and max(len(a.ids) for a in alone) > S
+    for static in (False, True):
+        batch = generate_batch(model, prompts, seeds=seeds, stop=stop, static=static, **kw)
+        for a, b in zip(alone, batch):
+            assert (b.ids, b.text, b.stopped, b.stop) == (a.ids, a.text, a.stopped, a.stop)
+            torch.testing.assert_close(torch.tensor(b.logprobs), torch.tensor(a.logprobs), rtol=0, atol=1e-4)
+    assert len({a.text for a in alone}) == len(alone)
 
 
 def test_pack_documents_pads_with_the_pad_id(tok_dir):

@@ -5,7 +5,7 @@ boundaries held fixed, and those boundaries are the ones the strategy takes on t
 import pytest
 import torch
 
-from megatok.generate import generate
+from megatok.generate import generate, generate_batch
 from megatok.vocab import SEP
 from tests.model.test_causality import make_model
 
@@ -128,3 +128,53 @@ def test_the_cache_is_rebuilt_when_the_window_is_full():
                                      * (torch.arange(out.shape[-1]) == SEP))
     g = generate(model, b"abc", seq_len=SEQ, max_bytes=20, temperature=0)
     assert g.stopped and len(g.text) == 5 and len(g.starts) == 5
+
+
+PROMPTS = [b"def main(argv):\n    ", b"x", b"The quick brown fox jumps over the lazy dog, " * 2, b""]  # one past SEQ
+SEEDS = [3, 11, 5, 7]
+
+
+def decisive_heads(model, strategy):
+    with torch.no_grad():  # policy and gumbel heads that decide, so the boundaries vary
+        for name in ("head", "window_head"):
+            head = getattr(model.boundary, name, None)
+            if isinstance(head, torch.nn.Linear) and strategy.startswith(("policy", "gumbel")):
+                torch.nn.init.normal_(head.weight, std=1.0)
+                torch.nn.init.zeros_(head.bias)
+
+
+@pytest.mark.parametrize("strategy, mode", [("policy", "sample"), ("hnet", "threshold"), ("gumbel", "sample"),
+                                            ("uniform", "sample"), ("policy-window3", "threshold")])
+def test_a_batch_gives_every_row_what_it_gets_alone(strategy, mode):
+    """Prompts of different lengths (one longer than the window) decoded together, each with its own seed:
+    every row's text, boundaries, log-probabilities and end are the ones it gets alone, also past the
+    window (rows read again at different steps), with a stop string that ends one row early; the static
+    step (fixed shapes, the main network on every row) gives the same."""
+    model = make_model(strategy)
+    model.boundary.window = SEQ  # as build_model sets it: the uniform rule draws over the training window
+    decisive_heads(model, strategy)
+    kw = dict(seq_len=SEQ, max_bytes=90, temperature=0.8, top_k=200, boundary_mode=mode, stop_at_separator=False)
+    first = generate(model, PROMPTS[1], seed=SEEDS[1], **kw)
+    stop = [first.text[30:33]]  # ends row 1 at byte 30 or before
+    alone = [generate(model, p, seed=s, stop=stop, **kw) for p, s in zip(PROMPTS, SEEDS)]
+    assert alone[1].stop == stop[0] and len(alone[1].text) <= 33 and max(len(a.text) for a in alone) == 90
+    for static in (False, True):
+        batch = generate_batch(model, PROMPTS, seeds=SEEDS, stop=stop, static=static, **kw)
+        for a, b in zip(alone, batch):
+            assert (b.text, b.starts, b.prompt_starts, b.stopped, b.stop) == (a.text, a.starts, a.prompt_starts,
+                                                                           a.stopped, a.stop)
+            torch.testing.assert_close(torch.tensor(b.logprobs), torch.tensor(a.logprobs), rtol=0, atol=1e-4)
+    assert len({a.text for a in alone}) == len(alone) and any(sum(a.starts) for a in alone)
+
+
+def test_the_main_network_runs_for_the_rows_whose_byte_starts_a_chunk():
+    """Each step runs the main network on the rows whose new byte starts a chunk, and only on them."""
+    model = make_model("policy")
+    decisive_heads(model, "policy")
+    rows = []
+    model.main.layers[0].register_forward_pre_hook(lambda m, args: rows.append(args[0].shape[:2]))
+    gens = generate_batch(model, PROMPTS[:2] + PROMPTS[3:], seq_len=SEQ, max_bytes=30, seeds=[1, 2, 3],
+                          stop_at_separator=False)
+    steps = rows[1:]  # after the prompts' forward
+    assert all(t == 1 for _, t in steps) and sum(n for n, _ in steps) == sum(sum(g.starts) for g in gens)
+    assert 0 < len(steps) < 30 and min(n for n, _ in steps) < 3  # steps where some rows start no chunk

@@ -53,3 +53,20 @@ def test_a_bad_profile_name_is_one_clear_line():
     assert r.returncode == 2
     lines = [ln for ln in r.stderr.splitlines() if ln.strip() and "[WARNING]" not in ln]
     assert len(lines) == 1 and "--profile tiny/nonsense" in lines[0]
+
+
+def test_the_inference_section_writes_its_figures(tmp_path):
+    out = tmp_path / "inference.json"
+    r = bench("--inference", "--quick", "--shapes", "tiny", "--reps", 1, "--vocab", 512, "--json-out", out)
+    assert r.returncode == 0, r.stderr[-3000:]
+    report = json.loads(out.read_text())
+    figures, measured = report["figures"], report["measured"]
+    want = {"gen_b8_vs_b1/byte/tiny", "gen_b8_vs_b1/bpe/tiny", "gen_byte_vs_bpe_b8/tiny"} | {
+        f"gen_{what}/tiny/{kind}/b{b}" for what in ("mfu", "overhead_ms") for kind in ("byte", "bpe") for b in (1, 8)}
+    assert want == set(figures)
+    for key, f in figures.items():
+        assert f["n"] == 1 and math.isfinite(f["median"]), key
+    assert figures["gen_byte_vs_bpe_b8/tiny"]["target"] == ">= 0.8"
+    assert measured["tiny/bpe/b8"]["bytes_per_id"] == measured["bpe"]["bytes_per_token"] > 1
+    assert 0.05 < measured["tiny/byte/b1"]["chunks_per_byte"] < 0.5  # sampled at the target rate, 0.2
+    assert "gen_byte_vs_bpe_b8/tiny" in r.stdout

@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -209,6 +210,22 @@ def test_how_a_failed_run_ends(tmp_path, monkeypatch, capsys, error, code, line)
     assert got.startswith(line.replace("<run>", str(tmp_path))), got
     assert got.endswith("; last good checkpoint: step00000002"), got
     assert code != 3 or "GiB free on its filesystem)" in got or error.filename
+
+
+def test_a_taken_rendezvous_port_is_named_as_such(tmp_path, shards):
+    """A process group that cannot listen on MASTER_PORT (another job holds it) ends with one line naming
+    the port and EADDRINUSE, exit 2, not as a rank lost in a collective."""
+    with socket.socket() as held:
+        held.bind(("", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        r = pretrain(args(shards, tmp_path / "run"), check=False, env={
+            "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port)})
+    err = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
+    assert r.returncode == 2 and len(err) == 1, r.stderr[-3000:]
+    assert err[0].startswith(f"error: rank 0: the rendezvous port {port} is in use (EADDRINUSE"), err
+    assert "lost contact" not in r.stderr and r.stderr.rstrip().endswith(err[0])
 
 
 def test_a_failed_run_leaves_no_data_worker_behind():
