@@ -179,7 +179,6 @@ cmd_up() {
     install_packages
     mkdir -p "$STATE"/{pids,log,run,munge,slurmctld,slurmd,ssh,ns}
     chmod 700 "$STATE"
-    : > "$STATE/nodes"
     echo $(for ((i = 1; i <= n; i++)); do echo "node$i"; done) > "$STATE/nodes"
     # a hostname and a mount namespace per host, each kept by a bind mount of its file (on a private
     # mount, as ip netns keeps its own)

@@ -185,10 +185,12 @@ def test_stop_request_watches_megatok_stop_file(tmp_path, monkeypatch):
 def test_sbatch_default_launch_is_srun_and_torchrun_without_ssh(tmp_path):
     cmd = launch_line(render(tmp_path, None))
     assert cmd[:cmd.index("torchrun")] == ["srun", "--nodes", "2", "--ntasks-per-node", "1", "--cpus-per-task", "96",
-                                           "--export=ALL", "--kill-on-bad-exit=1"]  # all the node's CPUs
+                                           "--export=ALL", "--kill-on-bad-exit=1",  # all the node's CPUs
+                                           "bash", "-c", 'torchrun_node "$@"', "megatok"]  # names a failed rendezvous
     tr = cmd[cmd.index("torchrun"):]
     assert tr == ["torchrun", "--nnodes", "2", "--nproc_per_node", "8", "--rdzv_id", "4242", "--rdzv_backend",
-                  "c10d", "--rdzv_endpoint", f"gpu-a01:{20000 + 4242}", "launch/pretrain.py", *ARGS]
+                  "c10d", "--rdzv_endpoint", f"gpu-a01:{20000 + 4242}", "--rdzv_conf",
+                  "join_timeout=600,read_timeout=630", "launch/pretrain.py", *ARGS]
     job = tmp_path / "job"
     assert not (job / "hostfile").exists() and not (job / ".deepspeed_env").exists()  # no pdsh, no ssh
 
@@ -277,10 +279,11 @@ def test_sbatch_default_launcher_trains_through_srun_and_torchrun(tmp_path, shar
     assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-5000:])
     srun = (tmp_path / "job" / "srun-args").read_text().splitlines()
     assert srun[:srun.index("torchrun")] == ["--nodes", "1", "--ntasks-per-node", "1", "--cpus-per-task", "2",
-                                             "--export=ALL", "--kill-on-bad-exit=1"]
+                                             "--export=ALL", "--kill-on-bad-exit=1", "bash", "-c",
+                                             'torchrun_node "$@"', "megatok"]
     assert srun[srun.index("torchrun"):srun.index("launch/pretrain.py")] == [
         "torchrun", "--nnodes", "1", "--nproc_per_node", "2", "--rdzv_id", "4242", "--rdzv_backend", "c10d",
-        "--rdzv_endpoint", f"localhost:{env['MASTER_PORT']}"]
+        "--rdzv_endpoint", f"localhost:{env['MASTER_PORT']}", "--rdzv_conf", "join_timeout=600,read_timeout=630"]
     assert (run_dir / "metrics.jsonl").exists(), (r.stdout[-3000:], r.stderr[-3000:])
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [row["step"] for row in rows if row.get("split") == "train"] == [1, 2]
