@@ -147,8 +147,11 @@ def run(cfg, resume: str, lock_wait_s: float = 0.0) -> int:
             return _die(3, f"error: rank {rank}: {what}; last good checkpoint: {_last_good(cfg)}")
         if not dist.is_comm_failure(e):
             return _unexpected(e, cfg, rank)
+        import signal
+
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the launcher ending the job waits for this line
         peers.last_words()  # this line, not the watchdog's too
-        who = peers.lost()  # probes the other ranks: which one is gone
+        who = peers.lost()  # probes the other ranks (a few seconds at most): which one is gone
         reason = str(e).splitlines()[0][:200]
         if re.search(r"time[ds]? ?out", reason, re.IGNORECASE):  # it waited; else the connection closed at once
             within = (f"train.dist_timeout_s={cfg.train.dist_timeout_s:g} s" if not cfg.train.save_timeout_s else

@@ -128,9 +128,11 @@ def test_a_forked_child_of_the_holder_does_not_keep_its_lock(tmp_path, processes
     """A data loader's worker is forked from rank 0: when rank 0 dies, its lock goes, whatever the worker does."""
     first = holder(tmp_path, "rank0", "fork")
     processes.append(first)
-    kill(first)  # its child sleeps on
+    (child,) = map(int, open(f"/proc/{first.pid}/task/{first.pid}/children").read().split())
+    kill(first)
     lock = RunLock(tmp_path)
-    assert lock.acquire().pid == first.pid
+    assert lock.acquire(wait_s=5, poll_s=0.05).pid == first.pid  # the child closes its copies just after the fork
+    assert os.kill(child, 0) is None  # and sleeps on
     lock.release()
 
 
