@@ -357,3 +357,37 @@ def test_a_node_that_cannot_reach_the_rendezvous_ends_with_one_line_per_node(clu
                      "check that every node reaches it (a firewall, MASTER_ADDR, the network interface)"]
     assert seconds < timeout_s + 60  # start-up (torchrun's imports), the timeout, srun ending the other node
     nothing_left()
+
+
+def test_up_after_a_crash_cleans_first_and_down_leaves_nothing(cluster):
+    """Every daemon SIGKILLed (a crash): up cleans what is left and makes the cluster again. down: no
+    namespace, bridge, daemon, listening port, mount or file of the cluster is left; then up again."""
+    env = {**cluster_env(), "MEGATOK_CLUSTER_SLURMD_TIMEOUT": "20", "MEGATOK_CLUSTER_KILL_WAIT": "10"}
+    crashed = [int(p.read_text()) for p in (cluster / "pids").iterdir()]
+    for pid in crashed:
+        os.kill(pid, signal.SIGKILL)
+    r = subprocess.run(["bash", str(CLUSTER), "up", "2"], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0 and "cleaning up what an earlier up left" in r.stdout, r.stderr
+    r = subprocess.run(["srun", "--nodes=2", "--gpus-per-node=0", "hostname"], env=cluster_env(),
+                       capture_output=True, text=True, timeout=60)
+    assert sorted(r.stdout.split()) == ["node1", "node2"], r.stderr
+    daemons = crashed + [int(p.read_text()) for p in (cluster / "pids").iterdir()]
+    t = time.monotonic()
+    subprocess.run(["bash", str(CLUSTER), "down"], check=True, capture_output=True, env=env, timeout=300)
+    measured("tools/cluster.sh down", time.monotonic() - t)
+    try:
+        netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+        assert "mtk-" not in netns
+        assert subprocess.run(["ip", "link", "show", "mtkbr0"], capture_output=True).returncode != 0
+        for pid in daemons:  # gone, or a zombie of init's waiting to be reaped
+            stat = Path(f"/proc/{pid}/stat")
+            assert not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] == "Z", pid
+        assert str(cluster) not in Path("/proc/mounts").read_text() and not cluster.exists()
+        listening = subprocess.run(["ss", "-Hltn"], capture_output=True, text=True).stdout
+        assert not any("10.213.47." in line for line in listening.splitlines()), listening
+        assert not Path("/etc/ssh/ssh_config.d/megatok-cluster.conf").exists()
+        slurm_conf = Path("/etc/slurm/slurm.conf")
+        assert not slurm_conf.exists() or "tools/cluster.sh" not in slurm_conf.read_text()
+    finally:
+        r = subprocess.run(["bash", str(CLUSTER), "up", "2"], capture_output=True, text=True, env=env, timeout=300)
+        assert r.returncode == 0, r.stderr

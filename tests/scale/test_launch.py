@@ -214,6 +214,21 @@ def test_sbatch_torchrun_tasks_get_the_deepspeed_env_files_and_the_environment(t
     assert "NCCL_IB_TIMEOUT=23" in r.stdout and "OMP_NUM_THREADS=3 " in r.stdout, r.stdout
 
 
+def test_sbatch_runs_the_script_named_and_takes_a_rendezvous_timeout(tmp_path):
+    """MEGATOK_SCRIPT in place of launch/pretrain.py for every launcher; RDZV_TIMEOUT bounds torchrun's
+    rendezvous (the other nodes wait 30 s longer to connect, so the first node's line comes first)."""
+    script = "tests/train/faulty_pretrain.py"
+    for launcher in ("torchrun", "srun", "deepspeed"):
+        env = {**slurm_env(tmp_path, launcher), "MEGATOK_SCRIPT": script, "RDZV_TIMEOUT": "45",
+               "MEGATOK_PRINT_ONLY": "1"}
+        r = subprocess.run(["bash", str(SBATCH), *ARGS], capture_output=True, text=True, env=env, cwd=ROOT, timeout=60)
+        assert r.returncode == 0, r.stderr
+        cmd = launch_line(r.stdout)
+        assert cmd[-len(ARGS) - 1:] == [script, *ARGS] and "launch/pretrain.py" not in cmd, (launcher, cmd)
+        if launcher == "torchrun":
+            assert cmd[cmd.index("--rdzv_conf") + 1] == "join_timeout=45,read_timeout=75"
+
+
 def test_sbatch_unknown_launcher_is_one_line(tmp_path):
     env = slurm_env(tmp_path, "pdsh")
     r = subprocess.run(["bash", str(SBATCH), *ARGS], capture_output=True, text=True, env=env, cwd=ROOT, timeout=60)
