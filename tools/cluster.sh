@@ -13,14 +13,15 @@
 # 10.213.47.(10+I) on a private bridge (mtkbr0, 10.213.47.1: this machine's own side, from which the
 # client commands run); the controller is one more namespace, mtk-head (hostname head, 10.213.47.2). No
 # traffic leaves the machine. The filesystem is the machine's, shared by every node as on a cluster with
-# a shared filesystem. Daemons: one munged (a UNIX socket every node reaches), slurmctld on head, and on
-# every node a slurmd and an sshd (root logs in with a key made here, for DeepSpeed's pdsh/ssh path). The
+# a shared filesystem. Daemons: one munged (a UNIX socket every node reaches), on head slurmctld and the
+# accounting (slurmdbd over a MariaDB of its own, so that sacct works), and on every node a slurmd and an
+# sshd (root logs in with a key made here, for DeepSpeed's pdsh/ssh path). The
 # node names resolve inside the nodes (each has a mount namespace whose /etc/hosts names the hosts) and for ssh from anywhere (/etc/ssh/ssh_config.d/megatok-cluster.conf). Slurm's client
 # commands read /etc/slurm/slurm.conf, which up writes when there is none (else it prints the
 # `export SLURM_CONF=...` to use). State and logs: $MEGATOK_CLUSTER_DIR (default /run/megatok-cluster).
 #
-# Needs root and network namespaces; installs slurmctld, slurmd, slurm-client, munge, openssh-server
-# and pdsh with apt-get when missing. Every daemon runs in the foreground of a process whose id is kept
+# Needs root and network namespaces; installs slurmctld, slurmd, slurmdbd, slurm-client, munge,
+# mariadb-server, openssh-server and pdsh with apt-get when missing (services not started by the packages). Every daemon runs in the foreground of a process whose id is kept
 # in the state directory; down ends those and every process left in the nodes' namespaces (jobs), and
 # removes the namespaces, the bridge and every file up wrote. up after a crash cleans up first.
 set -euo pipefail
@@ -68,6 +69,8 @@ install_packages() {
     local missing=()
     command -v slurmctld > /dev/null || missing+=(slurmctld)
     command -v slurmd > /dev/null || missing+=(slurmd)
+    command -v slurmdbd > /dev/null || [[ -x /usr/sbin/slurmdbd ]] || missing+=(slurmdbd)
+    command -v mariadbd > /dev/null || [[ -x /usr/sbin/mariadbd ]] || missing+=(mariadb-server)
     command -v sbatch > /dev/null || missing+=(slurm-client)
     command -v munged > /dev/null || missing+=(munge)
     command -v sshd > /dev/null || [[ -x /usr/sbin/sshd ]] || missing+=(openssh-server)
@@ -79,7 +82,11 @@ install_packages() {
         say "installing ${missing[*]} (apt-get)"
         command -v apt-get > /dev/null || die "missing ${missing[*]} and no apt-get to install them"
         DEBIAN_FRONTEND=noninteractive apt-get update -qq
+        # no package starts its service here (as in a container): this script starts what it needs
+        local policy=/usr/sbin/policy-rc.d made_policy=""
+        if [[ ! -e $policy ]]; then printf '#!/bin/sh\nexit 101\n' > "$policy"; chmod 755 "$policy"; made_policy=1; fi
         DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" > /dev/null
+        [[ -z $made_policy ]] || rm -f "$policy"
     fi
 }
 
@@ -152,7 +159,9 @@ SlurmdParameters=config_overrides
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 JobAcctGatherType=jobacct_gather/none
-AccountingStorageType=accounting_storage/none
+AccountingStorageType=accounting_storage/slurmdbd
+AccountingStorageHost=$(addr head)
+AccountingStoragePass=$STATE/munge/munge.socket
 JobCompType=jobcomp/none
 MpiDefault=none
 SelectType=select/cons_tres
@@ -168,6 +177,40 @@ PartitionName=cluster Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 EOF
 }
 
+# Slurm's accounting on head: a MariaDB of its own (its data in $STATE/mysql, listening on head's own
+# loopback) and slurmdbd, which slurmctld reports every job to; sacct reads it.
+start_accounting() {
+    local i
+    mariadb-install-db --user=root --datadir="$STATE/mysql" --auth-root-authentication-method=normal \
+        --skip-test-db > "$STATE/log/mariadb-install.out" 2>&1 || die "mariadb-install-db failed: $STATE/log"
+    start mariadbd head mariadbd --user=root --datadir="$STATE/mysql" --socket="$STATE/run/mysqld.sock" \
+        --bind-address=127.0.0.1 --port=3306 --pid-file="$STATE/run/mysqld.pid" --log-error="$STATE/log/mariadb.log"
+    for i in $(seq 300); do [[ -S $STATE/run/mysqld.sock ]] && break; sleep 0.1; done
+    [[ -S $STATE/run/mysqld.sock ]] || die "MariaDB did not start: $(tail -3 "$STATE/log/mariadb.log")"
+    mariadb --socket="$STATE/run/mysqld.sock" -e "CREATE USER 'slurm'@'127.0.0.1';
+        GRANT ALL ON slurm_acct_db.* TO 'slurm'@'127.0.0.1';"
+    cat > "$STATE/slurmdbd.conf" << EOF
+$MARK
+AuthType=auth/munge
+AuthInfo=socket=$STATE/munge/munge.socket
+DbdHost=head
+DbdAddr=$(addr head)
+SlurmUser=root
+StorageType=accounting_storage/mysql
+StorageHost=127.0.0.1
+StoragePort=3306
+StorageUser=slurm
+StorageLoc=slurm_acct_db
+PidFile=$STATE/run/slurmdbd.pid
+LogFile=$STATE/log/slurmdbd.log
+EOF
+    chmod 600 "$STATE/slurmdbd.conf"
+    start slurmdbd head env SLURM_CONF="$SLURM_CONF" slurmdbd -D
+    for i in $(seq 300); do sacctmgr -i -n list cluster > /dev/null 2>&1 && break; sleep 0.1; done
+    sacctmgr -i -n list cluster > /dev/null 2>&1 || die "slurmdbd did not start: $(tail -3 "$STATE/log/slurmdbd.log")"
+    sacctmgr -i add cluster megatok > /dev/null
+}
+
 cmd_up() {
     local n=${1:-2} host i
     [[ $n =~ ^[1-9]$ ]] || die "up N: N from 1 to 9, not '$n'"
@@ -177,7 +220,7 @@ cmd_up() {
         cmd_down
     fi
     install_packages
-    mkdir -p "$STATE"/{pids,log,run,munge,slurmctld,slurmd,ssh,ns}
+    mkdir -p "$STATE"/{pids,log,run,munge,slurmctld,slurmd,ssh,ns,mysql}
     chmod 700 "$STATE"
     echo $(for ((i = 1; i <= n; i++)); do echo "node$i"; done) > "$STATE/nodes"
     # a hostname and a mount namespace per host, each kept by a bind mount of its file (on a private
@@ -219,6 +262,7 @@ cmd_up() {
 
     write_slurm_conf "$n"
     export SLURM_CONF=$STATE/slurm.conf
+    start_accounting
     start slurmctld head slurmctld -D -i -f "$SLURM_CONF"
     for host in $(nodes); do
         mkdir -p "$STATE/slurmd/$host"
@@ -282,7 +326,7 @@ EOF
     done
     say "up: $n node(s) ($(nodes)), controller head ($(addr head)), state in $STATE"
     if grep -q "^$MARK" "$SLURM_ETC" 2> /dev/null; then
-        say "Slurm's commands (sbatch, squeue, scontrol, scancel) read $SLURM_ETC"
+        say "Slurm's commands (sbatch, squeue, sacct, scontrol, scancel) read $SLURM_ETC"
     else
         say "$SLURM_ETC is not this cluster's: export SLURM_CONF=$SLURM_CONF"
     fi

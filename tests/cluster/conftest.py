@@ -15,7 +15,7 @@ from tests.conftest import ROOT
 
 CLUSTER = ROOT / "tools/cluster.sh"
 STATE = Path(os.environ.get("MEGATOK_CLUSTER_DIR", "/run/megatok-cluster"))
-NEEDED = ("slurmctld", "slurmd", "sbatch", "munged", "sshd", "pdsh")
+NEEDED = ("slurmctld", "slurmd", "slurmdbd", "sbatch", "munged", "mariadbd", "sshd", "pdsh")
 
 
 def missing() -> str | None:
@@ -33,7 +33,8 @@ def missing() -> str | None:
     subprocess.run(["ip", "netns", "del", "mtk-probe"], check=True)
     absent = [t for t in NEEDED if shutil.which(t) is None and not Path("/usr/sbin", t).exists()]
     if absent and shutil.which("apt-get") is None:
-        return f"needs {', '.join(absent)} (Slurm, munge, openssh-server, pdsh), and there is no apt-get to install them"
+        return (f"needs {', '.join(absent)} (Slurm, munge, MariaDB, openssh-server, pdsh), and there is no apt-get to "
+                f"install them")
     if STATE.exists():
         return f"a cluster of tools/cluster.sh is up already ({STATE}); the tests make their own: bash {CLUSTER} down"
     return None
@@ -48,13 +49,13 @@ def cluster_env() -> dict:
 
 @pytest.fixture(scope="session")
 def cluster():
-    """node1 and node2 (2 nodes; SlurmdTimeout 20 s, KillWait 10 s), the state directory; down at the end."""
+    """node1 and node2 (2 nodes; KillWait 10 s), the state directory; down at the end."""
     why = missing()
     if why:
         if os.environ.get("CI") == "true":
             pytest.fail(f"the cluster tests cannot run here, and CI must run them: {why}")
         pytest.skip(why)
-    env = {**cluster_env(), "MEGATOK_CLUSTER_SLURMD_TIMEOUT": "20", "MEGATOK_CLUSTER_KILL_WAIT": "10"}
+    env = {**cluster_env(), "MEGATOK_CLUSTER_KILL_WAIT": "10"}
     r = subprocess.run(["bash", str(CLUSTER), "up", "2"], capture_output=True, text=True, env=env, timeout=900)
     try:
         assert r.returncode == 0, f"tools/cluster.sh up failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
