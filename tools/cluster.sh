@@ -13,17 +13,19 @@
 # 10.213.47.(10+I) on a private bridge (mtkbr0, 10.213.47.1: this machine's own side, from which the
 # client commands run); the controller is one more namespace, mtk-head (hostname head, 10.213.47.2). No
 # traffic leaves the machine. The filesystem is the machine's, shared by every node as on a cluster with
-# a shared filesystem. Daemons: one munged (a UNIX socket every node reaches), on head slurmctld and the
-# accounting (slurmdbd over a MariaDB of its own, so that sacct works), and on every node a slurmd and an
-# sshd (root logs in with a key made here, for DeepSpeed's pdsh/ssh path). The
-# node names resolve inside the nodes (each has a mount namespace whose /etc/hosts names the hosts) and for ssh from anywhere (/etc/ssh/ssh_config.d/megatok-cluster.conf). Slurm's client
-# commands read /etc/slurm/slurm.conf, which up writes when there is none (else it prints the
-# `export SLURM_CONF=...` to use). State and logs: $MEGATOK_CLUSTER_DIR (default /run/megatok-cluster).
+# a shared filesystem. Daemons: one munged (a UNIX socket every node reaches); on head, slurmctld and its
+# accounting (slurmdbd over a MariaDB of its own, so that sacct works); on every node a slurmd and an sshd
+# (root logs in with a key made here, for DeepSpeed's pdsh/ssh path). The node names resolve inside the
+# nodes (each has a mount namespace whose /etc/hosts names the hosts) and for ssh from anywhere
+# (/etc/ssh/ssh_config.d/megatok-cluster.conf). Slurm's client commands read /etc/slurm/slurm.conf, which
+# up writes when there is none (else it prints the `export SLURM_CONF=...` to use). State and logs:
+# $MEGATOK_CLUSTER_DIR (default /run/megatok-cluster).
 #
 # Needs root and network namespaces; installs slurmctld, slurmd, slurmdbd, slurm-client, munge,
-# mariadb-server, openssh-server and pdsh with apt-get when missing (services not started by the packages). Every daemon runs in the foreground of a process whose id is kept
-# in the state directory; down ends those and every process left in the nodes' namespaces (jobs), and
-# removes the namespaces, the bridge and every file up wrote. up after a crash cleans up first.
+# mariadb-server, openssh-server and pdsh with apt-get when missing (no package starts its service). Every
+# daemon runs in the foreground of a process whose id is kept in the state directory; down ends those and
+# every process left in the nodes' namespaces (jobs), and removes the namespaces, the bridge and every
+# file up wrote. up after a crash cleans up first.
 set -euo pipefail
 
 STATE=${MEGATOK_CLUSTER_DIR:-/run/megatok-cluster}
@@ -205,7 +207,7 @@ PidFile=$STATE/run/slurmdbd.pid
 LogFile=$STATE/log/slurmdbd.log
 EOF
     chmod 600 "$STATE/slurmdbd.conf"
-    start slurmdbd head env SLURM_CONF="$SLURM_CONF" slurmdbd -D
+    start slurmdbd head slurmdbd -D  # its slurmdbd.conf: next to $SLURM_CONF
     for i in $(seq 300); do sacctmgr -i -n list cluster > /dev/null 2>&1 && break; sleep 0.1; done
     sacctmgr -i -n list cluster > /dev/null 2>&1 || die "slurmdbd did not start: $(tail -3 "$STATE/log/slurmdbd.log")"
     sacctmgr -i add cluster megatok > /dev/null

@@ -43,6 +43,18 @@ _rank = 0
 _last_words = threading.RLock()  # the thread that took it may take it again (in-process callers)
 
 
+def _close_in_child() -> None:
+    """A forked child (a data loader's worker) does not keep the socket: once the rank is gone, a probe is
+    refused, however long the worker takes to notice."""
+    global _listener
+    if _listener is not None:
+        _listener.close()
+    _listener = None
+
+
+os.register_at_fork(after_in_child=_close_in_child)
+
+
 def _local_address() -> str:
     """This rank's address as the others see it: the one it reaches MASTER_ADDR from (no packet is sent)."""
     master = os.environ.get("MASTER_ADDR", "127.0.0.1")

@@ -80,6 +80,22 @@ def test_a_rank_names_the_rank_that_left(tmp_path):
     assert zero["gone"] == f"rank 1 ({host}, pid {pid1}) has exited"
 
 
+def test_a_forked_child_does_not_keep_the_listening_socket(monkeypatch):
+    """A data loader's worker outlives its rank by seconds: the rank's socket must not live on in it."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    monkeypatch.setattr(peers, "_listener", listener)
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0 if peers._listener is None else 1)
+    assert os.waitpid(pid, 0)[1] == 0
+    peer = Peer(1, "here", "127.0.0.1", listener.getsockname()[1], os.getpid())
+    assert peers.probe([peer], 1.0)[peer] == "running"  # the parent's is untouched
+    listener.close()
+    assert peers.probe([peer], 1.0)[peer] == "exited"
+
+
 def test_without_a_table_there_is_nothing_to_say():
     peers.close()
     assert peers.lost() == ""
