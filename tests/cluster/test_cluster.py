@@ -9,7 +9,6 @@ times are printed (pytest -s) and quoted in docs/reliability.md."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess

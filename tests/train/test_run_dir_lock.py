@@ -7,7 +7,6 @@ import errno
 import fcntl
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
