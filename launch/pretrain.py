@@ -30,6 +30,9 @@ def parse_args(argv=None):
                    help="override config values by dotted key, e.g. train.max_steps=20 data.shards=data/shards")
     p.add_argument("--resume", default="auto",
                    help="'auto' (latest checkpoint in the run directory, if any), 'none', or a checkpoint tag")
+    p.add_argument("--wait-for-lock", type=float, default=0.0, metavar="SECONDS",
+                   help="if another run holds train.run_dir, wait up to SECONDS for it to end (default: fail at "
+                        "once, naming it)")
     p.add_argument("--dry-run", nargs="?", type=positive(int), const=0, default=None, metavar="RANKS",
                    help="resolve the config for RANKS ranks (default $WORLD_SIZE, else 8), build the model on the "
                         "meta device, print its size table and the DeepSpeed config, exit (no data, no process group)")
@@ -115,17 +118,22 @@ def main(argv=None) -> int:
                 except OSError:  # no longer empty: something else writes there
                     break
             return 2
-    return run(cfg, args.resume)
+    return run(cfg, args.resume, args.wait_for_lock)
 
 
-def run(cfg, resume: str) -> int:
+def run(cfg, resume: str, lock_wait_s: float = 0.0) -> int:
     """Train; turn the ways a run can end badly into one clear line and an exit code."""
-    from megatok.train import checkpoint, dist
+    from megatok.run.lock import RunDirInUse
+    from megatok.train import checkpoint, dist, peers
     from megatok.train.trainer import train
 
     rank = os.environ.get("RANK", "0")
     try:
-        row = train(cfg, resume=resume)
+        row = train(cfg, resume=resume, lock_wait_s=lock_wait_s)
+    except RunDirInUse as e:  # one line, from rank 0
+        hint = (f"; wait for it to end, or stop it (touch {os.path.join(cfg.train.run_dir, 'STOP')}), or start "
+                f"with --wait-for-lock SECONDS")
+        return _die(5, f"error: train.run_dir: {e}{hint if e.waitable else ''}" if rank == "0" else None)
     except (FloatingPointError, DataError, checkpoint.CheckpointError) as e:
         return _die(3, f"error: rank {rank}: {_worker_message(e)}")
     except Exception as e:  # noqa: BLE001 - a lost rank shows up as many different exception types
@@ -144,14 +152,20 @@ def run(cfg, resume: str) -> int:
                            f"and tools/head_to_head.sh (which pick a free one by default)")
         if not dist.is_comm_failure(e):
             return _unexpected(e, cfg, rank)
+        import signal
+
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the launcher ending the job waits for this line
+        peers.last_words()  # this line, not the watchdog's too
+        who = peers.lost()  # probes the other ranks (a few seconds at most): which one is gone
         reason = str(e).splitlines()[0][:200]
         if re.search(r"time[ds]? ?out", reason, re.IGNORECASE):  # it waited; else the connection closed at once
             within = (f"train.dist_timeout_s={cfg.train.dist_timeout_s:g} s" if not cfg.train.save_timeout_s else
                       f"{cfg.train.collective_timeout_s:g} s, the larger of train.dist_timeout_s and "
                       f"train.save_timeout_s")
             reason = f"no answer within {within}: {reason}"
-        return _die(4, f"error: rank {rank}: lost contact with another rank, which died, hung or was killed "
-                       f"({reason}); last good checkpoint: {_last_good(cfg)}")
+        who = f"another rank: {who}" if who else "another rank, which died, hung or was killed"
+        return _die(4, f"error: rank {rank}: lost contact with {who} ({reason}); last good checkpoint: "
+                       f"{_last_good(cfg)}")
     except BaseException as e:  # Ctrl-C before the trainer handles stop requests
         return _unexpected(e, cfg, rank)
     if row.get("stopped") and rank == "0":
@@ -198,7 +212,7 @@ def _last_good(cfg) -> str:
         return f"unknown ({type(e).__name__}: {e})"
 
 
-def _die(code: int, message: str) -> int:
+def _die(code: int, message: str | None) -> int:
     """Report and leave at once: after a failure, process-group teardown itself can block. DataLoader
     workers ignore SIGTERM (a stop request is the trainer's to handle) and os._exit skips their shutdown:
     they are killed (and reaped) first, so none outlives the run and none prints after the error line."""
@@ -212,8 +226,9 @@ def _die(code: int, message: str) -> int:
             child.kill()
         for child in children:
             child.join(5)
-    finally:  # whatever happened above, the line is printed and the process leaves
-        print(message, file=sys.stderr, flush=True)
+    finally:  # whatever happened above, the line is printed (if any) and the process leaves
+        if message:
+            print(message, file=sys.stderr, flush=True)
         sys.stdout.flush()
         os._exit(code)
 

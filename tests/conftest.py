@@ -48,8 +48,10 @@ def pytest_configure(config):
 def pytest_collection_modifyitems(items):
     """tools/test.sh gives each file to one of two workers (pytest-xdist --dist loadfile
     --no-loadscope-reorder), in this order; a long file handed out last runs alone at the end. So the
-    files with the most multi-process runs (tests marked dist) go first; the order inside a file is kept."""
+    files with the most multi-process runs (tests marked dist) go first, the cluster's (the longest) before
+    them; the order inside a file is kept."""
     runs = Counter(item.path for item in items if item.get_closest_marker("dist"))
+    runs.update({item.path: 1000 for item in items if item.get_closest_marker("cluster")})
     items.sort(key=lambda item: -runs[item.path])
 
 

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from megatok.train import dist
+from megatok.train import dist, peers
 from megatok.train.checkpoint import tag_for
 
 if TYPE_CHECKING:
@@ -56,7 +56,15 @@ class Watchdog(Callback):
         self.timeout_s, self.dog = timeout_s, None
 
     def on_fit_start(self, trainer):
-        self.dog = dist.Watchdog(self.timeout_s, lambda: f"last good checkpoint: {trainer.checkpointer.last_good()}")
+        self.dog = dist.Watchdog(self.timeout_s, lambda: self.describe(trainer))
+
+    @staticmethod
+    def describe(trainer) -> str:
+        """The end of the line the watchdog prints: which rank is gone (megatok.train.peers), the last
+        good checkpoint."""
+        peers.last_words()
+        lost = peers.lost()
+        return f"{lost + '; ' if lost else ''}last good checkpoint: {trainer.checkpointer.last_good()}"
 
     def on_step_begin(self, trainer):
         self.dog.beat(f"training step {trainer.step + 1}")

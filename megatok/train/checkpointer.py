@@ -16,6 +16,7 @@ import torch.distributed as tdist
 
 from megatok.config import Config, TrainConfig
 from megatok.run import same_model
+from megatok.run.lock import RunDirInUse, RunLock
 from megatok.train import checkpoint
 from megatok.train.position import layout_matches
 
@@ -85,22 +86,25 @@ class Checkpointer:
     at a stop request), the newest train.keep_checkpoints kept and every train.keep_every-th for good.
     A save may take train.save_timeout_s (``limit``) before the watchdog ends the run. Every checkpoint
     records what model it holds (``identity``: the parameters' shapes and the digests of the files the
-    model reads), which a resume checks against the config."""
+    model reads), which a resume checks against the config. The run holds the run directory's lock
+    (megatok.run.lock) from its start to its end: one writer per run directory."""
 
     def __init__(self, train: TrainConfig, rank: int):
         self.run_dir, self.rank = Path(train.run_dir), rank
         self.every, self.keep, self.keep_every = train.save_every, train.keep_checkpoints, train.keep_every
         self.limit = (train.save_timeout_s, "train.save_timeout_s") if train.save_timeout_s else None
         self.identity: dict = {}
+        self.lock = RunLock(self.run_dir)
 
-    def start(self, cfg: Config, resume: str, ds_config: dict) -> Start:
-        """Collective. The checkpoint to resume (``resume``: "auto", "none" or a tag), chosen by rank 0 for
-        every rank (their views of a shared filesystem may lag); a CheckpointError on every rank when it
-        is damaged or holds another model than ``cfg`` builds. Rank 0 first removes what a killed run
-        left half-written and, unless the start is refused, writes the run's config.json. A checkpoint
-        of another world size is converted for this one (its ZeRO states re-partitioned), and
-        ``ds_config`` switched to load that conversion."""
+    def start(self, cfg: Config, resume: str, ds_config: dict, lock_wait_s: float = 0.0) -> Start:
+        """Collective. The run directory's lock first (:meth:`take_lock`). The checkpoint to resume
+        (``resume``: "auto", "none" or a tag), chosen by rank 0 for every rank (their views of a shared
+        filesystem may lag); a CheckpointError on every rank when it is damaged or holds another model
+        than ``cfg`` builds. Rank 0 first removes what a killed run left half-written and, unless the
+        start is refused, writes the run's config.json. A checkpoint of another world size is converted
+        for this one (its ZeRO states re-partitioned), and ``ds_config`` switched to load that conversion."""
         world = tdist.get_world_size()
+        self.take_lock(lock_wait_s)
         self.identity = {"param_shapes": same_model.model_shapes(cfg), "model_files": same_model.model_files(cfg)}
         choice, previous = [None, None], None
         if self.rank == 0:
@@ -128,6 +132,54 @@ class Checkpointer:
             tag = checkpoint.universal(self.run_dir, tag, ds_config)
         return Start(tag, meta, same_layout, previous)
 
+    def take_lock(self, wait_s: float = 0.0, round_s: float = 10.0) -> None:
+        """Collective: rank 0 takes the run directory's lock, waiting up to ``wait_s`` seconds for another
+        run on it to end, in rounds of at most ``round_s`` seconds that every rank follows (no collective
+        waits longer); then every other rank holds its share. RunDirInUse on every rank if it is not free."""
+        deadline, told = time.monotonic() + wait_s, []
+
+        def tell(why: str) -> None:
+            if not told:
+                print(f"megatok: {why}; waiting up to {wait_s:g} s for it to end", flush=True)
+                told.append(why)
+
+        while True:
+            status = [None, None, True]  # ("held", token) or ("wait" | "refused", why, waitable)
+            if self.rank == 0:
+                self.run_dir.mkdir(parents=True, exist_ok=True)
+                try:
+                    previous = self.lock.acquire(min(round_s, max(0.0, deadline - time.monotonic())), tell)
+                    status = ["held", self.lock.token, True]
+                    if previous:
+                        print(f"megatok: {self.run_dir}: took over the lock of a run that ended without releasing "
+                              f"it ({previous})", flush=True)
+                except RunDirInUse as e:
+                    status = ["wait" if e.waitable and time.monotonic() < deadline else "refused", str(e), e.waitable]
+            tdist.broadcast_object_list(status, src=0)
+            if status[0] == "held":
+                if self.rank != 0:
+                    self.lock.join(status[1])
+                return
+            if status[0] == "refused":
+                raise RunDirInUse(status[1], waitable=status[2])
+
+    def still_ours(self) -> None:
+        """Collective, before a save: rank 0 checks that the run directory's lock still names this run
+        (RunDirInUse on every rank if another run took it over)."""
+        problem = [None]
+        if self.rank == 0:
+            try:
+                self.lock.verify()
+            except RunDirInUse as e:
+                problem[0] = str(e)
+        tdist.broadcast_object_list(problem, src=0)
+        if problem[0]:
+            raise RunDirInUse(problem[0], waitable=False)
+
+    def release_lock(self) -> None:
+        """The run ended cleanly (every rank; rank 0 after the others, see Trainer.close)."""
+        self.lock.release()
+
     def load(self, engine, start: Start) -> None:
         """Collective: DeepSpeed's states (model, optimizer, schedule) into the Engine ``engine``, and this
         rank's generators where the layout is the same; a conversion is deleted once loaded (a copy)."""
@@ -151,6 +203,7 @@ class Checkpointer:
     def save(self, engine, step: int, state: dict, cursors: dict[int, dict]) -> str:
         """Collective: the Engine's DeepSpeed states, ``state`` (the trainer's components') and the model's
         identity in megatok.json, this rank's data ``cursors``; returns the published tag."""
+        self.still_ours()
         return checkpoint.save(engine.ds, self.run_dir, step, {**state, **self.identity}, keep=self.keep,
                                keep_every=self.keep_every, cursors=cursors)
 

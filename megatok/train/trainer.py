@@ -25,7 +25,7 @@ from megatok.config import Config, lr_lambda
 from megatok.data.encoding import encoding_for
 from megatok.dsconfig import builds_partitioned, deepspeed_config
 from megatok.metrics import MetricsLogger
-from megatok.train import dist
+from megatok.train import dist, peers
 from megatok.train.callbacks import Callback, Evaluate, LogMetrics, Profile, StopRequest, Watchdog
 from megatok.train.checkpointer import Checkpointer
 from megatok.train.engine import Engine, build
@@ -42,16 +42,19 @@ def step_seed(seed: int, step: int, index: int) -> int:
 class Trainer:
     """Starts the process group, builds the components and resumes them (``resume``: "auto", the latest
     checkpoint of the run directory, if any; "none"; or a checkpoint tag). ``callbacks`` run after the
-    trainer's own."""
+    trainer's own. The run directory has one writer: a start while another run holds it fails with
+    RunDirInUse naming that run, or waits up to ``lock_wait_s`` seconds for it to end."""
 
-    def __init__(self, cfg: Config, *, resume: str = "auto", callbacks: Sequence[Callback] = ()):
+    def __init__(self, cfg: Config, *, resume: str = "auto", callbacks: Sequence[Callback] = (),
+                 lock_wait_s: float = 0.0):
         t = cfg.train
         self.cfg, self.max_steps, self.log_every = cfg, t.max_steps, t.log_every
         self.device = dist.init(t.collective_timeout_s)
         self.rank, self.world = tdist.get_rank(), tdist.get_world_size()
+        peers.gather(self.rank, self.world)  # who is who, for the line a rank that loses contact ends with
         ds_config = deepspeed_config(cfg, self.world)
         self.checkpointer = Checkpointer(t, self.rank)
-        self.start = self.checkpointer.start(cfg, resume, ds_config)  # collective; may convert the checkpoint
+        self.start = self.checkpointer.start(cfg, resume, ds_config, lock_wait_s)  # collective; may convert
         torch.manual_seed(t.seed)  # identical initial weights on every rank
         encoding = encoding_for(cfg)
         self.engine = Engine(build(cfg, ds_config, self.device), ds_config, t, lr_lambda(cfg))
@@ -165,7 +168,12 @@ class Trainer:
             self.data.close()
         finally:
             self.logger.close()
+        if self.rank != 0:  # rank 0 releases the run directory last: a run waiting for it waits for all
+            self.checkpointer.release_lock()
         dist.finish()
+        if self.rank == 0:
+            self.checkpointer.release_lock()
+        peers.close()
 
     def abort(self, error: BaseException) -> None:
         """fit() raised ``error``: every callback's on_fit_error (the watchdog stops, the signal handlers
@@ -201,6 +209,6 @@ class Trainer:
                   f"to train (raise train.max_steps to go on)", flush=True)
 
 
-def train(cfg: Config, *, resume: str = "auto") -> dict:
-    """Trainer(cfg, resume=resume).fit(): what launch/pretrain.py runs."""
-    return Trainer(cfg, resume=resume).fit()
+def train(cfg: Config, *, resume: str = "auto", lock_wait_s: float = 0.0) -> dict:
+    """Trainer(cfg, resume=resume, lock_wait_s=lock_wait_s).fit(): what launch/pretrain.py runs."""
+    return Trainer(cfg, resume=resume, lock_wait_s=lock_wait_s).fit()

@@ -185,10 +185,12 @@ def test_stop_request_watches_megatok_stop_file(tmp_path, monkeypatch):
 def test_sbatch_default_launch_is_srun_and_torchrun_without_ssh(tmp_path):
     cmd = launch_line(render(tmp_path, None))
     assert cmd[:cmd.index("torchrun")] == ["srun", "--nodes", "2", "--ntasks-per-node", "1", "--cpus-per-task", "96",
-                                           "--export=ALL", "--kill-on-bad-exit=1"]  # all the node's CPUs
+                                           "--export=ALL", "--kill-on-bad-exit=1",  # all the node's CPUs
+                                           "bash", "-c", 'torchrun_node "$@"', "megatok"]  # names a failed rendezvous
     tr = cmd[cmd.index("torchrun"):]
     assert tr == ["torchrun", "--nnodes", "2", "--nproc_per_node", "8", "--rdzv_id", "4242", "--rdzv_backend",
-                  "c10d", "--rdzv_endpoint", f"gpu-a01:{20000 + 4242}", "launch/pretrain.py", *ARGS]
+                  "c10d", "--rdzv_endpoint", f"gpu-a01:{20000 + 4242}", "--rdzv_conf",
+                  "join_timeout=600,read_timeout=630", "launch/pretrain.py", *ARGS]
     job = tmp_path / "job"
     assert not (job / "hostfile").exists() and not (job / ".deepspeed_env").exists()  # no pdsh, no ssh
 
@@ -210,6 +212,21 @@ def test_sbatch_torchrun_tasks_get_the_deepspeed_env_files_and_the_environment(t
     r = subprocess.run(["bash", str(SBATCH), *ARGS], capture_output=True, text=True, env=env, cwd=ROOT, timeout=60)
     assert r.returncode == 0, r.stderr
     assert "NCCL_IB_TIMEOUT=23" in r.stdout and "OMP_NUM_THREADS=3 " in r.stdout, r.stdout
+
+
+def test_sbatch_runs_the_script_named_and_takes_a_rendezvous_timeout(tmp_path):
+    """MEGATOK_SCRIPT in place of launch/pretrain.py for every launcher; RDZV_TIMEOUT bounds torchrun's
+    rendezvous (the other nodes wait 30 s longer to connect, so the first node's line comes first)."""
+    script = "tests/train/faulty_pretrain.py"
+    for launcher in ("torchrun", "srun", "deepspeed"):
+        env = {**slurm_env(tmp_path, launcher), "MEGATOK_SCRIPT": script, "RDZV_TIMEOUT": "45",
+               "MEGATOK_PRINT_ONLY": "1"}
+        r = subprocess.run(["bash", str(SBATCH), *ARGS], capture_output=True, text=True, env=env, cwd=ROOT, timeout=60)
+        assert r.returncode == 0, r.stderr
+        cmd = launch_line(r.stdout)
+        assert cmd[-len(ARGS) - 1:] == [script, *ARGS] and "launch/pretrain.py" not in cmd, (launcher, cmd)
+        if launcher == "torchrun":
+            assert cmd[cmd.index("--rdzv_conf") + 1] == "join_timeout=45,read_timeout=75"
 
 
 def test_sbatch_unknown_launcher_is_one_line(tmp_path):
@@ -277,10 +294,11 @@ def test_sbatch_default_launcher_trains_through_srun_and_torchrun(tmp_path, shar
     assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-5000:])
     srun = (tmp_path / "job" / "srun-args").read_text().splitlines()
     assert srun[:srun.index("torchrun")] == ["--nodes", "1", "--ntasks-per-node", "1", "--cpus-per-task", "2",
-                                             "--export=ALL", "--kill-on-bad-exit=1"]
+                                             "--export=ALL", "--kill-on-bad-exit=1", "bash", "-c",
+                                             'torchrun_node "$@"', "megatok"]
     assert srun[srun.index("torchrun"):srun.index("launch/pretrain.py")] == [
         "torchrun", "--nnodes", "1", "--nproc_per_node", "2", "--rdzv_id", "4242", "--rdzv_backend", "c10d",
-        "--rdzv_endpoint", f"localhost:{env['MASTER_PORT']}"]
+        "--rdzv_endpoint", f"localhost:{env['MASTER_PORT']}", "--rdzv_conf", "join_timeout=600,read_timeout=630"]
     assert (run_dir / "metrics.jsonl").exists(), (r.stdout[-3000:], r.stderr[-3000:])
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [row["step"] for row in rows if row.get("split") == "train"] == [1, 2]

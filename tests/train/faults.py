@@ -9,6 +9,8 @@ the Trainer, chosen by environment variables:
     MEGATOK_FAULT_SLOW_SAVE=4:20      rank 0 takes 20 s longer to write the step-4 checkpoint (the
                                       other ranks wait for it in the save's barrier)
     MEGATOK_FAULT_OOM=0:2             rank 0 raises torch.OutOfMemoryError at step 2 (as a GPU would)
+    MEGATOK_FAULT_STEP_SLEEP=0.3      every rank sleeps 0.3 s at the start of every step (a slower model:
+                                      the same losses, more time to act in the middle of a run)
 
 The faults inside a save wrap functions of megatok.train.checkpoint for the process they run in.
 """
@@ -61,6 +63,16 @@ class AtStepBegin(Callback):
             self.act()
 
 
+class EveryStep(Callback):
+    """``act()`` on every rank at the beginning of every optimizer step."""
+
+    def __init__(self, act):
+        self.act = act
+
+    def on_step_begin(self, trainer):
+        self.act()
+
+
 def _out_of_memory():
     raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (injected)")
 
@@ -92,6 +104,8 @@ def from_env() -> list[Callback]:
         out.append(NanLoss(steps, None if rank is None else int(rank)))
     if at := _rank_step("MEGATOK_FAULT_HANG"):
         out.append(AtStepBegin(*at, lambda: time.sleep(3600)))
+    if seconds := os.environ.get("MEGATOK_FAULT_STEP_SLEEP"):
+        out.append(EveryStep(lambda: time.sleep(float(seconds))))
     if at := _rank_step("MEGATOK_FAULT_OOM"):
         out.append(AtStepBegin(*at, _out_of_memory))
     if spec := os.environ.get("MEGATOK_FAULT_SLOW_SAVE"):

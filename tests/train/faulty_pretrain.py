@@ -15,8 +15,8 @@ from megatok.train import trainer  # noqa: E402
 from tests.train import faults  # noqa: E402
 
 
-def train_with_faults(cfg, *, resume="auto"):
-    return trainer.Trainer(cfg, resume=resume, callbacks=faults.from_env()).fit()
+def train_with_faults(cfg, *, resume="auto", lock_wait_s=0.0):
+    return trainer.Trainer(cfg, resume=resume, callbacks=faults.from_env(), lock_wait_s=lock_wait_s).fit()
 
 
 if __name__ == "__main__":

@@ -197,7 +197,7 @@ def test_how_a_failed_run_ends(tmp_path, monkeypatch, capsys, error, code, line)
     checkpoint.set_latest(tmp_path, "step00000002")
     cfg = load_config(ROOT / "configs/tiny.json", [f"train.run_dir={tmp_path}"])
 
-    def fail(cfg, resume):
+    def fail(cfg, resume, lock_wait_s):
         raise error
 
     monkeypatch.setattr(trainer, "train", fail)
@@ -276,7 +276,7 @@ def test_one_process_per_machine_checks_the_checkpoint_before_the_process_group(
     checks, started = [], []
     real_damage = run_checkpoints.damage
     monkeypatch.setattr(run_checkpoints, "damage", lambda *a: checks.append(a) or real_damage(*a))
-    monkeypatch.setattr(launch, "run", lambda cfg, resume: started.append(resume) or 0)
+    monkeypatch.setattr(launch, "run", lambda cfg, resume, lock_wait_s: started.append(resume) or 0)
     argv = args(shards, run, "--resume", "step00000003")
     for local_rank, want_rc, want_checks, want_started in [(None, 2, 1, []), ("0", 2, 1, []),
                                                              ("1", 0, 0, ["step00000003"]), ("7", 0, 0, ["step00000003"])]:
@@ -612,7 +612,7 @@ def test_resuming_under_another_zero_stage_or_precision_is_refused_before_anythi
     from DeepSpeed's own files. ZeRO-1 writes ZeRO-2's files: it resumes (shown for real below)."""
     launch = launch_module()
     started = []
-    monkeypatch.setattr(launch, "run", lambda cfg, resume: started.append(resume) or 0)
+    monkeypatch.setattr(launch, "run", lambda cfg, resume, lock_wait_s: started.append(resume) or 0)
     run = tmp_path / "run"
     shutil.copytree(reference, run)
     assert checkpoint.read_meta(run, "step00000008")["precision"] == "fp32"
