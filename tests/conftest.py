@@ -55,6 +55,18 @@ def pytest_collection_modifyitems(items):
     items.sort(key=lambda item: -runs[item.path])
 
 
+@pytest.fixture(autouse=True)
+def _signals_as_they_were():
+    """A test that runs launch code in this process (which ignores SIGTERM before its last line) gets the
+    worker's signal handlers back: an ignored signal is inherited by every process started later, and a
+    shell cannot trap what it was started ignoring (the launch template's SIGTERM tests then hang)."""
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)}
+    yield
+    for sig, handler in before.items():
+        if handler is not None and signal.getsignal(sig) is not handler:
+            signal.signal(sig, handler)
+
+
 @pytest.fixture(scope="session")
 def shards(tmp_path_factory) -> Path:
     """4 train shards + a validation shard built by the real build_shards."""
