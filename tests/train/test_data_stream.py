@@ -1,9 +1,10 @@
-"""Where a resumed data stream starts (megatok.train.position.data_position), without a trainer."""
+"""The data stream of a run (megatok.train.data_stream): where a resumed stream starts (data_position),
+what its state holds, and a DataStream resumed from it, without a trainer."""
 
 import json
 
 from megatok.config import load_config
-from megatok.train.position import data_position, layout
+from megatok.train.data_stream import data_position, layout
 from tests.conftest import ROOT
 
 
@@ -35,34 +36,34 @@ def test_a_new_layout_finishes_the_epoch_from_cursors_or_starts_the_next_without
 
 
 def test_all_cursors_of_a_checkpoint_or_none(tmp_path):
-    import json
-
-    from megatok.train.position import all_cursors
+    from megatok.train.checkpointer import Start
+    from megatok.train.data_stream import all_cursors
 
     ckpt = tmp_path / "checkpoints" / "step00000004"
     ckpt.mkdir(parents=True)
     cursor = {"sources": [[0, 1, 2, 9]], "read": [0], "bad_shards": 0, "offset": 3}
     for rank in (0, 1):
         (ckpt / f"stream_rank{rank}.json").write_text(json.dumps({"cursors": {str(rank): cursor}}))
-    meta = {"tag": "step00000004", "layout": {"world_size": 2, "num_workers": 1}}
-    assert all_cursors(tmp_path, meta, 1) == {0: cursor, 1: cursor}
-    assert all_cursors(tmp_path, meta, 2) == {}  # cursors of another number of sources
-    assert all_cursors(tmp_path, {**meta, "layout": {"world_size": 2, "num_workers": 2}}, 1) == {}  # 2 of 4 readers
+    start = Start("step00000004", {"tag": "step00000004", "step": 4}, run_dir=tmp_path)
+    old = {"world_size": 2, "num_workers": 1}
+    assert all_cursors(start, old, 1) == {0: cursor, 1: cursor}
+    assert all_cursors(start, old, 2) == {}  # cursors of another number of sources
+    assert all_cursors(start, {"world_size": 2, "num_workers": 2}, 1) == {}  # 2 of 4 readers
     (ckpt / "stream_rank1.json").unlink()
-    assert all_cursors(tmp_path, meta, 1) == {}
+    assert all_cursors(start, old, 1) == {}
 
 
 def test_a_reader_never_consumed_from_is_known_to_be_at_its_start(shards, tmp_path):
     """One step of one rank with two dataloader workers consumes a batch of reader 0 only; reader 1's
     cursor is its start, so a resume with one worker shares out the epoch rather than skipping it."""
-    from megatok.train import checkpoint
+    from megatok.run import checkpoints
     from tests.conftest import TINY, pretrain
 
     run = tmp_path / "run"
     common = ["--config", "configs/tiny.json", "--set", *TINY, f"data.shards={shards}", f"train.run_dir={run}",
               "train.micro_batch_size=2", "train.global_batch_size=2", "train.save_every=1"]
     pretrain(common + ["train.max_steps=1", "data.num_workers=2"])
-    cursors = checkpoint.read_cursors(run, "step00000001", 0, 1)
+    cursors = checkpoints.read_cursors(run, "step00000001", 0, 1)
     assert sorted(cursors) == [0, 1] and cursors[1]["sources"] == [[0, 0, 0, 0]] and cursors[1]["offset"] == 0
     r = pretrain(common + ["train.max_steps=2", "data.num_workers=1"])
     assert "the data stream finishes epoch 0 with what the earlier layout had not read" in r.stdout
@@ -73,7 +74,7 @@ def test_the_data_is_the_same_however_its_local_path_is_spelled_and_wherever_the
     import os
     import shutil
 
-    from megatok.train.position import data_digests, data_matches
+    from megatok.train.data_stream import data_digests, data_matches
 
     def digests(spec):
         return data_digests(load_config(ROOT / "configs/tiny.json", [f"data.shards={spec}"], world_size=1))
