@@ -54,3 +54,18 @@ def tiny_engine(cfg, device=None):
     ds_config = deepspeed_config(cfg, 1)
     torch.manual_seed(cfg.train.seed)
     return Engine(build(cfg, ds_config, device), ds_config, cfg.train, lr_lambda(cfg))
+
+
+def random_batch(cfg, seed: int = 0) -> torch.Tensor:
+    """A [micro_batch_size, seq_len + 1] batch of random bytes."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 256, (cfg.train.micro_batch_size, cfg.data.seq_len + 1), generator=g)
+
+
+def engine_step(engine, n: int, tokens: torch.Tensor, nonfinite: bool = False) -> int:
+    """Optimizer step ``n`` of the Engine on ``tokens`` (the loss made NaN with ``nonfinite``), as the trainer
+    takes it; the updates DeepSpeed skipped."""
+    engine.begin_step(n - 1)
+    out = engine.forward(tokens)
+    engine.backward(out.loss * float("nan") if nonfinite else out.loss)
+    return engine.end_step(n, nonfinite)

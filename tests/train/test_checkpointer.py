@@ -1,6 +1,7 @@
-"""megatok's own files in a checkpoint directory, without DeepSpeed: what a restart cleans up or
-restores, how the data readers' cursors are read back, what counts as damage, and that a save is on
-disk before it is published."""
+"""Checkpoints, in this process: megatok's own files in a checkpoint directory (what a restart cleans up
+or restores, how the data readers' cursors are read back, what counts as damage, that a save is on disk
+before it is published, the layout of megatok.json and the flat one written before it), and the
+Checkpointer over the real DeepSpeed engine (a save of the components' parts, the start that resumes it)."""
 
 import errno
 import json
@@ -11,8 +12,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from megatok.config import lr_lambda
+from megatok.dsconfig import deepspeed_config
 from megatok.run import checkpoints
+from megatok.run.same_model import model_shapes
 from megatok.train import checkpointer
+from megatok.train.checkpointer import Checkpointer
+from tests.train.conftest import engine_step, random_batch, tiny_config, tiny_engine
 
 
 def meta(step, world=1, **parts):
@@ -318,3 +324,71 @@ def test_a_rank_saves_and_restores_only_its_own_gpus_generator(monkeypatch):
     states[3] = torch.zeros(16, dtype=torch.uint8)
     checkpointer.set_rng_state(saved)
     assert states[3].tolist() == list(range(16))
+
+
+#: A megatok.json as megatok wrote it before it had one part per component (of a 2-step run of the
+#: tests' tiny model, two of its parameters' shapes kept).
+FLAT = {"step": 2, "epoch": 0, "stream_origin": {"step": 0, "epochs": [0]}, "data_digest": "27d4b2f80306ba68",
+        "data_digest_spelled": "27d4b2f80306ba68",
+        "layout": {"world_size": 1, "micro_batch_size": 2, "grad_accum": 1, "num_workers": 1, "seq_len": 64, "seed": 0},
+        "zero_stage": 2, "precision": "fp32", "skipped_in_row": 0, "bytes_seen": 256.0, "flops": 88008960.0,
+        "eval_pending": False, "param_shapes": {"embed.weight": [258, 32], "encoder.layers.0.attn_norm.weight": [32]},
+        "model_files": {}, "tag": "step00000002"}
+
+
+def test_a_flat_megatok_json_is_read_into_the_parts_of_the_current_layout(tmp_path):
+    assert checkpoints.parse_meta(json.dumps(FLAT)) == {
+        "format": 2, "step": 2, "tag": "step00000002", "world_size": 1,
+        "model": {"param_shapes": FLAT["param_shapes"], "model_files": {}},
+        "engine": {"zero_stage": 2, "precision": "fp32", "skipped_in_row": 0},
+        "data": {k: FLAT[k] for k in ("layout", "epoch", "stream_origin", "data_digest", "data_digest_spelled")},
+        "metrics": {"bytes_seen": 256.0, "flops": 88008960.0},
+        "evaluation": {"pending": False}}
+    current = checkpoints.parse_meta(json.dumps(FLAT))
+    assert checkpoints.parse_meta(json.dumps(current)) == current
+    with pytest.raises(ValueError, match="format 3, written by a newer megatok than this one"):
+        checkpoints.parse_meta(json.dumps({**current, "format": 3}))
+    # an update rewrites one part, and the whole file in the current layout
+    d = published(tmp_path, "step00000002", 2)
+    (d / checkpoints.META).write_text(json.dumps(FLAT))
+    checkpointer.update_meta(tmp_path, "step00000002", "evaluation", {"pending": True})
+    assert json.loads((d / checkpoints.META).read_text()) == {**current, "evaluation": {"pending": True}}
+
+
+def test_a_save_holds_each_parts_state_and_a_start_resumes_it(single_rank, shards, tmp_path):
+    """The Checkpointer writes the engine's DeepSpeed states, this rank's generators and data cursors, and
+    megatok.json with the step, the ranks, the model's identity and each component's part as given; a start
+    of the same run directory chooses it and hands back each part, the cursors and the generators as they
+    were; a resumed engine takes the config's learning rate on the saved schedule."""
+    cfg = tiny_config(shards, tmp_path / "run", "train.lr=0.001")
+    engine, saver = tiny_engine(cfg), Checkpointer(cfg.train, 0)
+    assert saver.start(cfg, "auto", deepspeed_config(cfg, 1)).meta is None  # a fresh run directory
+    for n in (1, 2):
+        engine_step(engine, n, random_batch(cfg, n))
+    parts = {"engine": engine.state_dict(), "data": {"epoch": 0}, "evaluation": {"pending": True}}
+    tag = saver.save(engine, 2, parts, cursors={3: CURSOR})
+    drawn = torch.rand(4)  # the generator as saved, drawn from
+    saver.release_lock()
+    written = json.loads((tmp_path / "run" / "checkpoints" / tag / checkpoints.META).read_text())
+    assert written == {"tag": "step00000002", "format": checkpoints.FORMAT, "step": 2, "world_size": 1,
+                       "model": {"param_shapes": model_shapes(cfg), "model_files": {}}, **parts}
+
+    cfg = tiny_config(shards, tmp_path / "run", "train.lr=0.002")
+    resumer = Checkpointer(cfg.train, 0)
+    start = resumer.start(cfg, "auto", deepspeed_config(cfg, 1))
+    assert (start.tag, start.name, start.step, start.meta) == (tag, tag, 2, written)
+    assert start.cursors(0, 1) == {3: CURSOR} and start.cursors(1, 1) == {}
+    resumed = tiny_engine(cfg)
+    torch.manual_seed(99)
+    resumer.load(resumed, start, restore_rng=True)
+    assert torch.equal(torch.rand(4), drawn)
+    for saved, loaded in zip(engine.ds.module.parameters(), resumed.ds.module.parameters()):
+        assert torch.equal(saved, loaded)
+    resumed.load_state_dict(start.meta["engine"])
+    assert resumed.lr == 0.002 * lr_lambda(cfg)(2) and resumed.skipped_in_row == 0
+    resumer.update(tag, "evaluation", {"pending": False})
+    assert checkpoints.read_meta(tmp_path / "run", tag) == {**written, "evaluation": {"pending": False}}
+    torch.manual_seed(99)
+    resumer.load(tiny_engine(cfg), start, restore_rng=False)  # this rank's generators left alone
+    assert not torch.equal(torch.rand(4), drawn)
+    resumer.release_lock()

@@ -3,8 +3,11 @@ what its state holds, and a DataStream resumed from it, without a trainer."""
 
 import json
 
+import pytest
+import torch
+
 from megatok.config import load_config
-from megatok.train.data_stream import data_position, layout
+from megatok.train.data_stream import data_digests, data_position, layout
 from tests.conftest import ROOT
 
 
@@ -74,7 +77,7 @@ def test_the_data_is_the_same_however_its_local_path_is_spelled_and_wherever_the
     import os
     import shutil
 
-    from megatok.train.data_stream import data_digests, data_matches
+    from megatok.train.data_stream import data_matches
 
     def digests(spec):
         return data_digests(load_config(ROOT / "configs/tiny.json", [f"data.shards={spec}"], world_size=1))
@@ -120,3 +123,41 @@ def test_respelled_mixture_sources_keep_their_place(shards, tmp_path, capsys):
     start_batch, epochs, origin = data_position(meta, new_cfg, 2, cursors, [4, 4])
     assert epochs == [3, 5] and len(origin["unread"]) == 2
     assert "finishes epoch" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_stream_resumed_from_its_state_gives_the_batches_that_came_next(single_rank, shards, tmp_path, capsys,
+                                                                          workers):
+    """A DataStream's state (the checkpoint's "data" part: the layout, the data's digests, the epochs and
+    the stream's origin) and its readers' cursors: a stream resumed from them, at the checkpoint's step,
+    continues with the very batches the first stream went on with, from the cursors or, without them,
+    by regenerating the batches before."""
+    from megatok.data.encoding import encoding_for
+    from megatok.train.checkpointer import Start
+    from megatok.train.data_stream import DataStream
+    from tests.train.conftest import tiny_config
+
+    cfg = tiny_config(shards, tmp_path, f"data.num_workers={workers}")
+    first = DataStream(cfg, encoding_for(cfg), 0, 1, single_rank)
+    first.open()
+    for _ in range(3):
+        first.next_batch()
+    state, cursors = first.state_dict(), dict(first.cursors)
+    later = [first.next_batch() for _ in range(4)]
+    first.close()
+    assert state == {"epoch": 0, "stream_origin": {"step": 0, "epochs": [0]}, **data_digests(cfg),
+                     "layout": layout(cfg, 1)}
+    assert sorted(cursors) == list(range(max(1, workers)))
+    saved = tmp_path / "checkpoints" / "step00000003"
+    saved.mkdir(parents=True)
+    (saved / "stream_rank0.json").write_text(json.dumps({"cursors": {str(r): c for r, c in cursors.items()}}))
+    start = Start("step00000003", {"tag": "step00000003", "step": 3, "data": state}, run_dir=tmp_path)
+    for how in ("at its readers' cursors", "by regenerating 3 batches per rank"):
+        resumed = DataStream(cfg, encoding_for(cfg), 0, 1, single_rank)
+        assert resumed.same_layout(state)
+        resumed.load_state_dict(state, start)
+        resumed.open()
+        assert all(torch.equal(resumed.next_batch(), want) for want in later), how
+        resumed.close()
+        assert f"data stream resumed {how}" in capsys.readouterr().out
+        (saved / "stream_rank0.json").unlink(missing_ok=True)  # a checkpoint without the cursors
