@@ -38,6 +38,8 @@ from megatok.run.checkpoints import (CHECKPOINTS, FORMAT, META, CheckpointError,
                                      resume_tag, stream_file, tag_for)
 from megatok.run.lock import RunDirInUse, RunLock
 
+# --------------------------------------------------------------------------- the files of a checkpoint
+
 
 def set_latest(run_dir: str | Path, tag: str | None) -> None:
     """Point ``latest`` at a published checkpoint (None: no checkpoint)."""
@@ -312,6 +314,9 @@ def universal(run_dir: str | Path, tag: str, ds_config: dict) -> str:
     return out.name
 
 
+# --------------------------------------------------------------------------- the Checkpointer
+
+
 @dataclass
 class Start:
     """Where a run starts: from scratch (``meta`` None), or from a published checkpoint of ``run_dir``
@@ -384,7 +389,8 @@ def set_aside_abandoned(run_dir: Path, step: int, fresh: bool, previous_config: 
 
 class Checkpointer:
     """RUN_DIR/checkpoints of one run: a checkpoint every train.save_every steps (and at the last step, and
-    at a stop request), the newest train.keep_checkpoints kept and every train.keep_every-th for good.
+    at a stop request), the newest train.keep_checkpoints kept and every train.keep_every-th for good;
+    its megatok.json holds each training component's part as the trainer hands them over (:meth:`save`).
     A save may take train.save_timeout_s (``limit``) before the watchdog ends the run. Every checkpoint
     records what model it holds (``identity``: the parameters' shapes and the digests of the files the
     model reads), which a resume checks against the config. The run holds the run directory's lock
