@@ -123,8 +123,10 @@ def main(argv=None) -> int:
 
 def run(cfg, resume: str, lock_wait_s: float = 0.0) -> int:
     """Train; turn the ways a run can end badly into one clear line and an exit code."""
+    from megatok.run.checkpoints import CheckpointError
     from megatok.run.lock import RunDirInUse
-    from megatok.train import checkpoint, dist, peers
+    from megatok.train import dist, peers
+    from megatok.train.checkpointer import free_space, storage_failure
     from megatok.train.trainer import train
 
     rank = os.environ.get("RANK", "0")
@@ -134,11 +136,11 @@ def run(cfg, resume: str, lock_wait_s: float = 0.0) -> int:
         hint = (f"; wait for it to end, or stop it (touch {os.path.join(cfg.train.run_dir, 'STOP')}), or start "
                 f"with --wait-for-lock SECONDS")
         return _die(5, f"error: train.run_dir: {e}{hint if e.waitable else ''}" if rank == "0" else None)
-    except (FloatingPointError, DataError, checkpoint.CheckpointError) as e:
+    except (FloatingPointError, DataError, CheckpointError) as e:
         return _die(3, f"error: rank {rank}: {_worker_message(e)}")
     except Exception as e:  # noqa: BLE001 - a lost rank shows up as many different exception types
-        if checkpoint.storage_failure(e):  # a write outside a checkpoint (metrics, evaluation, a conversion)
-            free = checkpoint.free_space(cfg.train.run_dir)
+        if storage_failure(e):  # a write outside a checkpoint (metrics, evaluation, a conversion)
+            free = free_space(cfg.train.run_dir)
             free = f"; {free}" if free else ""
             if isinstance(e, OSError):  # a failed write through an open file does not name it
                 what = str(e) if e.filename else f"{e} (writing under {cfg.train.run_dir}{free})"
@@ -204,10 +206,10 @@ def _worker_message(e: BaseException) -> str:
 
 
 def _last_good(cfg) -> str:
-    from megatok.train import checkpoint
+    from megatok.run.checkpoints import last_good
 
     try:
-        return checkpoint.last_good(cfg.train.run_dir)
+        return last_good(cfg.train.run_dir)
     except Exception as e:  # noqa: BLE001 - reporting a failure must not fail
         return f"unknown ({type(e).__name__}: {e})"
 

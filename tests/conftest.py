@@ -191,6 +191,20 @@ def two_gloo_ranks(tmp_path: Path, worker: str) -> list:
     return [torch.load(tmp_path / f"{rank}.pt") for rank in (0, 1)]
 
 
+def write_flat_meta(path: Path, without: tuple[str, ...] = ()) -> dict:
+    """Rewrite the megatok.json at ``path`` as megatok wrote it before the file had one key per component:
+    one flat dict (megatok.run.checkpoints.PARTS, read backwards), less the keys ``without``. Returns it."""
+    from megatok.run.checkpoints import PARTS, parse_meta
+
+    meta = parse_meta(path.read_text())
+    flat = {k: v for k, v in meta.items() if k not in {"format", "world_size", *PARTS}}
+    for part, keys in PARTS.items():
+        flat.update({old: meta[part][key] for old, key in keys.items() if key in meta[part]})
+    flat = {k: v for k, v in flat.items() if k not in without}
+    path.write_text(json.dumps(flat, indent=2))
+    return flat
+
+
 TINY = [
     "model.d_model=32", "model.n_heads=2", "model.n_encoder_layers=1", "model.n_main_layers=1",
     "model.n_decoder_layers=1", "data.seq_len=64", "train.log_every=1", "train.warmup_steps=2",

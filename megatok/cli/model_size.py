@@ -80,7 +80,7 @@ def _run_report(args) -> int:
         cfg = run_config(args.run)
         tag = checkpoint_to_read(args.run, args.tag) if (args.tag or Path(args.run, "checkpoints").is_dir()) else None
         used = disk_usage(args.run, tag) if tag else None
-        world = int(read_meta(args.run, tag)["layout"]["world_size"]) if tag else None
+        world = int(read_meta(args.run, tag)["world_size"]) if tag else None
     except (ConfigError, OSError, KeyError, ValueError, TypeError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

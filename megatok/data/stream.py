@@ -313,7 +313,7 @@ class PackedByteStream(IterableDataset):
     is what start_batch (batches this rank has already consumed) refers to. Resuming is exact as
     long as urls, weights, seed, seq_len, batch_size, world_size and the number of workers are
     unchanged. start_epoch (one per source, or one for all) begins the stream at a later epoch (a
-    resume with a different layout starts the next epoch: see megatok/train/position.py).
+    resume with a different layout starts the next epoch: see megatok/train/data_stream.py).
     ``cursors`` ({reader: the cursor of the last batch consumed from it}) start those readers there
     instead of regenerating start_batch's worth of batches; readers without one regenerate.
     ``unread`` (per source, [shard index, first document] pieces: see unread_pieces) makes the start

@@ -215,7 +215,7 @@ def baseline_checkpoint(run: str, bytes_seen: float | None) -> tuple[str | None,
     there is none."""
     def its_bytes(tag):
         try:
-            return read_meta(run, tag).get("bytes_seen")
+            return read_meta(run, tag).get("metrics", {}).get("bytes_seen")
         except (OSError, ValueError):
             return None
 

@@ -1,8 +1,9 @@
-"""A run directory's checkpoints, read: where they are, which are published, whether one is damaged,
-which one a resume takes. No engine and no process group; the trainer writes them (megatok.train.checkpoint).
+"""A run directory's checkpoints, read: where they are, what their metadata holds, which are published,
+whether one is damaged, which one a resume takes. No engine and no process group; the trainer writes
+them (megatok.train.checkpointer).
 
 RUN_DIR/checkpoints/<tag> holds DeepSpeed's model, optimizer and LR-schedule files, megatok's
-``megatok.json`` (the step and data layout), and per rank ``rng_rank<r>.json`` (its RNG states) and
+``megatok.json`` (see :func:`parse_meta`), and per rank ``rng_rank<r>.json`` (its RNG states) and
 ``stream_rank<r>.json`` (its data readers' cursors); ``latest`` names the newest published one.
 Only JSON is parsed here; DeepSpeed's archives are checked for completeness, not unpickled.
 """
@@ -17,6 +18,17 @@ from megatok.data.stream import is_cursor
 
 CHECKPOINTS = "checkpoints"
 META = "megatok.json"
+#: The layout of megatok.json: the checkpoint's own fields, and one key per training component.
+FORMAT = 2
+#: The training components' parts of megatok.json, and the keys of the flat file written before the
+#: parts (no "format") that each holds: {part: {flat key: its key in the part}}.
+PARTS = {
+    "model": {"param_shapes": "param_shapes", "model_files": "model_files"},
+    "engine": {"zero_stage": "zero_stage", "precision": "precision", "skipped_in_row": "skipped_in_row"},
+    "data": {k: k for k in ("layout", "epoch", "epochs", "stream_origin", "data_digest", "data_digest_spelled")},
+    "metrics": {"bytes_seen": "bytes_seen", "flops": "flops"},
+    "evaluation": {"eval_pending": "pending"},
+}
 
 
 def checkpoint_dir(run_dir: str | Path) -> Path:
@@ -94,8 +106,8 @@ def damage(run_dir: str | Path, tag: str) -> str | None:
     aside counts as in place (the next start restores it)."""
     d = restorable(run_dir, tag)
     try:
-        meta = json.loads((d / META).read_text())
-        world = int(meta["layout"]["world_size"])
+        meta = parse_meta((d / META).read_text())
+        world = int(meta["world_size"])
     except (OSError, ValueError, KeyError, TypeError) as exn:
         return f"{META}: {exn}"
     # every rank's RNG states; every rank's data cursors, or none (a save given no cursors writes none)
@@ -115,13 +127,13 @@ def damage(run_dir: str | Path, tag: str) -> str | None:
     for f in files:
         if problem := _archive_problem(f):
             return problem
-    stage = int(meta.get("zero_stage", 0))
+    stage = int(meta.get("engine", {}).get("zero_stage", 0))
     model_files = ([f"zero_pp_rank_{r}_mp_rank_00_model_states.pt" for r in range(world)] if stage == 3
                    else ["mp_rank_00_model_states.pt"])  # ZeRO-3: every rank's; else rank 0 writes the one
     if missing := [n for n in model_files if not (d / n).is_file()]:
         return f"{', '.join(missing[:2])}{' ...' if len(missing) > 2 else ''} missing (ZeRO stage {stage}, {world} ranks)"
     partitions = len(list(d.glob("*_optim_states.pt")))
-    if (partitions or meta.get("zero_stage", 0) >= 1) and partitions != world:  # none at all under ZeRO 1-3
+    if (partitions or stage >= 1) and partitions != world:  # none at all under ZeRO 1-3
         return f"{partitions} optimizer partitions for the {world} ranks that wrote it"
     return None
 
@@ -155,11 +167,42 @@ def resume_tag(run_dir: str | Path, requested: str, warn: bool = True) -> str | 
                           f"(--resume none starts over and sets them aside)")
 
 
+def parse_meta(text: str) -> dict:
+    """A checkpoint's megatok.json, in the current layout (FORMAT)::
+
+        {"tag": "step00000004", "format": 2, "step": 4, "world_size": 2,
+         "model": {"param_shapes": {...}, "model_files": {...}},   what model it holds (checked on resume)
+         "engine": {"zero_stage": 2, "precision": "fp32", "skipped_in_row": 0},
+         "data": {"layout": {...}, "epoch": 0, "stream_origin": {...}, "data_digest": "...", ...},
+         "metrics": {"bytes_seen": 24576.0, "flops": 4.1e9},
+         "evaluation": {"pending": false}}
+
+    ``world_size``: the ranks that wrote it. Each training component's ``state_dict()`` is its part, and a
+    resume gives each part back to that component alone. A flat file (as written before the parts: no
+    "format") is read into this layout (PARTS says which key goes where); a ValueError for a format
+    newer than this code reads."""
+    meta = json.loads(text)
+    if not isinstance(meta, dict):
+        raise ValueError(f"not a JSON object: {text[:40]!r}")
+    if "format" in meta:
+        if meta["format"] > FORMAT:
+            raise ValueError(f"format {meta['format']}, written by a newer megatok than this one (format {FORMAT})")
+        return meta
+    flat = set().union(*PARTS.values())
+    out = {"format": FORMAT, **{k: v for k, v in meta.items() if k not in flat}}
+    if isinstance(meta.get("layout"), dict) and "world_size" in meta["layout"]:
+        out["world_size"] = meta["layout"]["world_size"]
+    for part, keys in PARTS.items():
+        out[part] = {key: meta[old] for old, key in keys.items() if old in meta}
+    return out
+
+
 def read_meta(run_dir: str | Path, tag: str) -> dict:
+    """Checkpoint ``tag``'s megatok.json, in the current layout (:func:`parse_meta`)."""
     path = checkpoint_dir(run_dir) / tag / META
     if not path.is_file():
         raise FileNotFoundError(f"{path}: not a complete megatok checkpoint")
-    return json.loads(path.read_text())
+    return parse_meta(path.read_text())
 
 
 def stream_file(rank: int) -> str:

@@ -18,8 +18,8 @@ import torch
 
 from megatok.config import Config, ConfigError, load_config
 from megatok.model import build_model
-from megatok.run.checkpoints import (META, CheckpointError, checkpoint_dir, damage, latest_tag, published_tags,
-                                     restorable)
+from megatok.run.checkpoints import (META, CheckpointError, checkpoint_dir, damage, latest_tag, parse_meta,
+                                     published_tags, restorable)
 from megatok.run.merge import LazyTensor, checkpoint_tensors
 from megatok.run.same_model import check_model_files
 
@@ -88,7 +88,7 @@ def checkpoint_weights(run_dir: str | Path, tag: str, cfg: Config) -> dict[str, 
         raise FileNotFoundError(f"{ckpt}: checkpoint not found")
     if problem := damage(run_dir, tag):
         raise CheckpointError(f"{ckpt}: cannot be read: {problem}")
-    check_model_files(json.loads((ckpt / META).read_text()), ckpt, cfg)  # before the merge, which can be slow
+    check_model_files(parse_meta((ckpt / META).read_text()), ckpt, cfg)  # before the merge, which can be slow
     return checkpoint_tensors(ckpt)
 
 

@@ -13,7 +13,7 @@ from megatok.boundaries import model_files as strategy_files
 from megatok.config import Config
 from megatok.dsconfig import uses_bf16, zero_stage
 from megatok.flops import build_meta_model
-from megatok.run.checkpoints import META, CheckpointError, checkpoint_dir, restorable
+from megatok.run.checkpoints import META, CheckpointError, checkpoint_dir, parse_meta, restorable
 
 
 def model_shapes(cfg: Config) -> dict[str, list[int]]:
@@ -41,7 +41,7 @@ def check_model_files(meta: dict, where: Path, cfg: Config) -> None:
     """A CheckpointError when a file the config points the model at is not the one the checkpoint
     (its metadata ``meta``, at ``where``) was trained with."""
     now, paths = model_files(cfg), model_file_paths(cfg)
-    for key, digest in (meta.get("model_files") or {}).items():
+    for key, digest in (meta.get("model", {}).get("model_files") or {}).items():
         if now.get(key, digest) != digest:
             raise CheckpointError(f"{where} was trained with another {key} than {paths[key]} holds now (sha256 "
                                   f"{digest}... then, {now[key]}... now: replaced since?); point {key} at the "
@@ -65,16 +65,17 @@ def _deepspeed_config(ckpt: Path) -> dict:
 
 def check_same_engine(meta: dict, ckpt: Path, cfg: Config, where: Path | None = None) -> None:
     """A CheckpointError, naming the keys and both values, when ``cfg`` trains under another ZeRO stage
-    (``zero_stage`` in the checkpoint's metadata ``meta``) or precision (``precision``) than the
+    (``zero_stage`` in the engine's part of the checkpoint's metadata ``meta``) or precision (``precision``) than the
     checkpoint at ``ckpt`` (named ``where``, default ``ckpt``) was written with: DeepSpeed cannot load the one's states into the other, and
     fails late, after the process group started, with errors that read like damage or a bug. ZeRO
     stages 1 and 2 write the same files and resume each other. For a checkpoint written before the
     precision was recorded, it is read from the DeepSpeed config saved in DeepSpeed's files."""
-    precision = meta.get("precision")
+    engine = meta.get("engine", {})
+    precision = engine.get("precision")
     if precision is None:
         bf16 = _deepspeed_config(ckpt).get("bf16", {}).get("enabled")
         precision = None if bf16 is None else "bf16" if bf16 else "fp32"
-    saved_stage, stage = meta.get("zero_stage"), zero_stage(cfg)
+    saved_stage, stage = engine.get("zero_stage"), zero_stage(cfg)
     differ = []
     if saved_stage is not None and saved_stage != stage and {saved_stage, stage} != {1, 2}:
         differ.append(f"deepspeed.zero_optimization.stage: {saved_stage} in the checkpoint, {stage} now")
@@ -95,9 +96,9 @@ def check_same_model(run_dir: str | Path, tag: str, cfg: Config) -> None:
     trains it under another ZeRO stage or precision (:func:`check_same_engine`): what a resume checks,
     before any process group."""
     ckpt = restorable(run_dir, tag)  # where resume_tag found it
-    meta = json.loads((ckpt / META).read_text())
+    meta = parse_meta((ckpt / META).read_text())
     check_model_files(meta, checkpoint_dir(run_dir) / tag, cfg)
-    saved, now = meta.get("param_shapes"), model_shapes(cfg)
+    saved, now = meta.get("model", {}).get("param_shapes"), model_shapes(cfg)
     if saved is None:
         raise CheckpointError(f"{checkpoint_dir(run_dir) / tag}: its {META} records no param_shapes: not a checkpoint "
                               f"megatok's trainer wrote")

@@ -1,6 +1,6 @@
 """The trainer's side duties, as callbacks: the watchdog, stop requests, the profiler window, the
-metrics rows and the console, evaluation. Each hook gets the Trainer; extra callbacks (``Trainer(callbacks=...)``)
-run after these, in order."""
+metrics rows and the console (evaluation: megatok.train.evaluation.Evaluation). Each hook gets the
+Trainer; extra callbacks (``Trainer(callbacks=...)``) run after these, in order."""
 
 from __future__ import annotations
 
@@ -11,15 +11,25 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from megatok.run.checkpoints import tag_for
 from megatok.train import dist, peers
-from megatok.train.checkpoint import tag_for
 
 if TYPE_CHECKING:
     from megatok.train.trainer import Trainer
 
 
 class Callback:
-    """Hooks the trainer calls; each does nothing unless overridden."""
+    """Hooks the trainer calls; each does nothing unless overridden. A callback with state (the
+    evaluation's) names its part of a checkpoint's megatok.json in ``state_key``: the trainer saves its
+    ``state_dict()`` there and, resuming, gives that part back to its ``load_state_dict()``."""
+
+    state_key: str | None = None
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        """``state``: what :meth:`state_dict` returned when the checkpoint was saved."""
 
     def on_fit_start(self, trainer: Trainer) -> None:
         """Before the first step (the components are built and resumed)."""
@@ -205,25 +215,3 @@ class Profile(Callback):
         if self.rank == 0:
             print(f"megatok: profiler trace of steps {self.start} to {trainer.step}: {self.path} "
                   f"(and one per other rank)", flush=True)
-
-
-class Evaluate(Callback):
-    """The Evaluator at its steps, unless the run is stopping: then the checkpoint records the evaluation
-    as pending, and the resumed run does it first."""
-
-    def on_fit_start(self, trainer):
-        if trainer.evaluator.pending:
-            trainer.progress(f"evaluating step {trainer.step} (left pending by the stop)")
-            with trainer.metrics.paused():
-                trainer.evaluate()
-            trainer.evaluator.pending = False
-            if trainer.rank == 0:  # once: a rerun of a finished run must not log it again
-                trainer.checkpointer.mark_evaluated(trainer.start.meta["tag"])
-
-    def on_step_end(self, trainer):
-        due = trainer.evaluator.due(trainer.step)
-        trainer.evaluator.pending = due and trainer.stopping
-        if due and not trainer.stopping:
-            trainer.progress(f"evaluating step {trainer.step}")
-            with trainer.metrics.paused():
-                trainer.evaluate()

@@ -2,15 +2,16 @@
 
     Trainer(cfg, resume="auto").fit()
 
-Components: the Engine (the model under DeepSpeed, optimizer, schedule), the DataStream (this rank's
-batches and their position), the Checkpointer (resume choice, set-aside, save), the Evaluator
-(validation, head-to-head) and TrainMetrics (the rows' figures, cumulative bytes and FLOPs). A
-checkpoint's megatok.json is the union of their ``state_dict()``s; a resume gives it back to each
-``load_state_dict()``. Callbacks (megatok.train.callbacks) do the rest: watchdog, stop requests,
-profiler window, metrics rows and console, evaluation. It runs the real DeepSpeed engine on any number of ranks (gloo on CPU, nccl on
-GPU). Randomness that matters for the result (boundary sampling) is seeded from (seed, step,
-micro-batch index), so a resumed run and a run with a different rank/accumulation split draw the same
-samples.
+Components: the Engine (megatok.train.engine: the model under DeepSpeed, optimizer, schedule), the
+DataStream (data_stream: this rank's batches and their position), the Checkpointer (checkpointer: resume
+choice, set-aside, save) and TrainMetrics (metrics: the rows' figures, cumulative bytes and FLOPs).
+Callbacks (callbacks) do the side duties: watchdog, stop requests, profiler window, metrics rows and
+console, and evaluation (evaluation.Evaluation: validation, head-to-head, what a stop left pending).
+A checkpoint's megatok.json holds each component's ``state_dict()``, and each stateful callback's, under
+its own key ("engine", "data", "metrics", "evaluation"); a resume gives each its part alone. It runs the
+real DeepSpeed engine on any number of ranks (gloo on CPU, nccl on GPU). Randomness that matters for the
+result (boundary sampling) is seeded from (seed, step, micro-batch index), so a resumed run and a run
+with a different rank/accumulation split draw the same samples.
 """
 
 from __future__ import annotations
@@ -26,12 +27,12 @@ from megatok.data.encoding import encoding_for
 from megatok.dsconfig import builds_partitioned, deepspeed_config
 from megatok.metrics import MetricsLogger
 from megatok.train import dist, peers
-from megatok.train.callbacks import Callback, Evaluate, LogMetrics, Profile, StopRequest, Watchdog
-from megatok.train.checkpointer import Checkpointer
+from megatok.train.callbacks import Callback, LogMetrics, Profile, StopRequest, Watchdog
+from megatok.train.checkpointer import Checkpointer, Start
+from megatok.train.data_stream import DataStream
 from megatok.train.engine import Engine, build
+from megatok.train.evaluation import Evaluation
 from megatok.train.metrics import TrainMetrics
-from megatok.train.position import DataStream
-from megatok.train.validation import Evaluator
 
 
 def step_seed(seed: int, step: int, index: int) -> int:
@@ -59,15 +60,17 @@ class Trainer:
         encoding = encoding_for(cfg)
         self.engine = Engine(build(cfg, ds_config, self.device), ds_config, t, lr_lambda(cfg))
         self.data = DataStream(cfg, encoding, self.rank, self.world, self.device)
-        self.evaluator = Evaluator(cfg, self.rank, self.world, encoding, self.device)
+        self.evaluation = Evaluation(cfg, self.rank, self.world, encoding, self.device)
         self.metrics = TrainMetrics(cfg, self.device, self.world)
+        lg = cfg.logging
+        profile = [Profile(lg.profile_steps, Path(t.run_dir), self.rank, self.device)] if lg.profile_steps else []
+        self.callbacks = [Watchdog(t.dist_timeout_s), StopRequest(Path(t.run_dir), self.rank), *profile,
+                          LogMetrics(), self.evaluation, *callbacks]
         self.step, self.lr, self.stopping, self.stop_reason = 0, 0.0, False, None
         if self.start.tag:
-            self.checkpointer.load(self.engine, self.start)  # DeepSpeed's states, this rank's generators
-            self.load_state_dict(self.start.meta)
+            self.resume(self.start)
         self.checkpointer.set_aside(self.start)  # before the logger opens metrics.jsonl, which it rewrites
         self.data.open()
-        lg = cfg.logging
         try:
             self.logger = MetricsLogger(t.run_dir, enabled=self.rank == 0, total_steps=t.max_steps,
                                         start_step=self.step, wandb_mode=lg.wandb_mode,
@@ -76,9 +79,6 @@ class Trainer:
         except BaseException:
             self.data.close()  # its reader worker would outlive the failed start
             raise
-        profile = [Profile(lg.profile_steps, Path(t.run_dir), self.rank, self.device)] if lg.profile_steps else []
-        self.callbacks = [Watchdog(t.dist_timeout_s), StopRequest(Path(t.run_dir), self.rank), *profile,
-                          LogMetrics(), Evaluate(), *callbacks]
         if self.rank == 0:
             self._announce()
 
@@ -97,7 +97,7 @@ class Trainer:
                 finite = self.train_step()
                 self.step += 1
                 self.stopping = self.agree(finite)
-                self._fire("on_step_end")  # the metrics row, evaluation
+                self._fire("on_step_end")  # the metrics row, the evaluation
                 if self.checkpointer.due(self.step) or self.step == self.max_steps or self.stopping:
                     self.save()
             self._fire("on_fit_end")
@@ -138,10 +138,7 @@ class Trainer:
     @property
     def log_due(self) -> bool:
         return (self.step % self.log_every == 0 or self.checkpointer.due(self.step)
-                or self.evaluator.due(self.step) or self.stopping)
-
-    def evaluate(self) -> None:
-        self.evaluator.run(self.engine.ds, self.step, self.logger, self.metrics.bytes_seen)
+                or self.evaluation.due(self.step) or self.stopping)
 
     def save(self) -> None:
         self.progress(f"writing the step-{self.step} checkpoint", self.checkpointer.limit)
@@ -153,15 +150,31 @@ class Trainer:
         self._fire("on_progress", doing, limit)
 
     def state_dict(self) -> dict:
-        """Collective (the data position's epochs are agreed over the ranks): megatok.json's fields."""
-        return {"step": self.step, **self.data.state_dict(), **self.engine.state_dict(),
-                **self.metrics.state_dict(), **self.evaluator.state_dict()}
+        """Collective (the data position's epochs are agreed over the ranks): each component's state, and
+        each stateful callback's, by its key in megatok.json (the checkpointer adds the step and the model)."""
+        return {"engine": self.engine.state_dict(), "data": self.data.state_dict(),
+                "metrics": self.metrics.state_dict(),
+                **{cb.state_key: cb.state_dict() for cb in self.callbacks if cb.state_key}}
 
-    def load_state_dict(self, state: dict) -> None:
-        """Collective (rank 0 decides the data position for all ranks)."""
-        self.step = state["step"]
-        for part in (self.data, self.engine, self.metrics, self.evaluator):
-            part.load_state_dict(state)
+    def resume(self, start: Start) -> None:
+        """Collective: DeepSpeed's states and, where the data layout is the same (the ranks go on as they
+        would have), this rank's generators; then each component its part of the checkpoint
+        (load_state_dict)."""
+        self.checkpointer.load(self.engine, start, restore_rng=self.data.same_layout(start.meta["data"]))
+        self.load_state_dict(start)
+
+    def load_state_dict(self, start: Start) -> None:
+        """Collective (rank 0 decides the data position for all ranks): each component's part of the
+        checkpoint ``start`` resumes; the data stream reads its readers' cursors through ``start``. A
+        stateful callback the checkpoint holds no part for keeps its fresh state."""
+        meta = start.meta
+        self.step = start.step
+        self.engine.load_state_dict(meta["engine"])
+        self.data.load_state_dict(meta["data"], start)
+        self.metrics.load_state_dict(meta["metrics"])
+        for cb in self.callbacks:
+            if cb.state_key in meta:
+                cb.load_state_dict(meta[cb.state_key])
 
     def close(self) -> None:
         try:

@@ -221,9 +221,9 @@ def test_checkpoints_name_the_bpe_strategys_tokenizer(tmp_path):
     recorded = model_files(cfg)
     assert list(recorded) == ["boundary.model_path"]
     assert model_files(load_config(None, [], world_size=1)) == {}  # the policy reads no file
-    check_model_files({"model_files": recorded}, tmp_path / "ckpt", cfg)
+    check_model_files({"model": {"model_files": recorded}}, tmp_path / "ckpt", cfg)
     with pytest.raises(CheckpointError, match=f"another boundary.model_path than {path} holds now"):
-        check_model_files({"model_files": {"boundary.model_path": "0" * 16}}, tmp_path / "ckpt", cfg)
+        check_model_files({"model": {"model_files": {"boundary.model_path": "0" * 16}}}, tmp_path / "ckpt", cfg)
 
 
 def test_bpe_strategy_refuses_a_tokenizer_that_does_not_encode_bytes_exactly(tmp_path):

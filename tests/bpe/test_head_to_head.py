@@ -121,19 +121,19 @@ def test_a_run_with_relative_paths_is_read_from_anywhere_and_exports_whole(runs,
     # the tokenizer replaced at its path (train_bpe.py run again): every reader refuses, naming it
     from megatok.run.reader import run_config
     from megatok.run.same_model import check_same_model
-    from megatok.train import checkpoint
+    from megatok.run import checkpoints
 
     original = (launch / "tok" / "tokenizer.model").read_bytes()
     r = run_main(capsys, "train_bpe", "--data", runs["heldout"], "--vocab-size", 400, "--out", tmp_path / "other")
     assert r.returncode == 0, r.stderr[-2000:]
     (launch / "tok" / "tokenizer.model").write_bytes((tmp_path / "other" / "tokenizer.model").read_bytes())
-    tag = checkpoint.latest_tag(moved)
+    tag = checkpoints.latest_tag(moved)
     want = f"{moved / 'checkpoints' / tag} was trained with another model.tokenizer than {launch / 'tok'}"
     for r in (run_tool("evaluate", "--run", moved, "--data", runs["heldout"]),  # a process, and in this one
               run_main(capsys, "export", "--run", moved, "--out", tmp_path / "x")):
         (line,) = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
         assert r.returncode != 0 and want in line and "replaced since?" in line, r.stderr[-2000:]
-    with pytest.raises(checkpoint.CheckpointError, match="was trained with another model.tokenizer"):
+    with pytest.raises(checkpoints.CheckpointError, match="was trained with another model.tokenizer"):
         check_same_model(moved, tag, run_config(moved))  # what a --resume checks before it starts
     (launch / "tok" / "tokenizer.model").write_bytes(original)
     shutil.rmtree(launch)
@@ -163,11 +163,12 @@ def test_head_to_head_rows_match_the_evaluators(runs, capsys):
     assert set(last["by_lang"]) == set(PARALLEL) and set(last["by_domain"]) == {"legal"}
     assert 0 < last["h2h_cost_fraction"] < 1
     # each evaluation scores the baseline checkpoint nearest to it in training bytes (the two differ here)
-    from megatok.train import checkpoint
+    from megatok.run import checkpoints
 
     seen = {r["step"]: r["bytes_seen"] for r in read_metrics(runs["unet"]) if r["split"] == "train"}
     assert sorted(seen) == [2, 3, 4]  # log_every 3, and the evaluation steps 2 and 4
-    base_bytes = {t: checkpoint.read_meta(runs["bpe"], t)["bytes_seen"] for t in ("step00000003", "step00000006")}
+    base_bytes = {t: checkpoints.read_meta(runs["bpe"], t)["metrics"]["bytes_seen"]
+                  for t in ("step00000003", "step00000006")}
     for r in rows:
         assert r["h2h_bytes_seen"] == seen[r["step"]]
         nearest = min(base_bytes, key=lambda t: abs(base_bytes[t] - seen[r["step"]]))
@@ -280,15 +281,18 @@ def test_the_baseline_checkpoint_is_the_nearest_in_training_bytes(tmp_path):
     """eval.baseline_checkpoint "matched": the checkpoint whose bytes_seen is nearest (the later on a
     tie), passing over checkpoints without the figure or with an unreadable meta; "latest" (None)."""
     from megatok.eval.head_to_head import baseline_checkpoint
-    from megatok.train import checkpoint
+    from megatok.run import checkpoints
+    from megatok.train.checkpointer import set_latest
 
-    ck = tmp_path / checkpoint.CHECKPOINTS
-    for step, meta in {2: {"bytes_seen": 100.0}, 4: {"bytes_seen": 300.0}, 6: {}, 8: {"bytes_seen": 700.0},
+    ck = tmp_path / checkpoints.CHECKPOINTS
+    fmt = {"format": checkpoints.FORMAT}
+    for step, meta in {2: {**fmt, "metrics": {"bytes_seen": 100.0}}, 4: {**fmt, "metrics": {"bytes_seen": 300.0}},
+                       6: fmt, 8: {"bytes_seen": 700.0},  # as written before megatok.json had parts
                        10: None}.items():
-        (ck / checkpoint.tag_for(step)).mkdir(parents=True)
-        (ck / checkpoint.tag_for(step) / checkpoint.META).write_text("{" if meta is None else json.dumps(meta))
-    checkpoint.set_latest(tmp_path, checkpoint.tag_for(10))
-    tag = checkpoint.tag_for
+        (ck / checkpoints.tag_for(step)).mkdir(parents=True)
+        (ck / checkpoints.tag_for(step) / checkpoints.META).write_text("{" if meta is None else json.dumps(meta))
+    set_latest(tmp_path, checkpoints.tag_for(10))
+    tag = checkpoints.tag_for
     assert baseline_checkpoint(str(tmp_path), 0.0) == (tag(2), 100.0)
     assert baseline_checkpoint(str(tmp_path), 190.0) == (tag(2), 100.0)
     assert baseline_checkpoint(str(tmp_path), 200.0) == (tag(4), 300.0)  # a tie: the later
@@ -302,13 +306,15 @@ def bare_head_to_head(tmp_path, *sets):
     run): a run directory whose one published checkpoint, step00000002, records 10 training bytes."""
     from megatok.config import load_config
     from megatok.eval.head_to_head import HeadToHead
-    from megatok.train import checkpoint
+    from megatok.run import checkpoints
+    from megatok.train.checkpointer import set_latest
 
     run = tmp_path / "base"
-    (run / checkpoint.CHECKPOINTS / "step00000002").mkdir(parents=True)
+    (run / checkpoints.CHECKPOINTS / "step00000002").mkdir(parents=True)
     load_config(ROOT / "configs/tiny.json", [f"train.run_dir={run}"], world_size=1).dump(run / "config.json")
-    (run / checkpoint.CHECKPOINTS / "step00000002" / checkpoint.META).write_text('{"bytes_seen": 10.0}')
-    checkpoint.set_latest(run, "step00000002")
+    (run / checkpoints.CHECKPOINTS / "step00000002" / checkpoints.META).write_text(
+        json.dumps({"format": checkpoints.FORMAT, "metrics": {"bytes_seen": 10.0}}))
+    set_latest(run, "step00000002")
     h2h = object.__new__(HeadToHead)
     h2h.cfg = load_config(ROOT / "configs/tiny.json", [f"eval.baseline_run={run}", *sets], world_size=1)
     h2h.docs, h2h.baseline = [], None

@@ -352,7 +352,7 @@ def test_mixture_follows_the_weights_by_bytes_and_resumes_exactly(tmp_path):
 def test_stream_position_counts_every_reader_not_the_last_batch(tmp_path):
     """The trainer records the furthest epoch over all of a rank's readers (and every reader's bad
     shards): batches come round-robin from the workers, so the step's last batch speaks for one."""
-    from megatok.train.position import StreamPosition
+    from megatok.train.data_stream import StreamPosition
 
     urls, _ = make_shards(tmp_path, n_docs=16, num_shards=2, seed=4)  # 2 workers, one shard each
     batches = take(PackedByteStream(urls, seq_len=SEQ_LEN, batch_size=BATCH), 40, num_workers=2)

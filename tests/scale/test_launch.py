@@ -303,5 +303,5 @@ def test_sbatch_default_launcher_trains_through_srun_and_torchrun(tmp_path, shar
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [row["step"] for row in rows if row.get("split") == "train"] == [1, 2]
     meta = json.loads((run_dir / "checkpoints" / "step00000002" / "megatok.json").read_text())
-    assert meta["layout"]["world_size"] == 2
+    assert meta["data"]["layout"]["world_size"] == 2
     assert not (tmp_path / "job" / "hostfile").exists()

@@ -23,7 +23,7 @@ import torch
 from megatok.config import load_config
 from megatok.data.stream import iter_shard_documents, resolve_shards
 from megatok.metrics import read_metrics
-from megatok.train import checkpoint
+from megatok.run import checkpoints
 from megatok.vocab import SEP
 from tests.conftest import TINY, pretrain, run_main, stdlib_texts
 from tests.conftest import run_tool as tool
@@ -323,7 +323,7 @@ def test_errors_are_one_line(run, data_file, tmp_path, capsys):
 
     damaged = tmp_path / "damaged-run"  # a checkpoint file cut short: named, not a torch traceback
     shutil.copytree(run, damaged)
-    (model_file,) = (damaged / "checkpoints" / checkpoint.latest_tag(damaged)).glob("mp_rank_00_model_states.pt")
+    (model_file,) = (damaged / "checkpoints" / checkpoints.latest_tag(damaged)).glob("mp_rank_00_model_states.pt")
     model_file.write_bytes(model_file.read_bytes()[:4096])
     assert_clean_error(run_main(capsys, "evaluate", "--run", damaged, "--data", data_file), model_file.name)
     assert_clean_error(run_main(capsys, "export", "--run", damaged, "--out", tmp_path / "export"), model_file.name)
@@ -334,12 +334,12 @@ def test_a_checkpoint_the_tools_cannot_find_is_explained(run, tmp_path):
 
     aside = tmp_path / "run"
     shutil.copytree(run, aside)
-    tag = checkpoint.latest_tag(aside)
+    tag = checkpoints.latest_tag(aside)
     (aside / "checkpoints" / "latest").write_text("")
     with pytest.raises(FileNotFoundError, match=rf"its 'latest' file is empty; its checkpoints: {tag} \(name one\)"):
         load_model(aside)
     (aside / "checkpoints" / tag).rename(aside / "checkpoints" / f"{tag}.old-123.tmp")
-    with pytest.raises(checkpoint.CheckpointError, match=f"moved aside to {tag}.old-123.tmp by a save that was "
+    with pytest.raises(checkpoints.CheckpointError, match=f"moved aside to {tag}.old-123.tmp by a save that was "
                                                          f"killed; the next training start puts it back"):
         load_model(aside, tag)
 

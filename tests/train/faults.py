@@ -12,7 +12,7 @@ the Trainer, chosen by environment variables:
     MEGATOK_FAULT_STEP_SLEEP=0.3      every rank sleeps 0.3 s at the start of every step (a slower model:
                                       the same losses, more time to act in the middle of a run)
 
-The faults inside a save wrap functions of megatok.train.checkpoint for the process they run in.
+The faults inside a save wrap functions of megatok.train.checkpointer for the process they run in.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import time
 
 import torch
 
-from megatok.train import checkpoint
+from megatok.train import checkpointer
 from megatok.train.callbacks import Callback
 
 
@@ -78,7 +78,7 @@ def _out_of_memory():
 
 
 class InSave(Callback):
-    """Wraps ``checkpoint.<name>`` so that on rank 0, while the step-``step`` checkpoint is saved, ``act()``
+    """Wraps ``checkpointer.<name>`` so that on rank 0, while the step-``step`` checkpoint is saved, ``act()``
     runs first. rng_state: every rank writes its generators before the save's barrier; _publish: rank 0
     publishes after every rank has written its files."""
 
@@ -86,14 +86,14 @@ class InSave(Callback):
         self.name, self.step, self.act = name, step, act
 
     def on_fit_start(self, trainer):
-        original = getattr(checkpoint, self.name)
+        original = getattr(checkpointer, self.name)
 
         def wrapped(*args, **kwargs):
             if trainer.rank == 0 and trainer.step == self.step:
                 self.act()
             return original(*args, **kwargs)
 
-        setattr(checkpoint, self.name, wrapped)
+        setattr(checkpointer, self.name, wrapped)
 
 
 def from_env() -> list[Callback]:

@@ -15,8 +15,9 @@ from safetensors.torch import save_file
 
 from megatok.dsconfig import deepspeed_config
 from megatok.model.unet import ByteUNet
+from megatok.run.checkpoints import latest_tag
 from megatok.run.reader import run_config
-from megatok.train import checkpoint, dist
+from megatok.train import checkpointer, dist
 from megatok.train.engine import param_groups
 
 
@@ -26,7 +27,7 @@ def main(run_dir: str, out: str) -> None:
     model = ByteUNet(cfg.model, cfg.boundary)
     engine, *_ = deepspeed.initialize(model=model, config=deepspeed_config(cfg, 1),
                                       model_parameters=param_groups(model, 0.0))
-    checkpoint.load(engine, run_dir, checkpoint.latest_tag(run_dir))
+    checkpointer.load(engine, run_dir, latest_tag(run_dir))
     engine.eval()
     engine.module.boundary.eval_mode = "threshold"
     x = torch.tensor([list(b"def main(argv=None):\n    return 0\n" * 2)], dtype=torch.long)

@@ -13,8 +13,8 @@ from megatok.config import load_config
 from megatok.data.encoding import BYTES
 from megatok.data.shards import build_shards
 from megatok.metrics import read_metrics
-from megatok.train import checkpoint
-from megatok.train.validation import validation_batches
+from megatok.run import checkpoints
+from megatok.train.evaluation import validation_batches
 from tests.conftest import PARALLEL, ROOT, TINY, pretrain
 
 pytestmark = pytest.mark.dist
@@ -81,9 +81,9 @@ def test_mixture_trains_resumes_exactly_and_reweights(shards, second_source, tmp
     common = ["--config", "configs/tiny.json", "--set", *TINY, "train.max_steps=4", "train.save_every=2",
               "train.micro_batch_size=2", "train.global_batch_size=2", "data.num_workers=1"]
     pretrain(common + [mixture(shards, second_source, 3, 1), f"train.run_dir={run}"])
-    meta = checkpoint.read_meta(run, "step00000004")
-    assert meta["layout"]["mixture"] == [[str(shards), 0.75], [str(second_source), 0.25]]
-    assert list(meta["epochs"]) == [str(shards), str(second_source)] and meta["epoch"] == max(meta["epochs"].values())
+    data = checkpoints.read_meta(run, "step00000004")["data"]
+    assert data["layout"]["mixture"] == [[str(shards), 0.75], [str(second_source), 0.25]]
+    assert list(data["epochs"]) == [str(shards), str(second_source)] and data["epoch"] == max(data["epochs"].values())
     rows = {r["step"]: r for r in read_metrics(run) if r.get("split") == "train"}
     assert sorted(rows) == [1, 2, 3, 4] and all(len(r["epochs"]) == 2 for r in rows.values())
     val = [r for r in read_metrics(run) if r.get("split") == "val"][-1]
@@ -107,7 +107,7 @@ def test_mixture_trains_resumes_exactly_and_reweights(shards, second_source, tmp
     # New weights cannot continue the same readers: the stream restarts, first reading what the old
     # readers had not read of each source's current epoch. A run that stops after that and resumes with
     # the new weights must continue the restarted stream exactly (the checkpoint records where it restarted).
-    epochs = checkpoint.read_meta(run, "step00000002")["epochs"]
+    epochs = checkpoints.read_meta(run, "step00000002")["data"]["epochs"]
     straight = tmp_path / "straight"
     shutil.copytree(run, straight)
     r = pretrain(common + [mixture(shards, second_source, 1, 1), f"train.run_dir={straight}", "--resume", "step00000002"])
@@ -123,5 +123,5 @@ def test_mixture_trains_resumes_exactly_and_reweights(shards, second_source, tmp
     want = {r["step"]: r["loss"] for r in read_metrics(straight) if r.get("split") == "train"}
     got = {r["step"]: r["loss"] for r in read_metrics(resumed) if r.get("split") == "train"}
     assert got[4] == want[4] and got[3] == want[3]
-    origin = checkpoint.read_meta(resumed, "step00000004")["stream_origin"]
+    origin = checkpoints.read_meta(resumed, "step00000004")["data"]["stream_origin"]
     assert origin["step"] == 2 and origin["epochs"] == list(epochs.values()) and len(origin["unread"]) == 2

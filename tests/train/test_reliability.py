@@ -21,12 +21,12 @@ import torch
 from safetensors.torch import load_file
 
 from megatok.metrics import read_metrics
-from megatok.run import checkpoints as run_checkpoints
+from megatok.run import checkpoints
 from megatok.run.export import load_exported
 from megatok.run.reader import load_model
-from megatok.train import checkpoint
+from megatok.train import checkpointer
 from tests import preloaded
-from tests.conftest import ROOT, TINY, Ranks, launch_module, pretrain, python, run_tool
+from tests.conftest import ROOT, TINY, Ranks, launch_module, pretrain, python, run_tool, write_flat_meta
 
 pytestmark = pytest.mark.dist
 
@@ -121,7 +121,7 @@ def test_sigkill_mid_run_then_resume_is_bit_exact(shards, reference, tmp_path):
     with background_run(argv, 2, {"MEGATOK_FAULT_HANG": "0:6"}, launcher="env") as proc:
         wait_for(lambda: (run / "metrics.jsonl").is_file() and 5 in train_rows(run), proc=proc)
     # leaving the block SIGKILLs both ranks: no chance to clean up
-    assert checkpoint.latest_tag(run) == "step00000004"
+    assert checkpoints.latest_tag(run) == "step00000004"
     pretrain(argv, nproc=2)
     got, want = train_rows(run), train_rows(reference)
     assert sorted(got) == list(range(1, 9))  # steps replayed after the checkpoint appear once
@@ -137,7 +137,7 @@ def test_killed_while_writing_a_checkpoint_resumes_from_the_previous_one(shards,
     run = tmp_path / "run"
     r = pretrain(args(shards, run, *base), faults={"MEGATOK_FAULT_DIE_IN_SAVE": "4"}, check=False)
     assert r.returncode == -signal.SIGKILL
-    assert checkpoint.latest_tag(run) == "step00000002"
+    assert checkpoints.latest_tag(run) == "step00000002"
     assert (run / "checkpoints" / "step00000004.tmp").is_dir()  # the half-written one, never published
     (run / "checkpoints" / "universal-step00000002").mkdir()  # as left by a run killed after converting
     # and a later checkpoint, published, whose optimizer file was then cut short (a node lost before the
@@ -146,7 +146,7 @@ def test_killed_while_writing_a_checkpoint_resumes_from_the_previous_one(shards,
     shutil.copytree(run / "checkpoints" / "step00000002", damaged)
     optim = damaged / "zero_pp_rank_0_mp_rank_00_optim_states.pt"
     optim.write_bytes(optim.read_bytes()[:1000])
-    checkpoint.set_latest(run, "step00000003")
+    checkpointer.set_latest(run, "step00000003")
     # asked for by name: refused before any process group, by local rank 0; the launcher ends rank 1
     t = time.monotonic()
     r = pretrain(args(shards, run, *base, "--resume", "step00000003"), nproc=2, launcher="deepspeed", check=False)
@@ -194,7 +194,7 @@ def test_how_a_failed_run_ends(tmp_path, monkeypatch, capsys, error, code, line)
 
     launch = launch_module()
     (tmp_path / "checkpoints").mkdir()
-    checkpoint.set_latest(tmp_path, "step00000002")
+    checkpointer.set_latest(tmp_path, "step00000002")
     cfg = load_config(ROOT / "configs/tiny.json", [f"train.run_dir={tmp_path}"])
 
     def fail(cfg, resume, lock_wait_s):
@@ -272,10 +272,10 @@ def test_one_process_per_machine_checks_the_checkpoint_before_the_process_group(
     run = tmp_path / "run"
     damaged = run / "checkpoints" / "step00000003"
     damaged.mkdir(parents=True)
-    (damaged / checkpoint.META).write_text("{not json")
+    (damaged / checkpoints.META).write_text("{not json")
     checks, started = [], []
-    real_damage = run_checkpoints.damage
-    monkeypatch.setattr(run_checkpoints, "damage", lambda *a: checks.append(a) or real_damage(*a))
+    real_damage = checkpoints.damage
+    monkeypatch.setattr(checkpoints, "damage", lambda *a: checks.append(a) or real_damage(*a))
     monkeypatch.setattr(launch, "run", lambda cfg, resume, lock_wait_s: started.append(resume) or 0)
     argv = args(shards, run, "--resume", "step00000003")
     for local_rank, want_rc, want_checks, want_started in [(None, 2, 1, []), ("0", 2, 1, []),
@@ -311,7 +311,7 @@ def test_a_checkpoint_the_disk_cannot_hold_ends_the_run_with_one_line(shards, tm
     assert line.startswith(f"error: rank 0: {run / 'checkpoints' / 'step00000002.tmp'}: the step-2 checkpoint "
                            f"could not be written (torch.save: ") and "Traceback" not in r.stderr
     assert line.endswith("and there is no earlier checkpoint; the next start deletes the partial copy")
-    assert sorted(train_rows(run)) == [1, 2] and checkpoint.latest_tag(run) is None
+    assert sorted(train_rows(run)) == [1, 2] and checkpoints.latest_tag(run) is None
 
 
 def test_a_full_disk_outside_a_checkpoint_ends_the_run_with_one_line(shards, tmp_path):
@@ -346,7 +346,7 @@ def test_nan_loss_on_one_rank_is_skipped_counted_and_bounded(shards, tmp_path):
     assert "3 optimizer steps in a row skipped" in r.stdout + r.stderr
     rows2 = train_rows(run2)
     assert rows2[1]["loss"] > 0 and rows2[2]["loss"] == "nan" == rows2[2]["lm_loss"]  # not 0.0: no finite loss
-    tag = checkpoint.latest_tag(run2)
+    tag = checkpoints.latest_tag(run2)
     assert tag == "step00000003"  # skipped steps leave the weights as they were: still finite, still saved
     model, _, _ = load_model(run2, tag)
     assert all(torch.isfinite(p).all() for p in model.parameters())
@@ -355,7 +355,7 @@ def test_nan_loss_on_one_rank_is_skipped_counted_and_bounded(shards, tmp_path):
                       "train.max_skipped_steps=2"), nproc=2, check=False,
                  faults={"MEGATOK_FAULT_NAN_STEPS": "2,3,4,5,6,7,8"})
     assert r.returncode != 0 and "3 optimizer steps in a row skipped" in r.stderr and "at step 4;" in r.stderr
-    assert checkpoint.latest_tag(run2) == "step00000003"
+    assert checkpoints.latest_tag(run2) == "step00000003"
 
 
 def test_corrupt_shard_is_skipped_with_a_warning_and_counted(shards, tmp_path):
@@ -372,7 +372,7 @@ def test_corrupt_shard_is_skipped_with_a_warning_and_counted(shards, tmp_path):
     assert first in r.stdout + r.stderr
     rows = train_rows(run)
     assert rows[4]["bad_shards"] >= 1 and sorted(rows) == [1, 2, 3, 4]
-    assert checkpoint.latest_tag(run) == "step00000004"
+    assert checkpoints.latest_tag(run) == "step00000004"
     r = pretrain(args(bad, tmp_path / "strict", "train.max_steps=4", "train.global_batch_size=8",
                       "data.on_bad_shard=error"), nproc=2, check=False, launcher="deepspeed")
     assert r.returncode != 0 and f"{first}: bad shard" in r.stdout + r.stderr
@@ -390,7 +390,7 @@ def test_a_hung_rank_makes_the_job_exit_within_the_timeout(shards, tmp_path):
     assert r.returncode != 0
     assert time.time() - t < 90
     assert "no training progress" in r.stdout + r.stderr and "a rank died, hung or was killed" in r.stderr
-    assert checkpoint.latest_tag(run) is None or checkpoint.read_meta(run, checkpoint.latest_tag(run))
+    assert checkpoints.latest_tag(run) is None or checkpoints.read_meta(run, checkpoints.latest_tag(run))
 
 
 def test_an_unexpected_error_ends_the_job_at_once_with_its_traceback_and_one_line(shards, tmp_path):
@@ -418,7 +418,7 @@ def test_a_checkpoint_slower_than_the_timeout_is_waited_for_with_save_timeout_s(
                  nproc=2, check=False, faults={"MEGATOK_FAULT_SLOW_SAVE": "4:14"}, timeout=240)
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
     assert time.monotonic() - t >= 14  # the slow save did happen
-    assert checkpoint.latest_tag(run) == "step00000004"
+    assert checkpoints.latest_tag(run) == "step00000004"
 
 
 def test_sigterm_checkpoints_and_exits_cleanly(shards, tmp_path):
@@ -432,9 +432,9 @@ def test_sigterm_checkpoints_and_exits_cleanly(shards, tmp_path):
         out, _ = proc.communicate(timeout=60)
     events = [r for r in read_metrics(run) if r.get("split") == "event"]
     assert events and events[-1]["event"] == "stopped by signal", out[-3000:]
-    tag = checkpoint.latest_tag(run)
+    tag = checkpoints.latest_tag(run)
     assert tag == events[-1]["checkpoint"]
-    assert checkpoint.read_meta(run, tag)["step"] == events[-1]["step"] >= 3
+    assert checkpoints.read_meta(run, tag)["step"] == events[-1]["step"] >= 3
 
 
 def test_a_stop_file_checkpoints_and_exits_cleanly(shards, tmp_path):
@@ -449,7 +449,7 @@ def test_a_stop_file_checkpoints_and_exits_cleanly(shards, tmp_path):
     assert proc.returncode == 0, out[-3000:]
     event = [r for r in read_metrics(run) if r.get("split") == "event"][-1]
     assert event["event"] == f"stopped by {run / 'STOP'}" and not (run / "STOP").exists()
-    assert checkpoint.latest_tag(run) == event["checkpoint"] and f"stopped by {run / 'STOP'} at step" in out
+    assert checkpoints.latest_tag(run) == event["checkpoint"] and f"stopped by {run / 'STOP'} at step" in out
 
 
 def test_an_evaluation_skipped_by_a_stop_runs_when_the_run_resumes(shards, tmp_path):
@@ -461,12 +461,13 @@ def test_an_evaluation_skipped_by_a_stop_runs_when_the_run_resumes(shards, tmp_p
     (run / "STOP").touch()  # seen at the first step, which is an evaluation step
     common = ["train.max_steps=2", "train.global_batch_size=4", "eval.every=1"]
     pretrain(args(shards, run, *common))
-    assert checkpoint.latest_tag(run) == "step00000001" and checkpoint.read_meta(run, "step00000001")["eval_pending"]
+    assert checkpoints.latest_tag(run) == "step00000001"
+    assert checkpoints.read_meta(run, "step00000001")["evaluation"]["pending"]
     assert not [r for r in read_metrics(run) if r.get("split") == "val"]
     shutil.copytree(shards, moved)
     r = pretrain(args(moved, run, *common))
     assert [r["step"] for r in read_metrics(run) if r.get("split") == "val"] == [1, 2]
-    assert checkpoint.read_meta(run, "step00000001")["eval_pending"] is False  # done once, not at every rerun
+    assert checkpoints.read_meta(run, "step00000001")["evaluation"]["pending"] is False  # done once, not at every rerun
     assert "step00000001 was trained on other shards or another tokenizer" in r.stdout
 
 
@@ -481,13 +482,13 @@ def test_two_ranks_to_one_rank_and_export_matches_the_live_engine(shards, refere
     r = pretrain(args(shards, run, "train.max_steps=7", "train.save_every=2", "train.global_batch_size=8",
                       "train.lr=1e-12", "train.keep_checkpoints=1", "train.keep_every=4", "--resume", "step00000006"))
     assert "the data stream finishes epoch 0 with what the earlier layout had not read" in r.stdout
-    assert checkpoint.read_meta(run, "step00000007")["stream_origin"]["unread"]
+    assert checkpoints.read_meta(run, "step00000007")["data"]["stream_origin"]["unread"]
     assert sorted(train_rows(run)) == [7]
     (aside,) = run.glob("superseded-*")
     assert sorted(p.name for p in (aside / "checkpoints").iterdir()) == ["step00000008"]
     live = sorted(p.name for p in (run / "checkpoints").glob("step*"))
     assert live == ["step00000004", "step00000007"]
-    assert checkpoint.read_meta(run, "step00000007")["layout"]["world_size"] == 1
+    assert checkpoints.read_meta(run, "step00000007")["data"]["layout"]["world_size"] == 1
     before = load_model(reference, "step00000006")[0].state_dict()
     after = load_model(run, "step00000007")[0].state_dict()
     for name, value in before.items():
@@ -615,7 +616,7 @@ def test_resuming_under_another_zero_stage_or_precision_is_refused_before_anythi
     monkeypatch.setattr(launch, "run", lambda cfg, resume, lock_wait_s: started.append(resume) or 0)
     run = tmp_path / "run"
     shutil.copytree(reference, run)
-    assert checkpoint.read_meta(run, "step00000008")["precision"] == "fp32"
+    assert checkpoints.read_meta(run, "step00000008")["engine"]["precision"] == "fp32"
     before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
     stage, bf16 = "deepspeed.zero_optimization.stage", "deepspeed.bf16.enabled"
     cases = [([f"{stage}=3"], f"({stage}: 2 in the checkpoint, 3 now), "),
@@ -639,7 +640,7 @@ def test_resuming_under_another_zero_stage_or_precision_is_refused_before_anythi
     assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before and started == []
 
     for meta in run.glob("checkpoints/step*/megatok.json"):  # as written before the precision was recorded
-        meta.write_text(json.dumps({k: v for k, v in json.loads(meta.read_text()).items() if k != "precision"}))
+        write_flat_meta(meta, without=("precision",))
     for extra, want in cases:
         refused(extra, want)
     for extra in [], [f"{stage}=1"]:
@@ -647,17 +648,29 @@ def test_resuming_under_another_zero_stage_or_precision_is_refused_before_anythi
     assert started == ["auto", "auto"]
 
 
-def test_a_checkpoint_without_its_precision_resumes_and_zero2_resumes_under_zero1(tiny_run, shards, tmp_path):
-    """A checkpoint written before megatok.json recorded the precision resumes as before; one of ZeRO-2
-    resumes under ZeRO-1 (the same DeepSpeed files), bit for bit: the same losses as the ZeRO-2 run."""
+def test_checkpoints_as_earlier_versions_wrote_them_resume_bit_for_bit_and_zero2_resumes_under_zero1(
+        tiny_run, shards, tmp_path):
+    """A checkpoint whose megatok.json is flat (as written before it had one key per component) and has
+    no precision (as written before that was recorded) resumes as before; one of ZeRO-2 resumes under
+    ZeRO-1 (the same DeepSpeed files), bit for bit. Each resume takes the same checkpoint from step 3 to 5
+    and has the losses of the resume from it as written now; the flat one's step-5 checkpoint is the
+    current one's, in the current layout."""
     runs = {}
-    for name, extra in ("zero2", []), ("zero1", ["deepspeed.zero_optimization.stage=1"]):
+    for name, flat, extra in (("now", False, []), ("zero2", True, []),
+                              ("zero1", True, ["deepspeed.zero_optimization.stage=1"])):
         run = runs[name] = tmp_path / name
         shutil.copytree(tiny_run, run)
-        meta = run / "checkpoints" / "step00000003" / "megatok.json"
-        meta.write_text(json.dumps({k: v for k, v in json.loads(meta.read_text()).items() if k != "precision"}))
+        if flat:
+            write_flat_meta(run / "checkpoints" / "step00000003" / "megatok.json", without=("precision",))
         r = pretrain(["--config", "configs/tiny.json", "--set", *TINY, f"data.shards={shards}", f"train.run_dir={run}",
                       "train.max_steps=5", "train.micro_batch_size=2", "train.global_batch_size=2", *extra])
         assert "start step 3 from step00000003" in r.stdout
-        assert checkpoint.read_meta(run, "step00000005")["precision"] == "fp32"
-    assert train_rows(runs["zero1"])[5]["loss"] == train_rows(runs["zero2"])[5]["loss"]
+        assert checkpoints.read_meta(run, "step00000005")["engine"]["precision"] == "fp32"
+    now = train_rows(runs["now"])
+    for name in ("zero2", "zero1"):
+        got = train_rows(runs[name])
+        for step in (4, 5):
+            assert [got[step][k] for k in ("loss", "grad_norm", "bytes_seen", "flops")] == [
+                now[step][k] for k in ("loss", "grad_norm", "bytes_seen", "flops")], (name, step)
+    written = json.loads((runs["zero2"] / "checkpoints" / "step00000005" / "megatok.json").read_text())
+    assert written == checkpoints.read_meta(runs["now"], "step00000005") and written["format"] == checkpoints.FORMAT

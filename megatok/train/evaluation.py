@@ -1,6 +1,6 @@
 """Evaluation during training: the validation sequences, split over ranks so that the figure does
 not depend on the world size, the validation row (with a data mixture, also per source), and the
-Evaluator component that runs it and the head-to-head."""
+Evaluation callback that runs it and the head-to-head at their steps and owns what a stop left pending."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from megatok.eval.bpb import boundary_rule, evaluate_batches
 from megatok.eval.head_to_head import HeadToHead
 from megatok.metrics import MetricsLogger
 from megatok.stats import ratios
+from megatok.train.callbacks import Callback
 from megatok.train.dist import sum_over_ranks
 
 
@@ -75,10 +76,13 @@ def validate(engine, cfg: Config, batches, device, step: int, logger: MetricsLog
     return row
 
 
-class Evaluator:
+class Evaluation(Callback):
     """Validation and, when configured (eval.heldout, eval.baseline_run or eval.bpe_tokenizer), the
-    head-to-head, at every eval.every steps and at the last. Its state: whether a stop request skipped
-    the evaluation of the checkpoint's step (``eval_pending``); the resumed run evaluates it first."""
+    head-to-head, at every eval.every steps and at the last (:meth:`due`), unless the run is stopping:
+    then the checkpoint records the evaluation as pending (its state, the checkpoint's "evaluation"
+    part), and the resumed run does it first, once (the checkpoint's record is updated)."""
+
+    state_key = "evaluation"
 
     def __init__(self, cfg: Config, rank: int, world: int, encoding, device):
         self.cfg, self.device = cfg, device
@@ -91,14 +95,34 @@ class Evaluator:
         return bool(self.every and step % self.every == 0) or step == self.max_steps
 
     def run(self, engine, step: int, logger: MetricsLogger, bytes_seen: float) -> None:
-        """Collective: log the rows of step ``step`` for the DeepSpeed ``engine``, which is left training."""
+        """Collective: log the rows of step ``step`` for the DeepSpeed ``engine``, which is left training;
+        the head-to-head matches its baseline by ``bytes_seen``."""
         validate(engine, self.cfg, self.batches, self.device, step, logger)
         if self.h2h is not None:
             self.h2h.run(engine, step, self.device, logger, bytes_seen=bytes_seen)
         engine.train()
 
+    def on_fit_start(self, trainer):
+        if self.pending:
+            trainer.progress(f"evaluating step {trainer.step} (left pending by the stop)")
+            self._evaluate(trainer)
+            self.pending = False
+            if trainer.rank == 0:  # once: a rerun of a finished run must not log it again
+                trainer.checkpointer.update(trainer.start.name, self.state_key, self.state_dict())
+
+    def on_step_end(self, trainer):
+        due = self.due(trainer.step)
+        self.pending = due and trainer.stopping
+        if due and not trainer.stopping:
+            trainer.progress(f"evaluating step {trainer.step}")
+            self._evaluate(trainer)
+
+    def _evaluate(self, trainer) -> None:
+        with trainer.metrics.paused():  # not training time
+            self.run(trainer.engine.ds, trainer.step, trainer.logger, trainer.metrics.bytes_seen)
+
     def state_dict(self) -> dict:
-        return {"eval_pending": self.pending}
+        return {"pending": self.pending}
 
     def load_state_dict(self, state: dict) -> None:
-        self.pending = state["eval_pending"]
+        self.pending = state["pending"]

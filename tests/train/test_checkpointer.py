@@ -1,6 +1,7 @@
-"""megatok's own files in a checkpoint directory, without DeepSpeed: what a restart cleans up or
-restores, how the data readers' cursors are read back, what counts as damage, and that a save is on
-disk before it is published."""
+"""Checkpoints, in this process: megatok's own files in a checkpoint directory (what a restart cleans up
+or restores, how the data readers' cursors are read back, what counts as damage, that a save is on disk
+before it is published, the layout of megatok.json and the flat one written before it), and the
+Checkpointer over the real DeepSpeed engine (a save of the components' parts, the start that resumes it)."""
 
 import errno
 import json
@@ -11,7 +12,18 @@ from pathlib import Path
 import pytest
 import torch
 
-from megatok.train import checkpoint
+from megatok.config import lr_lambda
+from megatok.dsconfig import deepspeed_config
+from megatok.run import checkpoints
+from megatok.run.same_model import model_shapes
+from megatok.train import checkpointer
+from megatok.train.checkpointer import Checkpointer
+from tests.train.conftest import engine_step, random_batch, tiny_config, tiny_engine
+
+
+def meta(step, world=1, **parts):
+    """megatok.json's content (run.checkpoints.parse_meta) for a checkpoint of ``step`` by ``world`` ranks."""
+    return {"format": checkpoints.FORMAT, "step": step, "world_size": world, **parts}
 
 
 def published(tmp_path, name, step, world=None):
@@ -19,8 +31,8 @@ def published(tmp_path, name, step, world=None):
     archives: the model states and one ZeRO optimizer partition per rank, ZeRO-2) and every rank's RNG file."""
     d = tmp_path / "checkpoints" / name
     d.mkdir(parents=True)
-    meta = {"step": step} if world is None else {"step": step, "layout": {"world_size": world}, "zero_stage": 2}
-    (d / checkpoint.META).write_text(json.dumps(meta))
+    written = meta(step, world, engine={"zero_stage": 2}) if world else {"format": checkpoints.FORMAT, "step": step}
+    (d / checkpoints.META).write_text(json.dumps(written))
     if world:
         torch.save({"module": {"w": torch.zeros(64)}}, d / "mp_rank_00_model_states.pt")
         for r in range(world):
@@ -39,14 +51,14 @@ def test_a_restart_removes_half_written_copies_and_restores_a_checkpoint_moved_a
     # killed while re-saving step 4: the published step 4 was moved aside, the new copy not yet in place
     published(tmp_path, "step00000004.old-123.tmp", 4)
     published(tmp_path, "step00000004.tmp", 4)
-    checkpoint.set_latest(tmp_path, "step00000004")
+    checkpointer.set_latest(tmp_path, "step00000004")
     (tmp_path / "checkpoints" / "step00000006.tmp").mkdir()  # half written, never published
     (tmp_path / "checkpoints" / "universal-step00000002").mkdir()  # a conversion left behind
     (tmp_path / "checkpoints" / "latest.tmp-99").write_text("step00000006")  # an update that never landed
     published(tmp_path, "step00000002.old-7.tmp", 2)  # moved aside, and its re-save did land
-    checkpoint.remove_stale(tmp_path)
+    checkpointer.remove_stale(tmp_path)
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["latest", "step00000002", "step00000004"]
-    assert checkpoint.read_meta(tmp_path, checkpoint.latest_tag(tmp_path)) == {"step": 4}
+    assert checkpoints.read_meta(tmp_path, checkpoints.latest_tag(tmp_path))["step"] == 4
 
 
 CURSOR = {"sources": [[0, 1, 2, 9]], "read": [0], "bad_shards": 0, "offset": 7}
@@ -54,90 +66,90 @@ CURSOR = {"sources": [[0, 1, 2, 9]], "read": [0], "bad_shards": 0, "offset": 7}
 
 def test_a_checkpoints_cursors_are_read_back_or_named_when_damaged(tmp_path):
     ckpt = published(tmp_path, "step00000002", 2)
-    assert checkpoint.read_cursors(tmp_path, "step00000002", 0, 1) == {}  # a save given no cursors
+    assert checkpoints.read_cursors(tmp_path, "step00000002", 0, 1) == {}  # a save given no cursors
     (ckpt / "stream_rank0.json").write_text(json.dumps({"cursors": {"3": CURSOR}}))
-    assert checkpoint.read_cursors(tmp_path, "step00000002", 0, 1) == {3: CURSOR}
-    with pytest.raises(checkpoint.CheckpointError, match="another number of data sources than the 2 configured"):
-        checkpoint.read_cursors(tmp_path, "step00000002", 0, 2)
+    assert checkpoints.read_cursors(tmp_path, "step00000002", 0, 1) == {3: CURSOR}
+    with pytest.raises(checkpoints.CheckpointError, match="another number of data sources than the 2 configured"):
+        checkpoints.read_cursors(tmp_path, "step00000002", 0, 2)
     (ckpt / "stream_rank1.json").write_text('{"cursors": [')
-    with pytest.raises(checkpoint.CheckpointError, match=f"{ckpt / 'stream_rank1.json'}: not a megatok stream"):
-        checkpoint.read_cursors(tmp_path, "step00000002", 1, 1)
+    with pytest.raises(checkpoints.CheckpointError, match=f"{ckpt / 'stream_rank1.json'}: not a megatok stream"):
+        checkpoints.read_cursors(tmp_path, "step00000002", 1, 1)
 
 
 def test_damaged_checkpoints_are_named_and_auto_resume_falls_back_past_them(tmp_path, capsys):
     good = published(tmp_path, "step00000002", 2, world=2)
-    assert checkpoint.damage(tmp_path, "step00000002") is None
+    assert checkpoints.damage(tmp_path, "step00000002") is None
     bad = published(tmp_path, "step00000004", 4, world=2)
     truncate(bad / "zero_pp_rank_1_mp_rank_00_optim_states.pt")
-    assert "zero_pp_rank_1_mp_rank_00_optim_states.pt is damaged" in checkpoint.damage(tmp_path, "step00000004")
+    assert "zero_pp_rank_1_mp_rank_00_optim_states.pt is damaged" in checkpoints.damage(tmp_path, "step00000004")
     lost = published(tmp_path, "step00000006", 6, world=2)
     (lost / "zero_pp_rank_0_mp_rank_00_optim_states.pt").unlink()
-    assert checkpoint.damage(tmp_path, "step00000006") == "1 optimizer partitions for the 2 ranks that wrote it"
+    assert checkpoints.damage(tmp_path, "step00000006") == "1 optimizer partitions for the 2 ranks that wrote it"
     gone = published(tmp_path, "step00000007", 7, world=2)  # every partition lost: no optimizer to resume
     for f in gone.glob("*_optim_states.pt"):
         f.unlink()
-    assert checkpoint.damage(tmp_path, "step00000007") == "0 optimizer partitions for the 2 ranks that wrote it"
+    assert checkpoints.damage(tmp_path, "step00000007") == "0 optimizer partitions for the 2 ranks that wrote it"
     shutil.rmtree(gone)
     no_model = published(tmp_path, "step00000005", 5, world=2)  # DeepSpeed's model states gone
     (no_model / "mp_rank_00_model_states.pt").unlink()
-    assert checkpoint.damage(tmp_path, "step00000005") == "mp_rank_00_model_states.pt missing (ZeRO stage 2, 2 ranks)"
+    assert checkpoints.damage(tmp_path, "step00000005") == "mp_rank_00_model_states.pt missing (ZeRO stage 2, 2 ranks)"
     shutil.rmtree(no_model)
     z3 = published(tmp_path, "step00000005", 5, world=2)  # ZeRO-3: every rank writes its own model states
-    meta = json.loads((z3 / checkpoint.META).read_text())
-    (z3 / checkpoint.META).write_text(json.dumps({**meta, "zero_stage": 3}))
+    written = json.loads((z3 / checkpoints.META).read_text())
+    (z3 / checkpoints.META).write_text(json.dumps({**written, "engine": {"zero_stage": 3}}))
     (z3 / "mp_rank_00_model_states.pt").unlink()
     for r in range(2):
         torch.save({"module": None}, z3 / f"zero_pp_rank_{r}_mp_rank_00_model_states.pt")
-    assert checkpoint.damage(tmp_path, "step00000005") is None
+    assert checkpoints.damage(tmp_path, "step00000005") is None
     (z3 / "zero_pp_rank_1_mp_rank_00_model_states.pt").unlink()
-    assert checkpoint.damage(tmp_path, "step00000005") == (
+    assert checkpoints.damage(tmp_path, "step00000005") == (
         "zero_pp_rank_1_mp_rank_00_model_states.pt missing (ZeRO stage 3, 2 ranks)")
     shutil.rmtree(z3)
-    (published(tmp_path, "step00000008", 8, world=1) / checkpoint.META).unlink()
-    assert checkpoint.damage(tmp_path, "step00000008").startswith("megatok.json: ")
+    (published(tmp_path, "step00000008", 8, world=1) / checkpoints.META).unlink()
+    assert checkpoints.damage(tmp_path, "step00000008").startswith("megatok.json: ")
 
-    checkpoint.set_latest(tmp_path, "step00000006")
-    assert checkpoint.resume_tag(tmp_path, "auto") == "step00000002"  # past the damaged 6 and 4
+    checkpointer.set_latest(tmp_path, "step00000006")
+    assert checkpoints.resume_tag(tmp_path, "auto") == "step00000002"  # past the damaged 6 and 4
     warning = capsys.readouterr().out
     assert "skipping damaged checkpoint(s) step00000006 (1 optimizer partitions" in warning
     assert "step00000004 (zero_pp_rank_1" in warning and "resuming from step00000002" in warning
-    assert checkpoint.resume_tag(tmp_path, "auto", warn=False) == "step00000002" and not capsys.readouterr().out
-    assert checkpoint.resume_tag(tmp_path, "step00000002") == "step00000002"
-    with pytest.raises(checkpoint.CheckpointError, match=f"{bad}: cannot be resumed: zero_pp_rank_1"):
-        checkpoint.resume_tag(tmp_path, "step00000004")
+    assert checkpoints.resume_tag(tmp_path, "auto", warn=False) == "step00000002" and not capsys.readouterr().out
+    assert checkpoints.resume_tag(tmp_path, "step00000002") == "step00000002"
+    with pytest.raises(checkpoints.CheckpointError, match=f"{bad}: cannot be resumed: zero_pp_rank_1"):
+        checkpoints.resume_tag(tmp_path, "step00000004")
     truncate(good / "mp_rank_00_model_states.pt")
-    with pytest.raises(checkpoint.CheckpointError, match="no usable checkpoint: step00000006 .*step00000002"):
-        checkpoint.resume_tag(tmp_path, "auto")
-    checkpoint.set_latest(tmp_path, None)
-    assert checkpoint.resume_tag(tmp_path, "auto") is None  # nothing to resume: a fresh start
+    with pytest.raises(checkpoints.CheckpointError, match="no usable checkpoint: step00000006 .*step00000002"):
+        checkpoints.resume_tag(tmp_path, "auto")
+    checkpointer.set_latest(tmp_path, None)
+    assert checkpoints.resume_tag(tmp_path, "auto") is None  # nothing to resume: a fresh start
 
 
 def test_what_else_counts_as_damage_and_what_does_not(tmp_path):
     d = published(tmp_path, "step00000002", 2, world=1)
     (d / "rng_rank0.json").write_text("{}")
     (d / "stream_rank0.json").write_text(json.dumps({"cursors": {"0": CURSOR}}))
-    assert checkpoint.damage(tmp_path, "step00000002") is None
+    assert checkpoints.damage(tmp_path, "step00000002") is None
     # DeepSpeed's checkpoint_serialization=false writes torch's legacy (non-zip) format
     torch.save({"state": torch.ones(4)}, d / "zero_pp_rank_0_mp_rank_00_optim_states.pt",
                _use_new_zipfile_serialization=False)
-    assert checkpoint.damage(tmp_path, "step00000002") is None
+    assert checkpoints.damage(tmp_path, "step00000002") is None
     (d / "stream_rank0.json").write_text(json.dumps({"cursors": {"0": {**CURSOR, "offset": "7"}}}))
-    assert checkpoint.damage(tmp_path, "step00000002").startswith("stream_rank0.json: reader 0: not a cursor")
+    assert checkpoints.damage(tmp_path, "step00000002").startswith("stream_rank0.json: reader 0: not a cursor")
     (d / "stream_rank0.json").write_text(json.dumps({"cursors": {"0": CURSOR}}))
     (d / "rng_rank0.json").write_text('{"python": [')
-    assert checkpoint.damage(tmp_path, "step00000002").startswith("rng_rank0.json: ")
+    assert checkpoints.damage(tmp_path, "step00000002").startswith("rng_rank0.json: ")
 
     # killed while re-saving step 4, its published copy moved aside: usable, restored at the next start
     aside = published(tmp_path, "step00000004.old-9.tmp", 4, world=1)
-    checkpoint.set_latest(tmp_path, "step00000004")
-    assert checkpoint.damage(tmp_path, "step00000004") is None
-    assert checkpoint.resume_tag(tmp_path, "auto") == checkpoint.resume_tag(tmp_path, "step00000004") == "step00000004"
-    checkpoint.remove_stale(tmp_path)
-    assert not aside.exists() and checkpoint.read_meta(tmp_path, "step00000004")["step"] == 4
+    checkpointer.set_latest(tmp_path, "step00000004")
+    assert checkpoints.damage(tmp_path, "step00000004") is None
+    assert checkpoints.resume_tag(tmp_path, "auto") == checkpoints.resume_tag(tmp_path, "step00000004") == "step00000004"
+    checkpointer.remove_stale(tmp_path)
+    assert not aside.exists() and checkpoints.read_meta(tmp_path, "step00000004")["step"] == 4
 
 
 class FilesEngine:
-    """What checkpoint.save needs of a DeepSpeed engine: its weights, and a save that writes files
+    """What checkpointer.save needs of a DeepSpeed engine: its weights, and a save that writes files
     (into a subdirectory too, as ZeRO's universal layout does)."""
     device = torch.device("cpu")
 
@@ -152,15 +164,7 @@ class FilesEngine:
         (d / "zero" / "fp32.pt").write_bytes(b"\0" * 64)
 
 
-@pytest.fixture
-def one_rank():
-    import torch.distributed as dist
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
-
-
-def test_every_file_of_a_checkpoint_is_on_disk_before_it_is_published(tmp_path, monkeypatch, one_rank):
+def test_every_file_of_a_checkpoint_is_on_disk_before_it_is_published(tmp_path, monkeypatch, single_rank):
     events, real_fsync, real_replace = [], os.fsync, os.replace
 
     def fsync(fd):
@@ -173,7 +177,7 @@ def test_every_file_of_a_checkpoint_is_on_disk_before_it_is_published(tmp_path, 
 
     monkeypatch.setattr(os, "fsync", fsync)
     monkeypatch.setattr(os, "replace", replace)
-    tag = checkpoint.save(FilesEngine(), tmp_path, 3, {"step": 3, "layout": {"world_size": 1}})
+    tag = checkpointer.save(FilesEngine(), tmp_path, 3, meta(3))
     ckdir = tmp_path / "checkpoints"
     publish = events.index(("replace", str(ckdir / f"{tag}.tmp"), str(ckdir / tag)))
     synced_before = set()
@@ -189,7 +193,7 @@ def test_every_file_of_a_checkpoint_is_on_disk_before_it_is_published(tmp_path, 
     # the rename is on disk before ``latest`` points at it, and ``latest`` itself after
     latest = next(i for i, e in enumerate(events) if e[0] == "replace" and e[2] == str(ckdir / "latest"))
     assert ("fsync", str(ckdir)) in events[publish:latest] and ("fsync", str(ckdir)) in events[latest:]
-    assert checkpoint.latest_tag(tmp_path) == tag and checkpoint.damage(tmp_path, tag) is None
+    assert checkpoints.latest_tag(tmp_path) == tag and checkpoints.damage(tmp_path, tag) is None
 
 
 class FullDiskEngine(FilesEngine):
@@ -219,26 +223,25 @@ class FullDiskEngine(FilesEngine):
 
 @pytest.mark.parametrize("where", ["torch.save", "deepspeed", "megatok.json", "latest"])
 def test_a_checkpoint_that_cannot_be_written_is_one_error_and_keeps_the_last_good_one(tmp_path, monkeypatch,
-                                                                                   one_rank, where):
-    meta = {"step": 3, "layout": {"world_size": 1}}
-    good = checkpoint.save(FilesEngine(), tmp_path, 3, meta)
+                                                                                   single_rank, where):
+    good = checkpointer.save(FilesEngine(), tmp_path, 3, meta(3))
     engine = FilesEngine()
     if where == "torch.save":
         engine = FullDiskEngine()
     elif where == "deepspeed":
         engine = FullDiskEngine(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "zero_pp_rank_0_optim_states.pt"))
     else:  # rank 0's metadata, or the ``latest`` update after the rename
-        real_write = checkpoint._write_atomic
+        real_write = checkpointer._write_atomic
 
         def write(path, text):
-            if path.name == {"megatok.json": checkpoint.META, "latest": "latest"}[where]:
+            if path.name == {"megatok.json": checkpoints.META, "latest": "latest"}[where]:
                 raise OSError(errno.EDQUOT, os.strerror(errno.EDQUOT), str(path))
             real_write(path, text)
 
-        monkeypatch.setattr(checkpoint, "_write_atomic", write)
+        monkeypatch.setattr(checkpointer, "_write_atomic", write)
     tmp = tmp_path / "checkpoints" / "step00000005.tmp"
-    with pytest.raises(checkpoint.CheckpointError) as info:
-        checkpoint.save(engine, tmp_path, 5, {**meta, "step": 5})
+    with pytest.raises(checkpoints.CheckpointError) as info:
+        checkpointer.save(engine, tmp_path, 5, meta(5))
     message = str(info.value)
     assert message.startswith(f"{tmp}: the step-5 checkpoint could not be written (")
     assert {"torch.save": "(torch.save: [enforce fail at inline_container", "deepspeed": os.strerror(errno.ENOSPC),
@@ -246,23 +249,23 @@ def test_a_checkpoint_that_cannot_be_written_is_one_error_and_keeps_the_last_goo
     assert " GiB free on its filesystem); it was not published" in message
     assert message.endswith(f"the last good checkpoint is still {good}; the next start deletes the partial copy")
     assert "\n" not in message and isinstance(info.value, FileNotFoundError)  # the tools' one-line errors
-    assert checkpoint.latest_tag(tmp_path) == good and checkpoint.damage(tmp_path, good) is None
+    assert checkpoints.latest_tag(tmp_path) == good and checkpoints.damage(tmp_path, good) is None
     if where == "latest":  # renamed into place, but ``latest`` still names the last good one
-        assert checkpoint.published_tags(tmp_path) == [good, "step00000005"] and not tmp.exists()
+        assert checkpoints.published_tags(tmp_path) == [good, "step00000005"] and not tmp.exists()
         return
-    assert checkpoint.published_tags(tmp_path) == [good] and tmp.is_dir()
-    checkpoint.remove_stale(tmp_path)
+    assert checkpoints.published_tags(tmp_path) == [good] and tmp.is_dir()
+    checkpointer.remove_stale(tmp_path)
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["latest", good]
 
 
-def test_a_lost_mount_is_named_even_when_latest_cannot_be_read(tmp_path, monkeypatch, one_rank):
+def test_a_lost_mount_is_named_even_when_latest_cannot_be_read(tmp_path, monkeypatch, single_rank):
     def unreachable(run_dir):
-        raise OSError(errno.ENOTCONN, os.strerror(errno.ENOTCONN), str(checkpoint.checkpoint_dir(run_dir) / "latest"))
+        raise OSError(errno.ENOTCONN, os.strerror(errno.ENOTCONN), str(checkpoints.checkpoint_dir(run_dir) / "latest"))
 
-    monkeypatch.setattr(checkpoint, "latest_tag", unreachable)
+    monkeypatch.setattr(checkpointer, "latest_tag", unreachable)
     engine = FullDiskEngine(OSError(errno.ESTALE, os.strerror(errno.ESTALE), "mp_rank_00_model_states.pt"))
-    with pytest.raises(checkpoint.CheckpointError) as info:
-        checkpoint.save(engine, tmp_path, 5, {"step": 5})
+    with pytest.raises(checkpoints.CheckpointError) as info:
+        checkpointer.save(engine, tmp_path, 5, meta(5))
     assert f"([Errno {errno.ESTALE}] {os.strerror(errno.ESTALE)}: 'mp_rank_00_model_states.pt'; " in str(info.value)
     assert str(info.value).endswith(f"it was not published, `latest` cannot be read either ([Errno {errno.ENOTCONN}] "
                                     f"{os.strerror(errno.ENOTCONN)}: '{tmp_path / 'checkpoints' / 'latest'}'); the "
@@ -270,40 +273,39 @@ def test_a_lost_mount_is_named_even_when_latest_cannot_be_read(tmp_path, monkeyp
 
 
 @pytest.mark.parametrize("error", [RuntimeError("a bug"), ConnectionResetError(errno.ECONNRESET, "a rank is gone")])
-def test_other_errors_in_a_save_are_not_taken_for_a_full_disk(tmp_path, one_rank, error):
+def test_other_errors_in_a_save_are_not_taken_for_a_full_disk(tmp_path, single_rank, error):
     with pytest.raises(type(error)) as info:  # a lost rank stays a lost rank (exit 4), a bug a traceback
-        checkpoint.save(FullDiskEngine(error), tmp_path, 5, {"step": 5})
-    assert info.value is error and checkpoint.latest_tag(tmp_path) is None
+        checkpointer.save(FullDiskEngine(error), tmp_path, 5, meta(5))
+    assert info.value is error and checkpoints.latest_tag(tmp_path) is None
 
 
-def test_a_save_warns_when_the_next_one_will_not_fit(tmp_path, monkeypatch, capsys, one_rank):
-    meta = {"step": 3, "layout": {"world_size": 1}}
-    tag = checkpoint.save(FilesEngine(), tmp_path, 3, meta)
+def test_a_save_warns_when_the_next_one_will_not_fit(tmp_path, monkeypatch, capsys, single_rank):
+    tag = checkpointer.save(FilesEngine(), tmp_path, 3, meta(3))
     assert "warning" not in capsys.readouterr().out  # this machine has room
     size = sum(f.stat().st_size for f in (tmp_path / "checkpoints" / tag).rglob("*") if f.is_file())
-    real = checkpoint.shutil.disk_usage
-    monkeypatch.setattr(checkpoint.shutil, "disk_usage",
+    real = checkpointer.shutil.disk_usage
+    monkeypatch.setattr(checkpointer.shutil, "disk_usage",
                         lambda path: real(path)._replace(free=size // 2))  # half a checkpoint's room left
-    checkpoint.save(FilesEngine(), tmp_path, 4, {**meta, "step": 4}, keep=2)
+    checkpointer.save(FilesEngine(), tmp_path, 4, meta(4), keep=2)
     out = capsys.readouterr().out
     assert f"megatok: warning: {tmp_path / 'checkpoints'}: 0.00 GiB free, less than the 0.00 GiB the step-4 " \
            f"checkpoint took: the next save will not fit" in out and "train.keep_checkpoints=2" in out
-    monkeypatch.setattr(checkpoint.shutil, "disk_usage", lambda path: real(path)._replace(free=2 * size))
-    checkpoint.save(FilesEngine(), tmp_path, 5, {**meta, "step": 5})
+    monkeypatch.setattr(checkpointer.shutil, "disk_usage", lambda path: real(path)._replace(free=2 * size))
+    checkpointer.save(FilesEngine(), tmp_path, 5, meta(5))
     assert "warning" not in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("keep_every, left", [(None, [6, 7]), (3, [3, 6, 7]), (2, [2, 4, 6, 7])])
-def test_saves_keep_the_newest_and_every_multiple_of_keep_every(tmp_path, one_rank, keep_every, left):
+def test_saves_keep_the_newest_and_every_multiple_of_keep_every(tmp_path, single_rank, keep_every, left):
     for step in range(1, 8):
-        checkpoint.save(FilesEngine(), tmp_path, step, {"step": step}, keep=2, keep_every=keep_every)
-    assert checkpoint.published_tags(tmp_path) == [checkpoint.tag_for(s) for s in left]
-    assert checkpoint.latest_tag(tmp_path) == "step00000007"
+        checkpointer.save(FilesEngine(), tmp_path, step, meta(step), keep=2, keep_every=keep_every)
+    assert checkpoints.published_tags(tmp_path) == [checkpoints.tag_for(s) for s in left]
+    assert checkpoints.latest_tag(tmp_path) == "step00000007"
 
 
 def test_only_step_tags_are_kept_for_good():
     tags = ["step00000002", "step00000004-copy", "step00000005", "step00000006"]
-    assert checkpoint.rotated_out(tags, 1, 2) == ["step00000004-copy", "step00000005"]
+    assert checkpointer.rotated_out(tags, 1, 2) == ["step00000004-copy", "step00000005"]
 
 
 def test_a_rank_saves_and_restores_only_its_own_gpus_generator(monkeypatch):
@@ -317,8 +319,76 @@ def test_a_rank_saves_and_restores_only_its_own_gpus_generator(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda: [torch.zeros(16, dtype=torch.uint8)] * 8)
     monkeypatch.setattr(torch.cuda, "set_rng_state", lambda t, device="cuda": states.__setitem__(3, t.clone()))
     monkeypatch.setattr(torch.cuda, "set_rng_state_all", lambda ts: pytest.fail("restores every GPU's state"))
-    saved = json.loads(json.dumps(checkpoint.rng_state()))
+    saved = json.loads(json.dumps(checkpointer.rng_state()))
     assert saved["cuda"] == [list(range(16))]
     states[3] = torch.zeros(16, dtype=torch.uint8)
-    checkpoint.set_rng_state(saved)
+    checkpointer.set_rng_state(saved)
     assert states[3].tolist() == list(range(16))
+
+
+#: A megatok.json as megatok wrote it before it had one part per component (of a 2-step run of the
+#: tests' tiny model, two of its parameters' shapes kept).
+FLAT = {"step": 2, "epoch": 0, "stream_origin": {"step": 0, "epochs": [0]}, "data_digest": "27d4b2f80306ba68",
+        "data_digest_spelled": "27d4b2f80306ba68",
+        "layout": {"world_size": 1, "micro_batch_size": 2, "grad_accum": 1, "num_workers": 1, "seq_len": 64, "seed": 0},
+        "zero_stage": 2, "precision": "fp32", "skipped_in_row": 0, "bytes_seen": 256.0, "flops": 88008960.0,
+        "eval_pending": False, "param_shapes": {"embed.weight": [258, 32], "encoder.layers.0.attn_norm.weight": [32]},
+        "model_files": {}, "tag": "step00000002"}
+
+
+def test_a_flat_megatok_json_is_read_into_the_parts_of_the_current_layout(tmp_path):
+    assert checkpoints.parse_meta(json.dumps(FLAT)) == {
+        "format": 2, "step": 2, "tag": "step00000002", "world_size": 1,
+        "model": {"param_shapes": FLAT["param_shapes"], "model_files": {}},
+        "engine": {"zero_stage": 2, "precision": "fp32", "skipped_in_row": 0},
+        "data": {k: FLAT[k] for k in ("layout", "epoch", "stream_origin", "data_digest", "data_digest_spelled")},
+        "metrics": {"bytes_seen": 256.0, "flops": 88008960.0},
+        "evaluation": {"pending": False}}
+    current = checkpoints.parse_meta(json.dumps(FLAT))
+    assert checkpoints.parse_meta(json.dumps(current)) == current
+    with pytest.raises(ValueError, match="format 3, written by a newer megatok than this one"):
+        checkpoints.parse_meta(json.dumps({**current, "format": 3}))
+    # an update rewrites one part, and the whole file in the current layout
+    d = published(tmp_path, "step00000002", 2)
+    (d / checkpoints.META).write_text(json.dumps(FLAT))
+    checkpointer.update_meta(tmp_path, "step00000002", "evaluation", {"pending": True})
+    assert json.loads((d / checkpoints.META).read_text()) == {**current, "evaluation": {"pending": True}}
+
+
+def test_a_save_holds_each_parts_state_and_a_start_resumes_it(single_rank, shards, tmp_path):
+    """The Checkpointer writes the engine's DeepSpeed states, this rank's generators and data cursors, and
+    megatok.json with the step, the ranks, the model's identity and each component's part as given; a start
+    of the same run directory chooses it and hands back each part, the cursors and the generators as they
+    were; a resumed engine takes the config's learning rate on the saved schedule."""
+    cfg = tiny_config(shards, tmp_path / "run", "train.lr=0.001")
+    engine, saver = tiny_engine(cfg), Checkpointer(cfg.train, 0)
+    assert saver.start(cfg, "auto", deepspeed_config(cfg, 1)).meta is None  # a fresh run directory
+    for n in (1, 2):
+        engine_step(engine, n, random_batch(cfg, n))
+    parts = {"engine": engine.state_dict(), "data": {"epoch": 0}, "evaluation": {"pending": True}}
+    tag = saver.save(engine, 2, parts, cursors={3: CURSOR})
+    drawn = torch.rand(4)  # the generator as saved, drawn from
+    saver.release_lock()
+    written = json.loads((tmp_path / "run" / "checkpoints" / tag / checkpoints.META).read_text())
+    assert written == {"tag": "step00000002", "format": checkpoints.FORMAT, "step": 2, "world_size": 1,
+                       "model": {"param_shapes": model_shapes(cfg), "model_files": {}}, **parts}
+
+    cfg = tiny_config(shards, tmp_path / "run", "train.lr=0.002")
+    resumer = Checkpointer(cfg.train, 0)
+    start = resumer.start(cfg, "auto", deepspeed_config(cfg, 1))
+    assert (start.tag, start.name, start.step, start.meta) == (tag, tag, 2, written)
+    assert start.cursors(0, 1) == {3: CURSOR} and start.cursors(1, 1) == {}
+    resumed = tiny_engine(cfg)
+    torch.manual_seed(99)
+    resumer.load(resumed, start, restore_rng=True)
+    assert torch.equal(torch.rand(4), drawn)
+    for saved, loaded in zip(engine.ds.module.parameters(), resumed.ds.module.parameters()):
+        assert torch.equal(saved, loaded)
+    resumed.load_state_dict(start.meta["engine"])
+    assert resumed.lr == 0.002 * lr_lambda(cfg)(2) and resumed.skipped_in_row == 0
+    resumer.update(tag, "evaluation", {"pending": False})
+    assert checkpoints.read_meta(tmp_path / "run", tag) == {**written, "evaluation": {"pending": False}}
+    torch.manual_seed(99)
+    resumer.load(tiny_engine(cfg), start, restore_rng=False)  # this rank's generators left alone
+    assert not torch.equal(torch.rand(4), drawn)
+    resumer.release_lock()

@@ -9,13 +9,17 @@ import itertools
 import json
 import os
 import time
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as tdist
 
 from megatok.config import Config
 from megatok.data.stream import PackedByteStream, is_local, make_loader, resolve_sources, unread_pieces
-from megatok.train import checkpoint
+from megatok.run.checkpoints import CheckpointError
+
+if TYPE_CHECKING:
+    from megatok.train.checkpointer import Start
 
 
 def by_source(cfg: Config, values: list, key: str) -> dict:
@@ -47,10 +51,10 @@ def data_digests(cfg: Config) -> dict[str, str]:
     return {"data_digest": digest(source_key), "data_digest_spelled": digest(lambda u: u)}
 
 
-def data_matches(meta: dict, digests: dict[str, str]) -> bool:
-    """Whether the checkpoint was trained on the data of ``digests`` (:func:`data_digests`) by either
-    digest; a checkpoint that records neither is taken to be."""
-    recorded = {meta[k] for k in ("data_digest", "data_digest_spelled") if meta.get(k)}
+def data_matches(state: dict, digests: dict[str, str]) -> bool:
+    """Whether a checkpoint's data ``state`` was trained on the data of ``digests`` (:func:`data_digests`)
+    by either digest; a checkpoint that records neither is taken to be."""
+    recorded = {state[k] for k in ("data_digest", "data_digest_spelled") if state.get(k)}
     return not recorded or bool(recorded & set(digests.values()))
 
 
@@ -96,20 +100,22 @@ class StreamPosition:
         return sum(self._bad.values())
 
 
-def all_cursors(run_dir, meta: dict, n_sources: int) -> dict[int, dict]:
-    """Every reader's cursor in a checkpoint (all ranks' files), or {} if any is missing or unreadable."""
-    old, cursors = meta["layout"], {}
+def all_cursors(checkpoint: Start, old: dict, n_sources: int) -> dict[int, dict]:
+    """Every reader's cursor in ``checkpoint`` (all ranks' files; ``old``: the layout it was written with),
+    or {} if any is missing or unreadable."""
+    cursors = {}
     try:
         for r in range(old["world_size"]):
-            cursors.update(checkpoint.read_cursors(run_dir, meta["tag"], r, n_sources))
-    except checkpoint.CheckpointError:
+            cursors.update(checkpoint.cursors(r, n_sources))
+    except CheckpointError:
         return {}
     return cursors if len(cursors) == old["world_size"] * old["num_workers"] else {}
 
 
 def data_position(meta: dict | None, cfg: Config, world: int, old_cursors: dict[int, dict] | None = None,
                   shard_counts: list[int] | None = None, same_data: bool = True) -> tuple[int, list[int], dict]:
-    """(start_batch, start epoch per source, origin) for this rank's stream after resuming from ``meta``.
+    """(start_batch, start epoch per source, origin) for this rank's stream after resuming from ``meta``
+    (a checkpoint's data state with its ``step``).
 
     Same layout: continue exactly where each reader stopped. A different layout (world size,
     workers, batch split, mixture weights) cannot continue the same readers. With ``old_cursors`` (every
@@ -159,39 +165,42 @@ def data_position(meta: dict | None, cfg: Config, world: int, old_cursors: dict[
 
 class DataStream:
     """This rank's training batches (megatok.data.stream.PackedByteStream through its DataLoader) and
-    where they stand (StreamPosition). Its state: in megatok.json the layout and the data it depends
-    on, each source's furthest epoch over all ranks and the origin of the stream (state_dict); per rank,
-    its readers' cursors (``cursors``: the checkpointer writes them to stream_rank<r>.json)."""
+    where they stand (StreamPosition). Its state (state_dict), a checkpoint's "data" part: the layout and
+    the data it depends on, each source's furthest epoch over all ranks and the origin of the stream;
+    per rank, its readers' ``cursors``, which the checkpointer writes to stream_rank<r>.json."""
 
     def __init__(self, cfg: Config, encoding, rank: int, world: int, device: torch.device):
         self.cfg, self.encoding, self.rank, self.world, self.device = cfg, encoding, rank, world, device
-        self.run_dir = cfg.train.run_dir
         self.sources, self.weights = resolve_sources(cfg.data.shards, "train")
         self.digests = data_digests(cfg)
         self.start_batch, self.start_epochs, self.origin = data_position(None, cfg, world)
         self.resumed_cursors: dict[int, dict] = {}
         self.batches = self.position = None
 
-    def load_state_dict(self, meta: dict) -> None:
-        """Collective: where the stream continues after checkpoint ``meta``; rank 0 decides for all ranks.
+    def same_layout(self, state: dict) -> bool:
+        """Whether a checkpoint's data ``state`` was written with this run's layout (see :func:`layout`)."""
+        return layout_matches(state["layout"], self.cfg, self.world)
+
+    def load_state_dict(self, state: dict, checkpoint: Start) -> None:
+        """Collective: where the stream continues after the data ``state`` of ``checkpoint`` (its step, and
+        the readers' cursors each rank saved in it); rank 0 decides for all ranks.
         Same layout and data: each reader continues from its cursor (a checkpoint without them: it
         regenerates the recorded number of batches). Other shards (whose indices the cursors do not
         describe): the recorded position is regenerated, with a warning. Another layout on the same
         data shares out what the old readers had not read of the current epoch (data_position)."""
-        same_layout = layout_matches(meta["layout"], self.cfg, self.world)
-        same_data = data_matches(meta, self.digests)
+        same_layout, same_data = self.same_layout(state), data_matches(state, self.digests)
         if same_layout and not same_data and self.rank == 0:
-            print(f"megatok: warning: {meta['tag']} was trained on other shards or another tokenizer than "
+            print(f"megatok: warning: {checkpoint.name} was trained on other shards or another tokenizer than "
                   f"data.shards / model.tokenizer now give (shard list, sizes or encoding changed): the data "
                   f"position is resumed as recorded, so documents may be repeated or skipped", flush=True)
-        decided = [None]
+        decided, meta = [None], {**state, "step": checkpoint.step}
         if self.rank == 0:
-            old = all_cursors(self.run_dir, meta, len(self.sources)) if not same_layout and same_data else {}
+            old = all_cursors(checkpoint, state["layout"], len(self.sources)) if not same_layout and same_data else {}
             decided[0] = data_position(meta, self.cfg, self.world, old, list(map(len, self.sources)), same_data)
         tdist.broadcast_object_list(decided, src=0)
         self.start_batch, self.start_epochs, self.origin = decided[0]
         if self.start_batch and same_layout and same_data:
-            self.resumed_cursors = checkpoint.read_cursors(self.run_dir, meta["tag"], self.rank, len(self.sources))
+            self.resumed_cursors = checkpoint.cursors(self.rank, len(self.sources))
 
     def open(self) -> None:
         """Start the readers. A resumed stream seeks to its cursors (or regenerates) now, before training
@@ -237,7 +246,7 @@ class DataStream:
         return {"epoch": max(self.position.epochs), **by_source(self.cfg, self.position.epochs, "epochs")}
 
     def state_dict(self) -> dict:
-        """Collective: each source's furthest epoch over all ranks."""
+        """Collective (each source's furthest epoch over all ranks): the stream's part of a checkpoint."""
         top = torch.tensor([float(e) for e in self.position.epochs], device=self.device)
         tdist.all_reduce(top, op=tdist.ReduceOp.MAX)
         top_epochs = [int(e) for e in top.tolist()]

@@ -1,0 +1,56 @@
+"""The Engine (megatok.train.engine) on its own, in this process: the model under the real DeepSpeed
+engine, its parameter groups, its step, and the skipped updates it counts and bounds (its state)."""
+
+import pytest
+import torch
+
+from megatok.train.engine import param_groups
+from tests.train.conftest import engine_step, random_batch, tiny_config, tiny_engine
+
+
+def weights(engine):
+    return [p.detach().clone() for p in engine.ds.module.parameters()]
+
+
+def test_the_engine_trains_on_inputs_and_next_bytes_with_weight_decay_on_matrices_only(single_rank, shards,
+                                                                                        tmp_path):
+    cfg = tiny_config(shards, tmp_path, "train.weight_decay=0.1")
+    engine = tiny_engine(cfg)
+    tokens = random_batch(cfg)
+    with torch.no_grad():
+        torch.manual_seed(1)
+        want = engine.ds.module(tokens[:, :-1], tokens[:, 1:]).loss
+        torch.manual_seed(1)
+        assert engine.forward(tokens).loss == want  # inputs tokens[:, :-1], targets tokens[:, 1:]
+    decay, rest = param_groups(engine.ds.module, 0.1)
+    assert {p.dim() for p in decay["params"]} == {2} and {p.dim() for p in rest["params"]} == {1}
+    assert len(decay["params"]) + len(rest["params"]) == len(list(engine.ds.module.parameters()))
+    assert [g["weight_decay"] for g in engine.ds.optimizer.param_groups] == [0.1, 0.0]
+    assert engine.lr == cfg.train.lr / cfg.train.warmup_steps  # the first step's
+    before = weights(engine)
+    assert engine_step(engine, 1, tokens) == 0
+    assert all(not torch.equal(w, p) for w, p in zip(before, weights(engine)) if w.dim() == 2)
+
+
+def test_skipped_updates_are_counted_and_a_streak_longer_than_the_limit_ends_the_run(single_rank, shards,
+                                                                                   tmp_path):
+    """ZeRO-2 skips an update whose gradients are not finite: the engine counts it, the streak goes on
+    across a resume (its state), and more than train.max_skipped_steps in a row end the run. ZeRO-0
+    cannot skip: a non-finite loss ends the run at once."""
+    cfg = tiny_config(shards, tmp_path, "train.max_skipped_steps=2")
+    engine, tokens = tiny_engine(cfg), random_batch(cfg)
+    before = weights(engine)
+    assert [engine_step(engine, 1, tokens, True), engine_step(engine, 2, tokens, True)] == [1, 1]
+    assert all(torch.equal(w, p) for w, p in zip(before, weights(engine)))  # no update
+    assert [engine_step(engine, 3, tokens), engine_step(engine, 4, tokens, True)] == [0, 1]
+    assert engine.state_dict() == {"zero_stage": 2, "precision": "fp32", "skipped_in_row": 1}
+    resumed = tiny_engine(cfg)
+    resumed.load_state_dict(engine.state_dict())
+    assert engine_step(resumed, 5, tokens, True) == 1  # the second in a row
+    with pytest.raises(FloatingPointError, match=r"3 optimizer steps in a row skipped for non-finite gradients "
+                                                 r"\(train.max_skipped_steps=2\) at step 6"):
+        engine_step(resumed, 6, tokens, True)
+
+    zero0 = tiny_engine(tiny_config(shards, tmp_path, "deepspeed.zero_optimization.stage=0"))
+    with pytest.raises(FloatingPointError, match="non-finite loss at step 1 under ZeRO stage 0"):
+        engine_step(zero0, 1, tokens, True)
