@@ -1,14 +1,17 @@
 """The value of one added boundary, by byte class, at any checkpoint of a byte model.
 
-    megatok-boundary-value --run runs/x [--checkpoint step300] [--gamma 0.99] [--rounds 8]
+    megatok-boundary-value --run runs/x [--checkpoint step300 | all | TAG,TAG] [--gamma 0.99] [--rounds 8]
                            [--batch-size 16] [--seq-len N] [--data DIR_OR_FILES] [--seed 0] [--out FILE.json]
+                           [--plot FILE.png]
 
 Draws the run's own boundaries on a fixed held-out batch, adds one chunk start at a time where the sample
 has none, and reports the discounted loss each saves (nats; > 0: that boundary helps), per class (a space
 before a word, a word's first byte, inside a word, other), with standard errors; and the standard deviation
 of the estimator's return on the same batch, the noise each decision's credit carries in training (for any
 strategy: the return a policy would meet on this model) (megatok/eval/policy_probe.py). Prints a table;
---out writes JSON.
+--out writes JSON. With ``--checkpoint all`` (every kept checkpoint) or a list of tags it also prints the
+trend: the value of a start at a space before a word over its noise, and how often the run starts a chunk
+there, against the checkpoint's training bytes (``--plot`` draws it).
 """
 
 from __future__ import annotations
@@ -22,14 +25,17 @@ from pathlib import Path
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--run", required=True, help="run directory of a byte model (model.kind unet)")
-    ap.add_argument("--checkpoint", default=None, help="checkpoint tag (default: latest)")
+    ap.add_argument("--checkpoint", default=None, help="checkpoint tag (default: latest); 'all' for every kept "
+                    "checkpoint, or a comma-separated list of tags: the trend against training bytes")
     ap.add_argument("--gamma", type=float, default=0.99, help="discount of the future losses saved")
     ap.add_argument("--rounds", type=int, default=8, help="added boundaries per sequence and class")
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--seq-len", type=int, default=None, help="default: the run's data.seq_len")
     ap.add_argument("--data", default=None, help="shard directory (val split) or text files; default: the run's data")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", type=Path, default=None, help="write the result as JSON here")
+    ap.add_argument("--out", type=Path, default=None, help="write the result as JSON here (several checkpoints: "
+                    "{'trend': rows, 'checkpoints': results})")
+    ap.add_argument("--plot", type=Path, default=None, help="several checkpoints: the trend plot (PNG) here")
     args = ap.parse_args(argv)
     if not 0 <= args.gamma <= 1:
         ap.error("--gamma must be in [0, 1]")
@@ -37,27 +43,38 @@ def main(argv=None) -> int:
         ap.error("--rounds must be at least 1 and --batch-size at least 2")
     import torch
 
-    from megatok.eval.policy_probe import boundary_values, fixed_batch, format_table
-    from megatok.run.reader import load_model
+    from megatok.eval import policy_probe as probe
+    from megatok.run.checkpoints import published_tags
 
-    try:
-        model, cfg, tag = load_model(args.run, args.checkpoint)
-    except FileNotFoundError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    if cfg.model.kind != "unet":
-        print(f"error: {args.run}: a {cfg.model.kind} token model has no boundaries to probe", file=sys.stderr)
-        return 2
     torch.set_num_threads(max(1, torch.get_num_threads()))
-    tokens = fixed_batch(cfg, args.data, args.batch_size, args.seq_len or cfg.data.seq_len)
-    result = {"run": str(args.run), "checkpoint": tag, "strategy": cfg.boundary.strategy,
-              **boundary_values(model, tokens, gamma=args.gamma, rounds=args.rounds, seed=args.seed)}
-    print(f"{args.run} ({tag}, {cfg.boundary.strategy}): one added boundary, discounted loss saved "
-          f"(gamma {args.gamma}), {args.rounds} per sequence and class on {result['batch'][0]} x {result['batch'][1]} bytes")
-    print(format_table(result))
+    several = args.checkpoint is not None and (args.checkpoint == "all" or "," in args.checkpoint)
+    tags = ([None] if not several else published_tags(args.run) if args.checkpoint == "all"
+            else [t for t in args.checkpoint.split(",") if t])
+    if not tags:
+        print(f"error: {args.run}: no checkpoint to probe", file=sys.stderr)
+        return 2
+    results = []
+    for tag in tags:
+        try:
+            result = probe.probe_checkpoint(args.run, tag, data=args.data, batch_size=args.batch_size,
+                                            seq_len=args.seq_len, gamma=args.gamma, rounds=args.rounds, seed=args.seed)
+        except (FileNotFoundError, ValueError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        print(f"{args.run} ({result['checkpoint']}, {result['strategy']}): one added boundary, discounted loss saved "
+              f"(gamma {args.gamma}), {args.rounds} per sequence and class on {result['batch'][0]} x "
+              f"{result['batch'][1]} bytes")
+        print(probe.format_table(result), flush=True)
+        results.append(result)
+    rows = probe.trend(results)
+    if several:
+        print(probe.format_trend(rows))
+    if args.plot and several:
+        probe.plot_trend(rows, args.plot, f"{args.run} ({results[0]['strategy']})")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=2) + "\n")
+        doc = {"trend": rows, "checkpoints": results} if several else results[0]
+        args.out.write_text(json.dumps(doc, indent=2) + "\n")
     return 0
 
 

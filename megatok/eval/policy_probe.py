@@ -113,6 +113,8 @@ def boundary_values(model, tokens: torch.Tensor, *, gamma: float, rounds: int, s
             "n": n, "value": float(v.mean()) if n else float("nan"),
             "stderr": float(v.std() / math.sqrt(n)) if n > 1 else float("nan"),
             "p": float(probs[classes[c]].float().mean()) if probs is not None and classes[c].any() else None,
+            # the fraction of the class's positions where the drawn sample starts a chunk
+            "started": float(base_starts[classes[c]].float().mean()) if classes[c].any() else None,
         }
     out["chunkings"] = whole_chunkings(ce, x, y < 256, real, forced, base_starts, probs, gen)
     out["return_std"] = return_noise(model, x, y, forced, gamma, seed)
@@ -155,6 +157,73 @@ def whole_chunkings(ce, x, byte_targets, real, forced, sampled, probs, gen) -> d
         out[name] = {"bpb": float((ce(starts) * byte_targets).sum() / byte_targets.sum() / math.log(2)),
                      "rate": float(starts[real].float().mean())}
     return out
+
+
+def probe_checkpoint(run_dir, tag: str | None, *, data: str | None, batch_size: int, seq_len: int | None,
+                     gamma: float, rounds: int, seed: int) -> dict:
+    """:func:`boundary_values` for checkpoint ``tag`` of a byte model's run (None: the latest), on the
+    first ``batch_size`` held-out sequences, with the checkpoint's step and training bytes. Raises
+    FileNotFoundError for a missing run or checkpoint, ValueError for a token model's run."""
+    from megatok.run.checkpoints import read_meta
+    from megatok.run.reader import load_model
+
+    model, cfg, tag = load_model(run_dir, tag)
+    if cfg.model.kind != "unet":
+        raise ValueError(f"{run_dir}: a {cfg.model.kind} token model has no boundaries to probe")
+    meta = read_meta(run_dir, tag)
+    tokens = fixed_batch(cfg, data, batch_size, seq_len or cfg.data.seq_len)
+    return {"run": str(run_dir), "checkpoint": tag, "strategy": cfg.boundary.strategy, "step": meta.get("step"),
+            "bytes_seen": meta.get("metrics", {}).get("bytes_seen"),
+            **boundary_values(model, tokens, gamma=gamma, rounds=rounds, seed=seed)}
+
+
+def trend(results: list[dict], cls: str = "space_before_word") -> list[dict]:
+    """One row per probed checkpoint (in training order): step, training bytes, the value of a start at
+    ``cls`` with its standard error, the return noise, their ratio (the learnability map's axis) and the
+    fraction of ``cls`` positions the run's own sample starts a chunk at."""
+    rows = []
+    for r in sorted(results, key=lambda r: (r.get("step") or 0)):
+        c = r["classes"][cls]
+        rows.append({"checkpoint": r["checkpoint"], "step": r.get("step"), "bytes_seen": r.get("bytes_seen"),
+                     "value": c["value"], "stderr": c["stderr"], "return_std": r["return_std"],
+                     "ratio": c["value"] / r["return_std"] if r["return_std"] else float("nan"),
+                     "started": c.get("started")})
+    return rows
+
+
+def format_trend(rows: list[dict], cls: str = "space_before_word") -> str:
+    lines = [f"the value of a chunk start at {cls} against training:",
+             f"{'checkpoint':<14} {'bytes':>12} {'value (nats)':>13} {'stderr':>8} {'noise':>7} {'value/noise':>12}"
+             f" {'started':>8}"]
+    for r in rows:
+        b = "" if r["bytes_seen"] is None else f"{r['bytes_seen']:,.0f}"
+        s = "" if r["started"] is None else f"{r['started']:.3f}"
+        lines.append(f"{r['checkpoint']:<14} {b:>12} {r['value']:>13.4f} {r['stderr']:>8.4f} {r['return_std']:>7.3f}"
+                     f" {r['ratio']:>12.4f} {s:>8}")
+    return "\n".join(lines)
+
+
+def plot_trend(rows: list[dict], path, title: str, cls: str = "space_before_word") -> None:
+    """value / noise of a start at ``cls`` (with +- 2 standard errors) and the fraction of ``cls``
+    positions that start a chunk, against training bytes."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    x = [(r["bytes_seen"] or 0) / 1e6 for r in rows]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.8))
+    a.errorbar(x, [r["ratio"] for r in rows], yerr=[2 * r["stderr"] / r["return_std"] for r in rows],
+               marker="o", capsize=3)
+    a.axhline(0, color="grey", lw=0.8)
+    a.set(xlabel="training bytes (millions)", ylabel="value / return noise", title=f"a start at {cls}")
+    b.plot(x, [r["started"] for r in rows], marker="o")
+    b.set(xlabel="training bytes (millions)", ylabel="fraction that start a chunk", ylim=(0, 1),
+          title="the run's own boundaries there")
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def format_table(result: dict) -> str:

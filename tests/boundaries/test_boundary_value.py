@@ -2,6 +2,7 @@
 loss one added boundary saves, and the command on a trained run."""
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -70,5 +71,33 @@ def test_the_command_on_a_trained_run(tiny_run, tmp_path):
     assert "space_before_word" in r.stdout and "estimator return noise" in r.stdout
     res = json.loads(out.read_text())
     assert res["checkpoint"] and res["classes"]["space_before_word"]["n"] >= 1
+    assert 0 <= res["classes"]["space_before_word"]["started"] <= 1 and res["bytes_seen"] > 0
     bad = run_tool("boundary_value", "--run", tmp_path / "none")
     assert bad.returncode == 2 and bad.stderr.startswith("error:")
+
+
+@pytest.mark.dist
+def test_the_trend_over_every_kept_checkpoint(tiny_run, tmp_path):
+    """--checkpoint all probes each kept checkpoint in training order, with its training bytes, and plots."""
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run, run)
+    ckpts = run / "checkpoints"
+    (tag,) = [p.name for p in ckpts.glob("step*")]
+    early = ckpts / "step00000001"  # an earlier checkpoint: the same weights, fewer bytes recorded
+    shutil.copytree(ckpts / tag, early)
+    meta = json.loads((early / "megatok.json").read_text())
+    meta["step"], meta["metrics"]["bytes_seen"] = 1, 10.0
+    (early / "megatok.json").write_text(json.dumps(meta))
+    out, plot = tmp_path / "trend.json", tmp_path / "trend.png"
+    r = run_tool("boundary_value", "--run", run, "--checkpoint", "all", "--rounds", "1", "--batch-size", "2",
+                 "--seq-len", "64", "--out", out, "--plot", plot)
+    assert r.returncode == 0, r.stderr[-2000:]
+    doc = json.loads(out.read_text())
+    assert [row["checkpoint"] for row in doc["trend"]] == ["step00000001", tag]
+    first, last = doc["trend"]
+    assert first["bytes_seen"] == 10.0 and last["bytes_seen"] > 10
+    assert first["value"] == pytest.approx(last["value"])  # same weights, same batch, same seed
+    assert last["ratio"] == pytest.approx(last["value"] / last["return_std"])
+    assert "value/noise" in r.stdout and plot.stat().st_size > 1000
+    bad = run_tool("boundary_value", "--run", run, "--checkpoint", f"{tag},step00000099")
+    assert bad.returncode == 2 and "step00000099" in bad.stderr
