@@ -355,7 +355,9 @@ def report(runs: list[dict], others: list[dict], methods: list[str], preset: Pre
     summaries = others + _relative(summaries, f"{Path.cwd()}{os.sep}")
     summaries.sort(key=lambda r: (r.get("level") or 0, list(METHODS).index(r["method"]), r["seed"]))
     commands = list(dict.fromkeys([*earlier_commands(out), command]))
-    progress = "" if len(done) == len(runs) else f" {len(done)} of the {len(runs)} runs finished so far."
+    missing = [r["name"] for r in runs if r not in done]
+    progress = (f" {len(summaries)} runs in the tables" + (f"; of the last command's {len(runs)}, not finished yet: "
+                f"{', '.join(missing)}" if missing else "") + ".")
     header = (f"# Replication study: preset {preset.name}\n\n{preset.description}.{progress} "
               f"{'Commands' if len(commands) > 1 else 'Command'}: {', '.join(f'`{c}`' for c in commands)}. Tables "
               f"written {time.strftime('%Y-%m-%d')} on {machine()} (runs kept from earlier invocations may have trained "

@@ -99,7 +99,8 @@ def test_a_study_stopped_part_way_keeps_the_tables_of_its_finished_runs(study, s
     result = json.loads((tmp / "out" / "results.json").read_text())
     assert [r["method"] for r in result["runs"]] == ["policy", "uniform", "fixed"]
     assert list(result["aggregate"]) == ["policy", "uniform", "fixed"]
-    assert "3 of the 4 runs finished so far" in (tmp / "out" / "results.md").read_text()
+    assert "3 runs in the tables; of the last command's 4, not finished yet: whitespace-seed0." in (
+        tmp / "out" / "results.md").read_text()
     assert not list((tmp / "out").glob(".*.tmp"))
 
 
@@ -126,7 +127,7 @@ def test_report_only_writes_the_tables_of_the_finished_runs_and_trains_nothing(s
     assert "whitespace-seed0: not finished (--report-only" in log and "evaluating" not in log
     result = json.loads((out / "results.json").read_text())
     assert [r["method"] for r in result["runs"]] == ["policy", "uniform", "fixed"]
-    assert "3 of the 4 runs finished so far" in (out / "results.md").read_text()
+    assert "not finished yet: whitespace-seed0." in (out / "results.md").read_text()
     assert "--report-only" not in result["command"] and "whitespace,policy,uniform,fixed" in result["command"]
 
 
