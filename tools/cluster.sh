@@ -87,8 +87,10 @@ install_packages() {
         # no package starts its service here (as in a container): this script starts what it needs
         local policy=/usr/sbin/policy-rc.d made_policy=""
         if [[ ! -e $policy ]]; then printf '#!/bin/sh\nexit 101\n' > "$policy"; chmod 755 "$policy"; made_policy=1; fi
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" > /dev/null
-        [[ -z $made_policy ]] || rm -f "$policy"
+        local rc=0
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" > /dev/null || rc=$?
+        [[ -z $made_policy ]] || rm -f "$policy"  # also when the install failed: the machine as it was
+        (( rc == 0 )) || die "apt-get install ${missing[*]} failed (exit $rc)"
     fi
 }
 
