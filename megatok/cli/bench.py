@@ -1,4 +1,5 @@
-"""megatok-bench: the command line of megatok.studies.bench (its docstring is the help)."""
+"""megatok-bench: the command line of megatok.studies.bench and, with --inference, of
+megatok.studies.bench_inference (their docstrings are the help)."""
 
 from __future__ import annotations
 
@@ -7,12 +8,13 @@ import sys
 
 import torch
 
-from megatok.studies import bench
+from megatok.studies import bench, bench_inference
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The command line (tools/gpu_bench.sh's commands are checked against it)."""
-    ap = argparse.ArgumentParser(description=bench.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=f"{bench.__doc__}\n{bench_inference.__doc__}",
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", default=str(bench.ROOT / "configs" / "tiny.json"), help="base config (default configs/tiny.json)")
     ap.add_argument("--set", dest="overrides", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
                     help="applied to every variant")
@@ -52,7 +54,7 @@ def main(argv=None) -> int:
         args.eval_bytes, args.gen_bytes, args.h2h_bytes = 16384, 32, 16384
     if args.reps < 1 or args.steps < 1:
         ap.error("--reps and --steps must be >= 1")
-    return bench.run(args)
+    return (bench_inference if args.inference else bench).run(args)
 
 
 if __name__ == "__main__":
