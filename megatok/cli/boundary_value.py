@@ -48,7 +48,7 @@ def main(argv=None) -> int:
 
     torch.set_num_threads(max(1, torch.get_num_threads()))
     several = args.checkpoint is not None and (args.checkpoint == "all" or "," in args.checkpoint)
-    tags = ([None] if not several else published_tags(args.run) if args.checkpoint == "all"
+    tags = ([args.checkpoint] if not several else published_tags(args.run) if args.checkpoint == "all"
             else [t for t in args.checkpoint.split(",") if t])
     if not tags:
         print(f"error: {args.run}: no checkpoint to probe", file=sys.stderr)

@@ -99,5 +99,9 @@ def test_the_trend_over_every_kept_checkpoint(tiny_run, tmp_path):
     assert first["value"] == pytest.approx(last["value"])  # same weights, same batch, same seed
     assert last["ratio"] == pytest.approx(last["value"] / last["return_std"])
     assert "value/noise" in r.stdout and plot.stat().st_size > 1000
+    one = run_tool("boundary_value", "--run", run, "--checkpoint", "step00000001", "--rounds", "1", "--batch-size",
+                   "2", "--seq-len", "64", "--out", out)
+    assert one.returncode == 0, one.stderr[-2000:]
+    assert json.loads(out.read_text())["checkpoint"] == "step00000001"  # the one named, not the latest
     bad = run_tool("boundary_value", "--run", run, "--checkpoint", f"{tag},step00000099")
     assert bad.returncode == 2 and "step00000099" in bad.stderr
