@@ -90,6 +90,21 @@ class _Row:
             self._blocks.append(torch.rand(n, generator=self._noise))
         return torch.cat(self._blocks)[lo:lo + n]
 
+    def take(self, t: int, logprob: float, piece: bytes, stop: list[bytes], max_bytes: int, progress) -> bool:
+        """The sampled id ``t`` (its text ``piece``) appended; whether the row is done (a stop string in its
+        text, or max_bytes reached)."""
+        self.ids.append(t)
+        self.out.append(t)
+        self.logprobs.append(logprob)
+        self.text += piece
+        if progress is not None:
+            progress.update(max(0, min(len(piece), max_bytes - len(self.text) + len(piece))))
+        tail = len(self.text) - len(piece) + 1
+        hit = next((s for s in stop if s in self.text[max(0, tail - len(s)):]), None)
+        if hit is not None:  # the text now holds a stop string (a BPE token may run past its end)
+            self.stopped, self.stop = True, hit
+        return hit is not None or len(self.text) >= max_bytes
+
     def result(self, byte_model: bool) -> Generation:
         g = Generation(text=bytes(self.text), ids=self.out, logprobs=self.logprobs, stopped=self.stopped,
                        stop=self.stop)
@@ -372,17 +387,7 @@ def generate_batch(model, prompts: list[bytes], *, seq_len: int, max_bytes: int 
                 if t == encoding.sep:
                     r.stopped = True
                     continue
-                piece = bytes([t]) if byte_model else pieces[t]
-                r.ids.append(t)
-                r.out.append(t)
-                r.logprobs.append(lp)
-                r.text += piece
-                if progress is not None:
-                    progress.update(max(0, min(len(piece), max_bytes - len(r.text) + len(piece))))
-                hit = next((s for s in stop if s in r.text[max(0, len(r.text) - len(piece) - len(s) + 1):]), None)
-                if hit is not None:  # the text now holds a stop string (a BPE token may run past its end)
-                    r.stopped, r.stop = True, hit
-                done = hit is not None or len(r.text) >= max_bytes
+                done = r.take(t, lp, bytes([t]) if byte_model else pieces[t], stop, max_bytes, progress)
                 if done and not byte_model:
                     continue
                 fed.append(i)  # the byte model's last byte too: its boundary is decided as it is read

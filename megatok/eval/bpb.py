@@ -107,6 +107,72 @@ def document_windows(text: bytes, seq_len: int, encoding=BYTES) -> list[torch.Te
     return [ids[i:i + seq_len + 1] for i in range(0, len(ids) - 1, seq_len)]
 
 
+class _DocumentSums:
+    """evaluate_documents' sums: per group (all documents, each ``lang``, each ``domain``) and per document
+    (nll, targets), mergeable over ranks; the figures are taken from them only at the end."""
+
+    def __init__(self):
+        self.groups: dict[tuple[str, str], dict[str, float]] = defaultdict(lambda: defaultdict(float))
+        self.per_doc: dict[int, list[float]] = defaultdict(lambda: [0.0, 0.0])  # nll, bytes
+        self.meta: dict[int, tuple[str, str]] = {}  # document number -> (lang, domain)
+
+    def add(self, doc_no: int, row: dict[str, float]) -> None:
+        for key in _keys(self.meta[doc_no]):
+            for k, v in row.items():
+                self.groups[key][k] += v
+        self.per_doc[doc_no][0] += row["nll"]
+        self.per_doc[doc_no][1] += row["targets"]
+
+    def merge(self, gather) -> None:
+        """Every rank's sums, added (``gather(obj)`` returns every rank's obj)."""
+        parts = gather(({k: dict(v) for k, v in self.groups.items()}, dict(self.per_doc)))
+        self.groups, self.per_doc = defaultdict(lambda: defaultdict(float)), defaultdict(lambda: [0.0, 0.0])
+        for part_groups, part_docs in parts:
+            for key, sums in part_groups.items():
+                for k, v in sums.items():
+                    self.groups[key][k] += v
+            for doc_no, (nll, n) in part_docs.items():
+                self.per_doc[doc_no][0] += nll
+                self.per_doc[doc_no][1] += n
+
+    def result(self) -> dict:
+        doc_bpb: dict[tuple[str, str], list[float]] = defaultdict(list)
+        for doc_no, (nll, n) in self.per_doc.items():
+            for key in _keys(self.meta[doc_no]):
+                doc_bpb[key].append(nll / n / math.log(2) if n else float("nan"))
+
+        def report(key):
+            s = self.groups[key]
+            return {"documents": len(doc_bpb[key]), "bytes": int(s["targets"]), **ratios(s),
+                    "bpb_doc_mean": sum(doc_bpb[key]) / max(1, len(doc_bpb[key]))}
+
+        result = report(("all", "all"))
+        for kind in ("lang", "domain"):
+            names = sorted(n for k, n in self.groups if k == kind)
+            if names != ["unknown"]:
+                result[f"by_{kind}"] = {n: report((kind, n)) for n in names}
+        return result
+
+
+def _window_batch(model, batch: list, batch_no: int, *, pad: int, seed: int, sampled: bool, device,
+                  sums: _DocumentSums, per_window) -> None:
+    """One batch of (document number, window, document, window index), right-padded, through the model;
+    its rows' sums added to ``sums``."""
+    width = max(len(w) for _, w, _, _ in batch)
+    tokens = torch.full((len(batch), width), pad, dtype=torch.long)
+    for row, (_, w, _, _) in enumerate(batch):
+        tokens[row, :len(w)] = w
+    seeds = row_seeds([window_seed(seed, text, i) for _, _, text, i in batch]) if sampled else nullcontext()
+    outputs = [] if per_window is not None else None
+    with Seeded(seed * 1_000_003 + batch_no), seeds:
+        cols = {k: v.cpu().tolist() for k, v in row_sums(model, tokens.to(device), outputs).items()}
+    if per_window is not None:
+        for row, (doc_no, w, _, i) in enumerate(batch):
+            per_window(doc_no, i, w, outputs[0], row)
+    for i, (doc_no, _, _, _) in enumerate(batch):
+        sums.add(doc_no, {k: cols[k][i] for k in cols})
+
+
 @torch.no_grad()
 def evaluate_documents(model, docs: Iterator, *, seq_len: int, batch_size: int, mode: str, seed: int,
                        device, progress=None, encoding=BYTES, share: tuple[int, int] | None = None,
@@ -140,48 +206,24 @@ def evaluate_documents(model, docs: Iterator, *, seq_len: int, batch_size: int, 
     was_training = module.training
     module.eval()
     _set_eval_mode(module, mode)
-    groups: dict[tuple[str, str], dict[str, float]] = defaultdict(lambda: defaultdict(float))
-    doc_bpb: dict[tuple[str, str], list[float]] = defaultdict(list)
+    sums = _DocumentSums()
     pending: list[tuple[int, torch.Tensor, bytes, int]] = []  # (document number, window, document, window index)
-    sampled = mode == "sample" and hasattr(module, "boundary")  # only sampled boundaries need window seeds
-    meta: dict[int, tuple[str, str]] = {}  # document number -> (lang, domain)
-    per_doc: dict[int, list[float]] = defaultdict(lambda: [0.0, 0.0])  # nll, bytes
     batch_no = 0
 
-    def run(batch):
-        nonlocal batch_no
-        if share is not None and batch_no % share[1] != share[0]:  # another rank's batch
-            batch_no += 1
-            return
-        width = max(len(w) for _, w, _, _ in batch)
-        tokens = torch.full((len(batch), width), encoding.pad, dtype=torch.long)
-        for row, (_, w, _, _) in enumerate(batch):
-            tokens[row, :len(w)] = w
-        seeds = row_seeds([window_seed(seed, text, i) for _, _, text, i in batch]) if sampled else nullcontext()
-        outputs = [] if per_window is not None else None
-        with Seeded(seed * 1_000_003 + batch_no), seeds:
-            cols = {k: v.cpu().tolist() for k, v in row_sums(model, tokens.to(device), outputs).items()}
-        batch_no += 1
-        if per_window is not None:
-            for row, (doc_no, w, _, i) in enumerate(batch):
-                per_window(doc_no, i, w, outputs[0], row)
-        for i, (doc_no, _, _, _) in enumerate(batch):
-            row = {k: cols[k][i] for k in cols}
-            for key in _keys(meta[doc_no]):
-                for k, v in row.items():
-                    groups[key][k] += v
-            per_doc[doc_no][0] += row["nll"]
-            per_doc[doc_no][1] += row["targets"]
-
     def flush():
-        """The buffered windows, longest first, batch by batch."""
+        """The buffered windows, longest first, batch by batch (with ``share``: this rank's batches)."""
+        nonlocal batch_no
         pending.sort(key=lambda item: -len(item[1]))  # stable: equal lengths keep the documents' order
         for lo in range(0, len(pending), batch_size):
-            run(pending[lo:lo + batch_size])
+            if share is None or batch_no % share[1] == share[0]:
+                _window_batch(model, pending[lo:lo + batch_size], batch_no, pad=encoding.pad, seed=seed,
+                              sampled=mode == "sample" and hasattr(module, "boundary"), device=device,
+                              sums=sums, per_window=per_window)
+            batch_no += 1
         pending.clear()
 
     for doc_no, d in enumerate(docs):
-        meta[doc_no] = (d.lang or "unknown", d.domain or "unknown")
+        sums.meta[doc_no] = (d.lang or "unknown", d.domain or "unknown")
         cuts = document_windows(d.text, seq_len, encoding) if windows is None else windows(doc_no, d.text)
         for i, w in enumerate(cuts):
             pending.append((doc_no, w, d.text, i))
@@ -192,32 +234,8 @@ def evaluate_documents(model, docs: Iterator, *, seq_len: int, batch_size: int, 
     flush()
     module.train(was_training)
     if gather is not None:
-        parts = gather(({k: dict(v) for k, v in groups.items()}, dict(per_doc)))
-        groups, per_doc = defaultdict(lambda: defaultdict(float)), defaultdict(lambda: [0.0, 0.0])
-        for part_groups, part_docs in parts:
-            for key, sums in part_groups.items():
-                for k, v in sums.items():
-                    groups[key][k] += v
-            for doc_no, (nll, n) in part_docs.items():
-                per_doc[doc_no][0] += nll
-                per_doc[doc_no][1] += n
-
-    for doc_no, (nll, n) in per_doc.items():
-        for key in _keys(meta[doc_no]):
-            doc_bpb[key].append(nll / n / math.log(2) if n else float("nan"))
-
-    def report(key):
-        s = groups[key]
-        r = {"documents": len(doc_bpb[key]), "bytes": int(s["targets"]), **ratios(s),
-             "bpb_doc_mean": sum(doc_bpb[key]) / max(1, len(doc_bpb[key]))}
-        return r
-
-    result = report(("all", "all"))
-    for kind in ("lang", "domain"):
-        names = sorted(n for k, n in groups if k == kind)
-        if names != ["unknown"]:
-            result[f"by_{kind}"] = {n: report((kind, n)) for n in names}
-    return result
+        sums.merge(gather)
+    return sums.result()
 
 
 def _keys(lang_domain: tuple[str, str]) -> tuple[tuple[str, str], ...]:
