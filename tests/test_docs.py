@@ -1,6 +1,7 @@
 """The documentation holds together: every relative link in every markdown file of the repository
-leads to a file (and, for a link into a markdown file, a heading) that exists; nothing cites a path
-outside the repository; the README's Python example runs on a trained run."""
+leads to a file (and, for a link into a markdown file, a heading) that exists; every repository path the
+prose names exists; nothing cites a path outside the repository; the README's Python example runs on a
+trained run."""
 
 from __future__ import annotations
 
@@ -79,6 +80,36 @@ def test_every_relative_link_in_the_markdown_resolves():
                 elif frag and dest.suffix == ".md" and frag not in anchors(dest):
                     broken.append(f"{where} (no heading #{frag} in {dest.relative_to(ROOT)})")
     assert not broken, "broken links:\n" + "\n".join(broken)
+
+
+#: a repository path as prose names it (placeholders: <gpu>, NAME, METHOD)
+REPO_PATH = re.compile(r"(?<![\w./-])((?:megatok|tests|tools|configs|launch|docs|\.ci)/(?:[\w./-]|<\w+>)*[\w>])")
+
+
+def named_paths(text: str):
+    """(line number, path) of every repository path named outside code blocks (inline code included:
+    prose names files there); code blocks, fenced or indented, are commands whose outputs need not exist."""
+    fenced = False
+    for n, line in enumerate(text.splitlines(), 1):
+        if FENCE.match(line.lstrip()):
+            fenced = not fenced
+        elif not fenced and not line.startswith("    "):
+            yield from ((n, p) for p in REPO_PATH.findall(line))
+
+
+def test_every_repository_path_the_prose_names_exists():
+    """A file that moved leaves no pointer behind: a path (or an output prefix such as docs/results/boundaries
+    for .png and .html, or a pattern with a placeholder) must match a file of the repository."""
+    names = {str(p.relative_to(ROOT)) for p in repo_files()}
+    dirs = {str(parent) for n in names for parent in Path(n).parents}
+    missing = []
+    for md in (p for p in repo_files() if p.suffix == ".md"):
+        for n, path in named_paths(md.read_text()):
+            parts = re.split(r"(<\w+>|[A-Z]{2,})", path.rstrip("/"))  # placeholders at odd places
+            rx = re.compile("".join(".+" if i % 2 else re.escape(p) for i, p in enumerate(parts)) + r"(\..+)?$")
+            if not any(rx.match(x) for x in names | dirs):
+                missing.append(f"{md.relative_to(ROOT)}:{n}: {path}")
+    assert len(missing) == 0, "paths named in the docs that the repository lacks:\n" + "\n".join(missing)
 
 
 def test_nothing_cites_a_path_outside_the_repository():
