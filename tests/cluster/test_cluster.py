@@ -188,6 +188,28 @@ def test_torchrun_multinode_script_on_two_nodes_equals_one_node(cluster, shards,
     assert rows(run) == reference[:10]
 
 
+@pytest.mark.parametrize("launcher", ["torchrun", "srun", "deepspeed"])
+def test_each_launcher_of_the_template_on_two_nodes_equals_one_node(cluster, shards, reference, tmp_path, launcher):
+    """launch/slurm/pretrain.sbatch on 2 nodes with each LAUNCHER, from an empty run directory: exit 0, and
+    the rows one node gives. The default launcher through ``sbatch --wait`` as a user runs it (it polls the
+    job every few seconds, up to half a minute: about 40 s here), the others through run_job's faster poll."""
+    run, out = tmp_path / "run", tmp_path / "job.out"
+    env, argv = env_for(tmp_path, LAUNCHER=launcher), args(shards, run, "train.max_steps=10")
+    t = time.monotonic()
+    if launcher == "torchrun":
+        r = subprocess.run(["sbatch", "--wait", "--nodes=2", "--gpus-per-node=0", f"--output={out}", SBATCH, *argv],
+                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, (out.read_text() if out.is_file() else r.stderr)[-4000:]
+    else:
+        state, _ = run_job(env, argv, out, timeout=300)
+        assert state["JobState"] == "COMPLETED" and state["ExitCode"] == "0:0", out.read_text()[-4000:]
+    measured(f"LAUNCHER={launcher}, 2 nodes, 10 steps, submitted to ended", time.monotonic() - t)
+    log = out.read_text()
+    assert f"launcher {launcher}," in log and "start step 0," in log
+    assert rows(run) == reference[:10]
+    nothing_left()
+
+
 def test_sigkill_of_a_rank_on_node2_then_the_rerun_resumes_bit_exactly(cluster, shards, reference, tmp_path):
     """The default launcher (srun + torchrun). While it trains, a second launch on its run directory fails at
     once naming the holder. A rank on node2 SIGKILLed: the job ends with torchrun's report naming the lost
