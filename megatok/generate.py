@@ -296,12 +296,9 @@ class _Cached:
 
 class _Graph:
     """ByteUNet.step / TokenLM.step (static) captured once as a CUDA graph over fixed input and output
-    tensors, and replayed. Warm-up steps run first on a side stream (they write past every row's length,
-    where nothing reads, and the state they advance is put back)."""
+    tensors, and replayed. Warm-up steps run first on a side stream (:meth:`warm_up`)."""
 
     def __init__(self, model, cache, batch: int, device):
-        if torch.device(device).type != "cuda":
-            raise ValueError("cuda_graph needs the model on a CUDA device")
         self.model, self.cache, self.graph = model, cache, None
         self.x = torch.zeros(batch, dtype=torch.long, device=device)
 
@@ -309,18 +306,24 @@ class _Graph:
         c = self.cache
         return [c.main.lengths] + ([c.byte.lengths, c.z, c.up] if hasattr(c, "byte") else [])
 
+    def warm_up(self, steps: int = 2) -> None:
+        """``steps`` static steps on the current input, each undone (the rows' lengths and latest chunk put
+        back): each writes at the rows' lengths, where the next real step writes, and none past them (a row
+        may hold seq_len - 1 ids, one short of the cache's capacity)."""
+        saved = [t.clone() for t in self._state()]
+        for _ in range(steps):
+            self.model.step(self.x, self.cache, static=True)
+            for t, s in zip(self._state(), saved):
+                t.copy_(s)
+
     def __call__(self, x: torch.Tensor):
         self.x.copy_(x)
         if self.graph is None:
-            saved = [t.clone() for t in self._state()]
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
-                for _ in range(2):
-                    self.model.step(self.x, self.cache, static=True)
+                self.warm_up()
             torch.cuda.current_stream().wait_stream(side)
-            for t, s in zip(self._state(), saved):
-                t.copy_(s)
             self.graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(self.graph):
                 self.out = self.model.step(self.x, self.cache, static=True)
@@ -328,7 +331,12 @@ class _Graph:
         return self.out
 
 
-def _check(max_bytes, temperature, top_p) -> None:
+def _check(max_bytes, temperature, top_p, cache, static, cuda_graph, device) -> None:
+    if (static or cuda_graph) and not cache:
+        raise ValueError("static and cuda_graph are steps of the cache: not with cache=False")
+    if cuda_graph and device.type != "cuda":
+        raise ValueError(f"cuda_graph needs the model on a CUDA device (it is on {device}); static=True runs the "
+                         f"same step without the graph")
     if max_bytes < 0:
         raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
     if temperature < 0:
@@ -348,8 +356,11 @@ def generate_batch(model, prompts: list[bytes], *, seq_len: int, max_bytes: int 
     in order. ``model``: a ByteUNet or TokenLM (megatok.model), ``encoding``: its encoding
     (encoding_for(cfg)). ``temperature`` 0 is greedy; ``top_k``, ``top_p`` (nucleus) restrict the sampled
     ids. ``seeds[i]`` (default i) fixes prompt i's samples, of ids and of boundaries. ``progress``: a tqdm
-    bar, advanced by each row's bytes (up to max_bytes a row)."""
-    _check(max_bytes, temperature, top_p)
+    bar, advanced by each row's bytes (up to max_bytes a row). ``static``, ``cuda_graph``: the step with fixed
+    shapes and no host sync, and that step captured as a CUDA graph (the model on a GPU; see the module's
+    docstring); the same texts up to float rounding."""
+    device = next(model.parameters()).device
+    _check(max_bytes, temperature, top_p, cache, static, cuda_graph, device)
     stop = [bytes(s) for s in stop if s]
     seeds = list(range(len(prompts))) if seeds is None else list(seeds)
     if len(seeds) != len(prompts):
@@ -361,7 +372,6 @@ def generate_batch(model, prompts: list[bytes], *, seq_len: int, max_bytes: int 
     rows = [_Row([int(i) for i in encoding.doc_ids(bytes(p))], s) for p, s in zip(prompts, seeds)]
     if not rows:
         return []
-    device = next(model.parameters()).device
     was_training = model.training
     model.eval()
     if byte_model:
@@ -420,8 +430,9 @@ def generate_batch(model, prompts: list[bytes], *, seq_len: int, max_bytes: int 
 def generate(model, prompt: bytes, *, seq_len: int, max_bytes: int = 200, temperature: float = 1.0,
              top_k: int | None = None, seed: int = 0, boundary_mode: str = "sample", encoding=BYTES,
              stop_at_separator: bool = True, progress=None, cache: bool = True, top_p: float | None = None,
-             stop: tuple[bytes, ...] | list[bytes] = ()) -> Generation:
+             stop: tuple[bytes, ...] | list[bytes] = (), static: bool = False, cuda_graph: bool = False) -> Generation:
     """:func:`generate_batch` of one prompt, seeded by ``seed``."""
     return generate_batch(model, [prompt], seq_len=seq_len, max_bytes=max_bytes, temperature=temperature,
                           top_k=top_k, top_p=top_p, seeds=[seed], boundary_mode=boundary_mode, encoding=encoding,
-                          stop_at_separator=stop_at_separator, stop=stop, progress=progress, cache=cache)[0]
+                          stop_at_separator=stop_at_separator, stop=stop, progress=progress, cache=cache,
+                          static=static, cuda_graph=cuda_graph)[0]

@@ -3,9 +3,11 @@
 #   1. trainer   megatok-gpu-check --sections trainer: launch/pretrain.py on configs/100m.json as users run
 #                it (compiled) under ZeRO-3 built partitioned, a resume in a new process with the losses
 #                compared, megatok-generate on the result, 2 steps under ZeRO-2 built on the GPU
-#   2. training  megatok-gpu-check --sections training: bf16 MFU, bytes/s and peak memory (against
-#                megatok-model-size's estimate) of 1b, then (not --quick) 100m, 1b with the document mask
-#                and 1b without compile; then flash-attn against SDPA
+#   2. training  megatok-gpu-check --sections generation training attention: generation's step modes
+#                (the cached step, the static step, the static step as a CUDA graph: texts compared,
+#                bytes/s) on small models, then bf16 MFU, bytes/s and peak memory (against
+#                megatok-model-size's estimate) of 1b, 100m, 1b with the document mask and 1b without
+#                compile; then flash-attn against SDPA. --quick: 1b's figures, then generation's
 #   3. bench     (not --quick) megatok-bench on the GPU: FlexAttention against the dense document mask,
 #                the share of the host sync, MFU against a matmul
 #
@@ -13,7 +15,7 @@
 #       PY=.venv/bin/python bash tools/gpu_wheels.sh                      # -> .whl/
 #   there, in a copy of the checkout with .whl/:
 #       OUT=DIR bash tools/gpu_bench.sh              # in 540 s: a 10-minute slot
-#       OUT=DIR bash tools/gpu_bench.sh --quick      # in 270 s: a 5-minute slot (the trainer and 1b)
+#       OUT=DIR bash tools/gpu_bench.sh --quick      # in 270 s: a 5-minute slot (the trainer, 1b, generation)
 #       bash tools/gpu_bench.sh [--quick] --plan     # the parts and their time, nothing run
 #   --budget-s N: another total; --cpu-smoke: the same parts on a CPU with a tiny config (the tests)
 #   what it writes: $OUT/environment.txt, plan.txt, and per part <part>.json and <part>.log
@@ -61,9 +63,11 @@ command_for() {  # CMD: the part's command, given its own budget in seconds
     trainer) CMD+=(--sections trainer --trainer-steps "$([ "$QUICK" = 1 ] && echo 2 || echo 4)") ;;
     training)
       if [ "$QUICK" = 1 ]; then
-        CMD+=(--sections training --configs configs/1b.json --steps 4 --warmup 2 --no-document-mask --no-compile)
+        CMD+=(--sections training generation --configs configs/1b.json --steps 4 --warmup 2 --no-document-mask
+              --no-compile)
       else
-        CMD+=(--sections training attention --configs configs/1b.json configs/100m.json --steps 8 --warmup 3)
+        CMD+=(--sections generation training attention --configs configs/1b.json configs/100m.json --steps 8
+              --warmup 3)
       fi ;;
     bench)
       CMD=("$PYTHON" -m megatok.cli.bench --quick)

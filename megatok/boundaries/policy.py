@@ -250,7 +250,7 @@ class Strategy(BoundaryStrategy):
             returns = rl.normalize(returns, decisions)
         weight = o.lambda_policy
         if o.start_margin is not None:
-            weight = weight * float(self._latch_start((ce_early - ce_full).detach().float() * mask, mask))
+            weight = weight * self._latch_start((ce_early - ce_full).detach().float() * mask, mask)
         terms["policy_loss"] = rl.policy_loss(b.log_probs, returns, decisions, weight)
         terms["rate_loss"] = rl.rate_loss(b.extra["logits"], b.probs, mask, self.target_rate, o.lambda_rate,
                                           per_sequence=o.rate_scope == "sequence")
@@ -267,7 +267,7 @@ class Strategy(BoundaryStrategy):
         decisions = (mask & ~b.forced)[0::2]
         weight = o.lambda_policy
         if o.start_margin is not None:
-            weight = weight * float(self._latch_start((ce_early - ce_full).detach().float() * mask, mask))
+            weight = weight * self._latch_start((ce_early - ce_full).detach().float() * mask, mask)
         terms = {"policy_loss": -weight * rl.masked_mean(g.detach() * logits[0::2], decisions),
                  "rate_loss": rl.rate_loss(logits, b.probs, mask, self.target_rate, o.lambda_rate,
                                            per_sequence=o.rate_scope == "sequence")}
@@ -275,19 +275,18 @@ class Strategy(BoundaryStrategy):
         b.extra["rows"] = score_rows(g.repeat_interleave(2, 0), mask & ~b.forced, b.extra["sbw"])
         return terms
 
-    def _latch_start(self, gap: torch.Tensor, mask: torch.Tensor) -> bool:
-        """Whether the policy term is on for this micro-batch: the latch as it stood before it (so the
-        switch never depends on this batch's own samples), then updated with this batch's mean
-        CE_early - CE_full (whatever the reward option; averaged over ranks, so every rank's latch, which
-        checkpoints save, is the same)."""
-        if not self.training:
-            return bool(self.started)
-        on = bool(self.started)
-        if not on:
+    def _latch_start(self, gap: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """1.0 if the policy term is on for this micro-batch, else 0.0 (a float tensor on the device, read by
+        no one on the host): the latch as it stood before it (so the switch never depends on this batch's
+        own samples), then updated with this batch's mean CE_early - CE_full (whatever the reward option;
+        averaged over ranks, so every rank's latch, which checkpoints save, is the same). Once on, the latch
+        stays on: the update is an or."""
+        on = self.started.float()
+        if self.training:
             sums = torch.stack([gap.sum(), mask.float().sum()]).double()
             if torch.distributed.is_available() and torch.distributed.is_initialized():
                 torch.distributed.all_reduce(sums)
-            self.started.fill_(bool(sums[0] / sums[1].clamp(min=1) / math.log(2) > self.options.start_margin))
+            self.started.logical_or_(sums[0] / sums[1].clamp(min=1) / math.log(2) > self.options.start_margin)
         return on
 
 

@@ -6,7 +6,8 @@
 
 Each sample continues the prompt (read as a new document) until --max-bytes bytes or the model's
 document separator, one byte (or token) per step of the model over its cached keys and values (the --num
-samples together, as one batch), on the CPU unless --device says otherwise. --temperature 0 is greedy. Sample i uses seed --seed + i (ids and,
+samples together, as one batch), on the CPU unless --device says otherwise; on a GPU, --cuda-graph replays
+that step as one CUDA graph. --temperature 0 is greedy. Sample i uses seed --seed + i (ids and,
 for the byte model, boundaries: sampled as in validation, or p > 0.5 with --boundary threshold).
 --chunks marks where the byte model's chunks start ("│"; "¦" inside a UTF-8 character). Each sample
 is followed by its length, whether it stopped at a separator, and the model's bits per byte on its
@@ -43,6 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--no-cache", dest="cache", action="store_false",
                     help="rerun the model over the whole window at every id (slower; a window sliding by one id)")
+    ap.add_argument("--cuda-graph", action="store_true",
+                    help="(a GPU, --device cuda) capture the step once as a CUDA graph and replay it: one launch a "
+                         "step instead of one a kernel; the samples stay in the batch to the end")
     ap.add_argument("--json", action="store_true", help="one JSON object per sample instead of text")
     return ap
 
@@ -52,6 +56,11 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.temperature < 0 or args.max_bytes < 1 or args.num < 1 or (args.top_k is not None and args.top_k < 1):
         ap.error("--temperature must be >= 0, --max-bytes, --num and --top-k >= 1")
+    if args.cuda_graph and not args.cache:
+        ap.error("--cuda-graph captures the cached step: not with --no-cache")
+    if args.cuda_graph and not args.device.startswith("cuda"):
+        print(f"error: --cuda-graph needs a CUDA device (--device cuda), not {args.device}", file=sys.stderr)
+        return 2
 
     from tqdm import tqdm
 
@@ -83,7 +92,7 @@ def main(argv=None) -> int:
         gens = generate_batch(model, [data] * args.num, seq_len=cfg.data.seq_len, max_bytes=args.max_bytes,
                               temperature=args.temperature, top_k=args.top_k,
                               seeds=[args.seed + i for i in range(args.num)], boundary_mode=args.boundary,
-                              encoding=encoding, progress=bar, cache=args.cache)
+                              encoding=encoding, progress=bar, cache=args.cache, cuda_graph=args.cuda_graph)
     for i, g in enumerate(gens):
         _show(args, i, data, g, byte_model)
     return 0

@@ -22,8 +22,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--attn-iters", type=int, default=20)
     ap.add_argument("--json-out", default=None, help="also write the report as JSON here")
     ap.add_argument("--trainer-config", default="configs/100m.json",
-                    help="the config of the trainer check (section 3; 'none' skips it)")
+                    help="the config of the trainer section ('none' skips it)")
     ap.add_argument("--trainer-steps", type=int, default=6, help="steps of the trainer check (even)")
+    ap.add_argument("--gen-bytes", type=int, default=128,
+                    help="bytes each row generates in the generation section (--cpu-smoke: at most 16)")
     ap.add_argument("--no-document-mask", dest="document_mask", action="store_false",
                     help="skip the first config's second run with model.document_mask")
     ap.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,

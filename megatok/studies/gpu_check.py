@@ -1,4 +1,5 @@
-"""Check one GPU (H100/H200) before a cluster run: attention backends, bf16 training speed, MFU, memory.
+"""Check one GPU (H100/H200) before a cluster run: the trainer, generation's step modes, bf16 training speed,
+MFU, memory, attention backends.
 
     megatok-gpu-check                       # on the GPU machine: a few minutes, no network, installs nothing
     megatok-gpu-check --configs configs/100m.json configs/1b.json --steps 10 --json-out docs/gpu_check.json
@@ -10,15 +11,22 @@ from the checkout without installing megatok:
 
     PYTHONPATH=/tmp/site:$PWD python3 -m megatok.cli.gpu_check --json-out gpu_check.json
 
-It runs three sections, by default in this order (--sections picks and orders them), and prints each:
+It runs four sections, by default in this order (--sections picks and orders them), and prints each:
 
 1. trainer: the trainer as users start it (with DeepSpeed): launch/pretrain.py on --trainer-config
    (default 100m, compiled as its config says) for --trainer-steps steps under ZeRO-3 (the model built
    partitioned), on shards built from the standard library's sources; a new process resumed from the
    halfway checkpoint, whose losses are compared with the first run's (on a GPU not necessarily
    bit-exact: some kernels are not deterministic); megatok-generate on the result; then 2 steps under
-   ZeRO-2, whose model is built whole directly on the GPU. Each part is recorded as it ends.
-2. training: for each config (default 100m and 1b): bf16 training steps on one GPU, one micro-batch per
+   ZeRO-2, whose model is built whole directly on the GPU. Each part is recorded as it ends
+   (megatok/studies/gpu_trainer.py).
+2. generation: megatok.generate.generate_batch on a small byte model and a small BPE token model
+   (untrained, fp32) at batch 1 and 8, prompts of different lengths, in its three step modes: the
+   default cached step, the static step (fixed shapes, no host read) and that step as a CUDA graph
+   (not in --cpu-smoke: a GPU only); each mode's texts against the default's (identical rows, the share of
+   identical bytes, the largest log-probability difference) and each mode's bytes/s, --gen-bytes bytes a
+   row (megatok/studies/gpu_generation.py). Each model and batch is recorded as it ends.
+3. training: for each config (default 100m and 1b): bf16 training steps on one GPU, one micro-batch per
    step (train.micro_batch_size, or --micro), on real text (the Python standard library's sources, on
    every machine): bytes/s, model FLOPs per byte at the realised boundary rate (megatok/flops.py,
    training = 3 x forward), MFU = achieved FLOP/s / the dense bf16 peak of the device (H100/H200: 989
@@ -29,7 +37,7 @@ It runs three sections, by default in this order (--sections picks and orders th
    FlexAttention's block mask): its cost in bytes/s and memory; and once more with train.compile the
    other way (the GPU configs compile; the untimed warm-up steps compile): what compiling the blocks
    gains (not in --cpu-smoke unless --compile is given).
-3. attention: flash-attn against torch SDPA (if flash_attn is importable): largest difference of
+4. attention: flash-attn against torch SDPA (if flash_attn is importable): largest difference of
    outputs and input gradients on the same bf16 inputs, and forward+backward time of each, at
    megatok's byte-rate shape (T = seq_len) and main-network shape (T = rho x seq_len). Without
    flash-attn: SDPA timings only.
@@ -45,7 +53,6 @@ import os
 import platform
 import resource
 import signal
-import subprocess
 import sys
 import sysconfig
 import time
@@ -56,33 +63,31 @@ import torch
 
 from megatok import flops, sizing
 from megatok.config import load_config, lr_lambda
-from megatok.data.shards import build_shards
 from megatok.data.stream import pack_documents
 from megatok.dsconfig import deepspeed_config, uses_bf16, zero_stage
-from megatok.metrics import read_metrics
 from megatok.model import blocks, build_model
-from megatok.studies.launch import CHECKOUT
+from megatok.studies.bench import sync
+from megatok.studies.gpu_generation import generation_check, show_generation
+from megatok.studies.gpu_trainer import show_trainer, trainer_check
 from megatok.studies.plain_step import adamw, plain_step
 from megatok.train import dist
 from megatok.train.engine import Engine, compile_model
 
 GIB = 2**30
+#: The generation section's byte model (its BPE model: the same widths; megatok.studies.gpu_generation).
+GENERATION_CONFIG = "configs/tiny.json"
 SMOKE_SETS = ["model.d_model=64", "model.n_heads=2", "model.n_encoder_layers=1", "model.n_main_layers=2",
               "model.n_decoder_layers=1", "data.seq_len=128", "deepspeed.bf16.enabled=false",
               "deepspeed.zero_optimization.stage=1"]
 
 
 #: The sections, in the order they run by default: the trainer (does megatok train, resume and generate
-#: on this GPU at all) first, then the training figures (MFU, bytes/s, memory), then attention backends.
-SECTIONS = ("trainer", "training", "attention")
+#: on this GPU at all) first, then generation's step modes (short: its CUDA graph runs nowhere else), then
+#: the training figures (MFU, bytes/s, memory), then attention backends.
+SECTIONS = ("trainer", "generation", "training", "attention")
 
 
 # ----------------------------------------------------------------------------- helpers
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
 
 def peak_tflops(device: torch.device, override: float | None) -> float | None:
     return override or flops.device_peak_tflops(device)
@@ -109,7 +114,7 @@ def text_sequences(seq_len: int, n: int) -> torch.Tensor:
     return seqs.repeat(reps, 1)[:n]
 
 
-# ----------------------------------------------------------------------------- 1. attention
+# ----------------------------------------------------------------------------- attention
 
 def attention_check(device: torch.device, shapes: list[tuple[int, int, int, int]], iters: int) -> list[dict]:
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -149,7 +154,7 @@ def attention_check(device: torch.device, shapes: list[tuple[int, int, int, int]
     return rows
 
 
-# ----------------------------------------------------------------------------- 2. training
+# ----------------------------------------------------------------------------- training
 
 def build(cfg, device: torch.device):
     """The config's model (megatok.model.build_model), built on the device, compiled as the trainer
@@ -250,156 +255,13 @@ def _training_row(cfg, config: str, engine: str, n_params: int, times: list[floa
     return row
 
 
-# ----------------------------------------------------------------------------- 3. the trainer
-
-LAUNCH_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-
-
-def _run(cmd: list[str], timeout: float) -> subprocess.CompletedProcess:
-    """A child process of its own: not this process's rank or port (section 2 may have started a group)."""
-    env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS}
-    return subprocess.run([sys.executable, *cmd], cwd=CHECKOUT, capture_output=True, text=True, timeout=timeout,
-                          env={**env, "WANDB_MODE": "disabled", "PYTHONUNBUFFERED": "1"})
-
-
-def _train_losses(run_dir: Path) -> dict[int, float]:
-    return {r["step"]: r["loss"] for r in read_metrics(run_dir) if r.get("split") == "train"}
-
-
-def trainer_check(config: str, overrides: list[str], *, device: torch.device, steps: int, micro: int | None,
-                  timeout: float = 600, row: dict | None = None, save=lambda: None) -> dict:
-    """The real trainer on the device, as users start it (launch/pretrain.py, one process): ``steps``
-    steps under ZeRO-3 (the model built partitioned) with a checkpoint halfway, a new process resumed
-    from that checkpoint, whose losses are compared with the first run's, megatok-generate on the
-    result, then 2 steps under ZeRO-2. Data: shards built here from the Python standard library's
-    sources. Each part's figures go into ``row`` (returned) as soon as it ends, and ``save()`` is
-    called then, so a check cut short keeps the parts it finished; a part that would start with under
-    a minute of ``timeout`` left is skipped (``skipped``)."""
-    import shutil
-    import tempfile
-
-    row = {} if row is None else row
-    row.update(config=config, zero_stage=3, steps=steps)
-    if not (CHECKOUT / "launch" / "pretrain.py").is_file():
-        row["error"] = (f"no launch/pretrain.py in {CHECKOUT}: the trainer check runs the trainer of a megatok "
-                        f"checkout (run this check from one)")
-        return row
-    tmp = Path(tempfile.mkdtemp(prefix="megatok-gpu-check-"))
-    parts = _TrainerParts(config, overrides, device, steps, micro, tmp, time.monotonic() + timeout, row)
-    try:
-        parts.train()
-        save()
-        if parts.enough("resume"):
-            parts.resume()
-            save()
-        if parts.enough("generate"):
-            parts.generate()
-            save()
-        if parts.enough("zero2"):
-            parts.zero2()
-    except _Failed as e:
-        row["error"] = str(e)
-    except subprocess.TimeoutExpired as e:
-        row["error"] = f"timed out after {e.timeout} s: {' '.join(map(str, e.cmd[1:3]))}"
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return row
-
-
-class _Failed(Exception):
-    """A part of the trainer check failed: its error ends the check."""
-
-
-class _TrainerParts:
-    """The parts of the trainer check, in ``tmp``, each recording into ``row``; ``end``: the monotonic
-    time all their processes together must end by."""
-
-    def __init__(self, config: str, overrides: list[str], device: torch.device, steps: int, micro: int | None,
-                 tmp: Path, end: float, row: dict):
-        self.config, self.overrides, self.device, self.steps, self.micro = config, overrides, device, steps, micro
-        self.tmp, self.end, self.row = tmp, end, row
-        self.half = steps // 2
-        self.first, self.again = tmp / "run", tmp / "resumed"
-
-    def left(self) -> float:
-        return max(1.0, self.end - time.monotonic())
-
-    def enough(self, part: str) -> bool:
-        if self.end - time.monotonic() >= 60:
-            return True
-        self.row.setdefault("skipped", []).append(part)
-        return False
-
-    def run(self, cmd: list[str], what: str) -> subprocess.CompletedProcess:
-        r = _run(cmd, self.left())
-        if r.returncode:
-            raise _Failed(f"{what} exited {r.returncode}: {r.stderr.strip()[-400:]}")
-        return r
-
-    def train(self) -> None:
-        """``steps`` steps under ZeRO-3 with a checkpoint halfway, on shards of the standard library."""
-        tmp = self.tmp
-        stdlib = sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py"))
-        with (tmp / "corpus.jsonl").open("w") as f:
-            for path in stdlib[:300]:
-                f.write(json.dumps({"text": path.read_text(errors="replace")[:40_000], "lang": "en",
-                                    "domain": "code"}) + "\n")
-        build_shards([str(tmp / "corpus.jsonl")], str(tmp / "shards"), val_fraction=0.05, num_shards=2,
-                     progress=False)
-        mb = self.micro or load_config(self.config, self.overrides, world_size=1).train.micro_batch_size
-        self.sets = [*self.overrides, f"data.shards={tmp / 'shards'}", "data.num_workers=1",
-                     f"train.max_steps={self.steps}", f"train.save_every={self.half}", "train.log_every=1",
-                     "eval.every=0", "eval.max_sequences=4", f"train.micro_batch_size={mb}", "train.grad_accum=1",
-                     f"train.global_batch_size={mb}", "deepspeed.zero_optimization.stage=3",
-                     "logging.wandb_mode=disabled", "logging.progress=false"]
-        t = time.perf_counter()
-        r = _run(["launch/pretrain.py", "--config", self.config, "--set", *self.sets, f"train.run_dir={self.first}"],
-                 self.left())
-        self.row["train_s"] = round(time.perf_counter() - t, 1)
-        if r.returncode:
-            raise _Failed(f"trainer exited {r.returncode}: {r.stderr.strip()[-400:]}")
-        self.row["built_partitioned"] = "(built partitioned)" in r.stdout
-        self.row["compiled"] = "torch.compile" in r.stdout
-        self.losses = _train_losses(self.first)
-        self.row.update(loss_first=round(self.losses[1], 4), loss_last=round(self.losses[self.steps], 4))
-
-    def resume(self) -> None:
-        """A new process resumed from the halfway checkpoint: its losses against the first run's."""
-        import shutil
-
-        tag = f"step{self.half:08d}"
-        shutil.copytree(self.first / "checkpoints" / tag, self.again / "checkpoints" / tag)
-        self.run(["launch/pretrain.py", "--config", str(self.first / "config.json"), "--set",
-                  f"train.run_dir={self.again}", "--resume", tag], "resumed trainer")
-        a, b = self.losses, _train_losses(self.again)
-        diffs = [abs(b[s] - a[s]) / abs(a[s]) for s in range(self.half + 1, self.steps + 1)]
-        self.row.update(resume_max_rel_diff=max(diffs), resume_exact=max(diffs) == 0.0)
-
-    def generate(self) -> None:
-        """megatok-generate on the trained run."""
-        t = time.perf_counter()
-        r = self.run(["-m", "megatok.cli.generate", "--run", str(self.first), "--prompt", "def ", "--max-bytes", "64",
-                      "--device", str(self.device), "--json"], "generate")
-        sample = json.loads(r.stdout.splitlines()[-1])
-        self.row.update(generate_bytes=sample["bytes"], generate_s=round(time.perf_counter() - t, 1))
-
-    def zero2(self) -> None:
-        """ZeRO-2: the whole model built directly on the GPU (megatok/train/engine.py build), 2 steps."""
-        t = time.perf_counter()
-        self.run(["launch/pretrain.py", "--config", self.config, "--set", *self.sets,
-                  "deepspeed.zero_optimization.stage=2", "train.max_steps=2", "train.save_every=2",
-                  f"train.run_dir={self.tmp / 'zero2'}"], "ZeRO-2 trainer")
-        z = _train_losses(self.tmp / "zero2")
-        self.row.update(zero2_s=round(time.perf_counter() - t, 1), zero2_loss_first=round(z[1], 4),
-                        zero2_loss_last=round(z[2], 4))
-
-
 # ----------------------------------------------------------------------------- report
 
 def show(report: dict) -> str:
     """The report as text: its sections in the order they ran."""
     lines = ["environment: " + ", ".join(f"{k}={v}" for k, v in report["environment"].items())]
-    shown = {"trainer": _show_trainer, "training": _show_training, "attention": _show_attention}
+    shown = {"trainer": show_trainer, "generation": show_generation, "training": _show_training,
+             "attention": _show_attention}
     for name in report.get("sections", SECTIONS):
         lines += ["", *shown[name](report)]
     if report.get("stopped"):
@@ -441,31 +303,6 @@ def _show_training(report: dict) -> list[str]:
     return lines
 
 
-def _show_trainer(report: dict) -> list[str]:
-    r = report.get("trainer")
-    if not r:
-        return ["trainer: not run (--trainer-config none, or no DeepSpeed)"]
-    parts = []
-    if "train_s" in r and "loss_first" in r:
-        parts.append(f"{r['steps']} steps in {r['train_s']} s (start-up included), built partitioned: "
-                     f"{r['built_partitioned']}, compiled: {r['compiled']}, loss {r['loss_first']} -> {r['loss_last']}")
-    if "resume_exact" in r:
-        parts.append(f"resumed losses: max relative difference {r['resume_max_rel_diff']:.2e} "
-                     f"({'bit-exact' if r['resume_exact'] else 'not bit-exact'})")
-    if "generate_bytes" in r:
-        parts.append(f"generated {r['generate_bytes']} bytes in {r['generate_s']} s (start-up included)")
-    if "zero2_s" in r:
-        parts.append(f"ZeRO-2 (built on the device): 2 steps in {r['zero2_s']} s, loss {r['zero2_loss_first']} -> "
-                     f"{r['zero2_loss_last']}")
-    if r.get("skipped"):
-        parts.append(f"skipped for time: {', '.join(r['skipped'])}")
-    if "error" in r:
-        parts.append(f"error: {r['error']}")
-    return ["trainer (launch/pretrain.py, ZeRO-3 built partitioned; resumed from the halfway checkpoint in a new "
-            "process; megatok-generate on the result; 2 steps under ZeRO-2)",
-            f"{r.get('config', '-')}: {'; '.join(parts) or 'nothing finished'}"]
-
-
 def run(args) -> int:
     """The check with megatok-gpu-check's settings ``args`` (megatok.cli.gpu_check): its sections in the
     order asked, the report printed (and written to --json-out) after every part, and on SIGTERM; 0, or 2
@@ -487,8 +324,8 @@ def run(args) -> int:
         check.report["stopped"] = "SIGTERM"
         sys.exit(143)
 
-    sections = {"trainer": check.trainer_section, "training": check.training_section,
-                "attention": check.attention_section}
+    sections = {"trainer": check.trainer_section, "generation": check.generation_section,
+                "training": check.training_section, "attention": check.attention_section}
     previous = signal.signal(signal.SIGTERM, stop)  # e.g. `timeout`: the finally still reports
     try:
         for name in args.sections:
@@ -517,6 +354,7 @@ class Check:
             self.trainer_config = None if args.trainer_config == "none" else "configs/tiny.json"
             self.trainer_steps = 2
             self.shapes = [(1, 2, 128, 32), (1, 2, 32, 32)]
+            self.gen_bytes = min(args.gen_bytes, 16)
         else:
             self.device = torch.device("cuda", 0)
             torch.cuda.set_device(self.device)
@@ -525,12 +363,13 @@ class Check:
             self.trainer_config = None if args.trainer_config == "none" else args.trainer_config
             self.trainer_steps = args.trainer_steps
             self.shapes = [(8, 16, 4096, 64), (8, 16, 820, 128)]  # byte rate at seq_len 4096; main rate at rho = 0.2
+            self.gen_bytes = args.gen_bytes
         self.engine = args.engine
         if self.engine == "auto":
             self.engine = "deepspeed" if _importable("deepspeed") else "torch"
         self.peak = peak_tflops(self.device, args.peak_tflops)
         self.report = {"environment": environment(self.device), "sections": args.sections, "attention": [],
-                       "training": []}
+                       "training": [], "generation": []}
 
     def write(self) -> None:
         if self.args.json_out:
@@ -588,6 +427,19 @@ class Check:
             traceback.print_exc()
             rows.append({"config": label, "engine": self.engine, "error": f"{type(e).__name__}: {e}"[:300]})
         return True
+
+    def generation_section(self) -> None:
+        rows = self.report["generation"]
+        if time.monotonic() > self.deadline:
+            rows.append({"error": "skipped: --budget-s spent"})
+        else:
+            try:
+                generation_check(self.device, GENERATION_CONFIG, self.overrides, max_bytes=self.gen_bytes,
+                                 deadline=self.deadline, rows=rows, save=self.save)
+            except Exception as e:  # noqa: BLE001 - what it finished is kept
+                traceback.print_exc()
+                rows.append({"error": f"{type(e).__name__}: {e}"[:300]})
+        self.save("generation done")
 
     def attention_section(self) -> None:
         if time.monotonic() > self.deadline:

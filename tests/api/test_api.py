@@ -165,6 +165,31 @@ def test_a_long_contexts_continuation_is_read_in_windows_that_end_at_it(tiny_run
                                   + model.loglikelihood(context + continuation[:m], continuation[m:])[0], abs=1e-4)
 
 
+def test_the_static_step_gives_the_default_completions_and_cuda_graph_asks_for_a_gpu(tiny_run, bpe_run, capsys):
+    """generate(static=True), the step a CUDA graph captures (fixed shapes, no host sync, rows kept to the
+    end), gives every prompt the completion of the default step: prompts of different lengths, one past
+    the window, one ended early by a stop string, both model kinds. cuda_graph on a CPU model, and
+    megatok-generate --cuda-graph without a CUDA device, are one-line errors."""
+    from megatok.cli import generate as generate_cli
+
+    prompts = ["def ", TEXT[:150], "", "The quick brown fox"]
+    for run, rule in ((tiny_run, "sample"), (bpe_run, "threshold")):
+        model = megatok.load(run, boundary=rule)
+        kw = dict(max_bytes=70, temperature=0.9, seed=[3, 4, 5, 6])
+        stop = [model.generate(prompts[0], max_bytes=70, temperature=0.9, seed=3).data[20:22]]  # ends row 0 early
+        plain, static = model.generate(prompts, stop=stop, **kw), model.generate(prompts, stop=stop, static=True, **kw)
+        assert plain[0].finish_reason == "stop" and max(len(c.data) for c in plain) >= 70  # past the windows (64 bytes, 32 tokens)
+        for a, b in zip(plain, static):
+            assert (b.data, b.finish_reason, b.generation.starts) == (a.data, a.finish_reason, a.generation.starts)
+            assert b.generation.logprobs == pytest.approx(a.generation.logprobs, abs=1e-4)
+    with pytest.raises(ValueError, match=r"^cuda_graph needs the model on a CUDA device \(it is on cpu\)"):
+        model.generate("def ", cuda_graph=True)
+    capsys.readouterr()
+    assert generate_cli.main(["--run", str(tiny_run), "--cuda-graph"]) == 2
+    err = capsys.readouterr().err
+    assert err == "error: --cuda-graph needs a CUDA device (--device cuda), not cpu\n"
+
+
 def test_what_cannot_be_scored_or_generated_is_one_line_error(tiny_run):
     model = megatok.load(tiny_run)
     with pytest.raises(ValueError, match="^max_bytes must be >= 0, got -1$"):

@@ -178,3 +178,42 @@ def test_the_main_network_runs_for_the_rows_whose_byte_starts_a_chunk():
     steps = rows[1:]  # after the prompts' forward
     assert all(t == 1 for _, t in steps) and sum(n for n, _ in steps) == sum(sum(g.starts) for g in gens)
     assert 0 < len(steps) < 30 and min(n for n, _ in steps) < 3  # steps where some rows start no chunk
+
+
+def test_the_graphs_warm_up_changes_nothing_the_next_step_reads():
+    """Before capturing the static step as a CUDA graph, generation warms it up on the cache it will
+    replay on. Run here on the CPU: the warm-up raises nothing for a row one id short of the window (the
+    cache's last position: a step writes at a row's length only), and the step after it gives what the
+    step gives without it (logits and boundaries, to the bit), leaving the same cache."""
+    from megatok.data.encoding import BYTES
+    from megatok.generate import _Cached, _Graph, _Row
+
+    model = make_model("policy")
+
+    def prepared():  # rows of SEQ - 1 ids (the separator and the prompt) and 6 ids, read into a static cache
+        rows = [_Row([SEP, *PROMPTS[2][:SEQ - 2]], 3), _Row([SEP, *b"x = 1"], 4)]
+        engine = _Cached(model, rows, SEQ, True, torch.device("cpu"), BYTES, static=True)
+        engine.start()
+        return engine
+
+    x = torch.tensor([ord("a"), ord("b")])
+    warmed, plain = prepared(), prepared()
+    graph = _Graph(model, warmed.cache, 2, torch.device("cpu"))
+    graph.x.copy_(x)
+    assert warmed.cache.byte.lengths.tolist() == [SEQ - 1, 6]
+    graph.warm_up()
+    got, want = model.step(x, warmed.cache, static=True), model.step(x, plain.cache, static=True)
+    assert torch.equal(got.logits, want.logits) and torch.equal(got.boundaries.starts, want.boundaries.starts)
+    for name in ("x", "h", "starts", "z", "up"):
+        assert torch.equal(getattr(warmed.cache, name), getattr(plain.cache, name)), name
+    for kv in ("byte", "main"):
+        a, b = getattr(warmed.cache, kv), getattr(plain.cache, kv)
+        assert torch.equal(a.lengths, b.lengths) and torch.equal(a.k, b.k) and torch.equal(a.v, b.v), kv
+
+
+def test_cuda_graph_needs_a_gpu_and_the_cache():
+    model = make_model("policy")
+    with pytest.raises(ValueError, match="cuda_graph needs the model on a CUDA device"):
+        generate(model, b"a", seq_len=SEQ, cuda_graph=True)
+    with pytest.raises(ValueError, match="not with cache=False"):
+        generate(model, b"a", seq_len=SEQ, static=True, cache=False)

@@ -1,6 +1,6 @@
 """megatok-gpu-check in its CPU smoke mode: the code paths the GPU check runs (attention comparison,
-DeepSpeed and plain-torch training steps, FLOPs, memory, the trainer with a resume and generation), on
-a tiny config, without a GPU; and tools/gpu_bench.sh, which runs it on a GPU within a time budget: its
+DeepSpeed and plain-torch training steps, FLOPs, memory, the trainer with a resume and generation,
+generation's step modes compared), on a tiny config, without a GPU; and tools/gpu_bench.sh, which runs it on a GPU within a time budget: its
 plan (order and budget) and what a SIGTERM leaves."""
 
 import json
@@ -31,14 +31,46 @@ def test_cpu_smoke_deepspeed_engine(tmp_path):
     assert t["built_partitioned"] and t["resume_exact"] and t["generate_bytes"] == 64  # fp32 on a CPU: exact
     assert "resumed losses: max relative difference 0.00e+00 (bit-exact)" in r.stdout
     assert math.isfinite(t["zero2_loss_last"]) and "ZeRO-2 (built on the device): 2 steps" in r.stdout
+    # generation: the static step gives the cached step's texts, boundaries and log-probabilities, both model
+    # kinds, batch 1 and 8 (the CUDA graph needs a GPU: not run here)
+    gen = rep["generation"]
+    assert [(g["model"], g["batch"]) for g in gen] == [("byte", 1), ("byte", 8), ("bpe", 1), ("bpe", 8)]
+    for g in gen:
+        assert "cuda_graph" not in g and g["cached"]["bytes"] > 0 and g["cached"]["bytes_per_s"] > 0
+        static = g["static"]
+        assert static["equal"] and static["identical_rows"] == g["batch"] and static["identical_bytes"] == 1.0, g
+        assert static["bytes"] == g["cached"]["bytes"] and static["logprob_max_diff"] <= 1e-4
+    assert max(gen[1]["prompt_bytes"]) > gen[1]["seq_len"] > min(gen[1]["prompt_bytes"])  # one past the window
+    assert "| byte | 8 | static | " in r.stdout and "(cuda_graph: on a GPU only)" in r.stdout
 
 
 def test_cpu_smoke_torch_engine(capsys):
     from megatok.cli import gpu_check as mod
 
-    assert mod.main(["--cpu-smoke", "--engine", "torch", "--peak-tflops", "1.0", "--attn-iters", "2"]) == 0
+    assert mod.main(["--cpu-smoke", "--engine", "torch", "--peak-tflops", "1.0", "--attn-iters", "2",
+                     "--sections", "training", "attention"]) == 0
     line = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("| configs/tiny.json")][0]
     assert "torch (fp32)" in line and "%" in line  # MFU against the given peak
+
+
+def test_generation_agreement_counts_rows_bytes_and_log_probabilities():
+    """The generation section's comparison of two modes: a row that goes its own way after a flipped draw
+    counts as different, with the bytes before the flip shared and the log-probabilities compared up to it."""
+    from megatok.generate import Generation
+    from megatok.studies.gpu_generation import agreement
+
+    def gen(text, logprobs, starts=None):
+        return Generation(text=text, ids=list(text), logprobs=logprobs, starts=starts or [False] * len(text))
+
+    ref = [gen(b"abcd", [-1.0, -2.0, -3.0, -4.0]), gen(b"xy", [-1.0, -1.0])]
+    assert agreement(ref, ref, True) == {"identical_rows": 2, "identical_bytes": 1.0, "logprob_max_diff": 0.0,
+                                         "equal": True}
+    flipped = [gen(b"abzz", [-1.0, -2.00002, -9.0, -9.0]), ref[1]]  # the third draw flipped
+    got = agreement(ref, flipped, True)
+    assert got == {"identical_rows": 1, "identical_bytes": 0.6667, "logprob_max_diff": 2e-5, "equal": False}  # 4 of 6
+    other_chunks = [ref[0], gen(b"xy", [-1.0, -1.0], [True, False])]
+    assert not agreement(ref, other_chunks, True)["equal"] and agreement(ref, other_chunks, False)["equal"]
+    assert not agreement(ref, [ref[0], gen(b"xy", [-1.0, -1.01])], True)["equal"]  # past the tolerance
 
 
 def test_the_peak_for_mfu_is_found_by_whole_words_of_the_device_name():
@@ -61,13 +93,14 @@ def test_a_spent_budget_skips_what_is_left_and_still_reports(tmp_path, capsys):
     out = tmp_path / "r.json"
     assert mod.main(["--cpu-smoke", "--attn-iters", "1", "--budget-s", "0", "--json-out", str(out)]) == 0
     rep = json.loads(out.read_text())
-    assert rep["sections"] == ["trainer", "training", "attention"]
+    assert rep["sections"] == ["trainer", "generation", "training", "attention"]
     assert rep["trainer"]["error"].startswith("skipped: --budget-s spent")
+    assert rep["generation"] == [{"error": "skipped: --budget-s spent"}]
     assert [r["error"] for r in rep["training"]] == ["skipped: --budget-s spent"] * 2
     assert rep["attention"] == [{"error": "skipped: --budget-s spent"}]
     printed = capsys.readouterr().out
-    assert (printed.index("gpu_check: trainer done") < printed.index("gpu_check: training configs/tiny.json skipped")
-            < printed.index("gpu_check: attention done"))
+    assert (printed.index("gpu_check: trainer done") < printed.index("gpu_check: generation done")
+            < printed.index("gpu_check: training configs/tiny.json skipped") < printed.index("gpu_check: attention done"))
     assert "error: skipped: --budget-s spent" in printed
 
 
@@ -111,6 +144,8 @@ def test_the_gpu_bench_runs_the_trainer_first_and_fits_its_slot(mode, slot):
         assert args.json_out == f"out/{p['part']}.json"
     first = parts[0]["command"]
     assert first[first.index("--sections") + 1:first.index("--sections") + 3] == ["trainer", "--trainer-steps"]
+    second = gpu_check.build_parser().parse_args(parts[1]["command"][3:])  # generation's step modes there
+    assert "generation" in second.sections and second.sections[0] == ("training" if mode else "generation")
 
 
 def test_the_gpu_bench_refuses_a_budget_too_small_for_its_parts():

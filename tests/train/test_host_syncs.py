@@ -87,14 +87,17 @@ ROW = {"megatok/train/dist.py:sum_over_ranks tolist": 1, "megatok/train/metrics.
        "megatok/train/metrics.py:row item": 1, "megatok/metrics.py:_clean item": 1}
 CASES = {
     "default": [],  # the main network's length read from the boundaries: one read per micro-batch
-    "static capacity": ["model.chunk_capacity=0.5", "model.static_chunks=true"],  # known in advance: none
+    # the length known in advance: none; and the policy's delayed start, whose latch (on or off) stays on the
+    # device: none either
+    "static capacity, start_margin": ["model.chunk_capacity=0.5", "model.static_chunks=true",
+                                      "boundary.start_margin=0.0"],
 }
 
 
 def test_host_reads_per_step_and_the_timeout_of_deepspeeds_groups(shards, tmp_path):
     """Each place that reads a tensor on the host in a training step, and how often: chunk_layout reads the
     boundaries' counts once per micro-batch (K, the main network's length; none with a static chunk
-    capacity) and agree() reads the ranks' answer once per step; the metrics row's reads (ROW) come only
+    capacity; the policy's start_margin adds none) and agree() reads the ranks' answer once per step; the metrics row's reads (ROW) come only
     at its steps. A new read fails here: keep it off the step, or add it to this list with the reason it
     is needed. And DeepSpeed's own process groups, on which ZeRO reduces gradients, have
     train.dist_timeout_s (torch would give them its default: 30 minutes on gloo, 10 on NCCL)."""
@@ -103,10 +106,10 @@ def test_host_reads_per_step_and_the_timeout_of_deepspeeds_groups(shards, tmp_pa
     accum = 2
     layout = {"megatok/model/chunking.py:chunk_layout tolist": accum}
     agree = {"megatok/train/trainer.py:agree tolist": 1}
-    for case, want in (("default", {**layout, **agree}), ("static capacity", agree)):
+    for case, want in (("default", {**layout, **agree}), ("static capacity, start_margin", agree)):
         r = python(script, *TINY, f"data.shards={shards}", "train.dist_timeout_s=77", "train.max_steps=4",
                    "train.log_every=3", "train.save_every=100", "train.micro_batch_size=2",
-                   f"train.global_batch_size={2 * accum}", f"train.run_dir={tmp_path / case.replace(' ', '-')}",
+                   f"train.global_batch_size={2 * accum}", f"train.run_dir={tmp_path / case.replace(' ', '-').replace(',', '')}",
                    *CASES[case], timeout=300)
         assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
         got = json.loads(r.stdout.split("RESULT ", 1)[1])
