@@ -14,7 +14,7 @@ Both model kinds, through megatok.api (so every figure is the one ``megatok.load
 - ``loglikelihood_rolling`` (perplexity tasks): ``Model.score(text).logprob``: the text read as a
   document after the model's separator, window by window as megatok-evaluate reads it, every byte
   (token) predicted once. The harness's ``bits_per_byte`` over a task's documents is then the evaluator's
-  bits per byte over them (tests/api/test_harness.py).
+  bits per byte over them (tests/eval/test_harness.py).
 - ``generate_until``: megatok.generate until a stop string (``until``), the model's separator, or
   ``max_gen_toks`` x ``bytes_per_gen_tok`` bytes (default 1 for the byte model, the tokenizer's bytes per
   token for the BPE model); greedy unless ``do_sample``. Requests with the same arguments are decoded
