@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import math
+import sys
+from pathlib import Path
 from typing import Any
 
 from megatok.config import ConfigError, load_config, warnings_for
@@ -400,6 +402,100 @@ def format_checkpoint(r: dict[str, Any]) -> list[str]:
 
 def report_json(r: dict[str, Any]) -> str:
     return json.dumps(r, indent=2)
+
+
+def summary_table(reports: list[dict[str, Any]]) -> str:
+    """One markdown row per size report (``report["config"]``: its config's path), as megatok-model-size
+    prints for several configs and docs/scaling.md holds."""
+    gib = GIB
+    lines = ["| config | params | main share | FLOPs/byte (train) | byte-rate share | ZeRO | micro x accum | "
+             "GPU GiB (states + act.) | checkpoint GiB | training bytes | training FLOPs |",
+             "|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|"]
+    for r in reports:
+        p, f, c, b = r["params"], r["flops_per_byte"], r["memory"]["configured"], r["batch"]
+        # the unet's heads run at byte rate; a bpe model has nothing at byte rate
+        heads = 0 if r.get("kind") == "bpe" else f["heads"]
+        byte_share = (f["byte_matmul"] + f["byte_attention"] + heads) / f["forward"]
+        name = Path(r["config"])
+        name = f"{name.parent.name}/{name.name}" if name.parent.name not in ("configs", "") else name.name
+        lines.append(f"| {name} | {p['total'] / 1e6:,.0f}M | {100 * p['main'] / p['total']:.0f}% | "
+                     f"{f['training'] / 1e9:.2f}G | {100 * byte_share:.0f}% | {c['stage']} | "
+                     f"{b['micro']} x {b['grad_accum']} | {c['model_states_gpu_bytes'] / gib:.1f} + "
+                     f"{c['activation_bytes'] / gib:.1f} = {c['total_gpu_bytes'] / gib:.1f} | "
+                     f"{r['checkpoint']['configured']['total'] / gib:,.1f} | "
+                     f"{r['training_bytes'] / 1e9:,.0f}G | {r['training_flops']:.2e} |")
+    return "\n".join(lines)
+
+
+def _file_size(n: float) -> str:
+    for unit, div in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= div:
+            return f"{n / div:.2f} {unit}"
+    return f"{n:.0f} B"
+
+
+def print_config_sizes(paths: list[str], overrides: list[str] = (), *, gpus: int = 8, nodes: int = 1,
+                       rate: float | None = None, as_json: bool = False) -> int:
+    """megatok-model-size --config: the report of one config, or a summary row per config, printed; 2 with
+    one error line for a config that does not load, 1 when the formula's parameter count is not the
+    model's."""
+    reports = []
+    for path in paths:
+        try:
+            cfg = load_config(path, list(overrides), world_size=gpus * nodes)
+        except ConfigError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        report = size_report(cfg, gpus=gpus, nodes=nodes, rate=rate)
+        if report["params_instantiated"] != report["params"]["total"]:
+            print(f"error: {path}: formula gives {report['params']['total']:,} parameters but the model has "
+                  f"{report['params_instantiated']:,}: megatok/flops.py is out of date", file=sys.stderr)
+            return 1
+        report["config"] = path
+        reports.append(report)
+    if as_json:
+        print(report_json(reports[0] if len(reports) == 1 else reports))
+    elif len(reports) == 1:
+        print(format_report(reports[0]))
+    else:
+        print(summary_table(reports))
+    return 0
+
+
+def print_run_size(run: str, *, tag: str | None = None, rate: float | None = None, as_json: bool = False) -> int:
+    """megatok-model-size --run: the report for a run directory's config, at the world size of the
+    checkpoint measured (the latest, or ``tag``), with that checkpoint's size on disk; 2 with one error
+    line for a run that cannot be read."""
+    from megatok.run.checkpoints import disk_usage, read_meta
+    from megatok.run.reader import checkpoint_to_read, run_config
+
+    try:
+        cfg = run_config(run)
+        tag = checkpoint_to_read(run, tag) if (tag or Path(run, "checkpoints").is_dir()) else None
+        used = disk_usage(run, tag) if tag else None
+        world = int(read_meta(run, tag)["world_size"]) if tag else None
+    except (ConfigError, OSError, KeyError, ValueError, TypeError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    t = cfg.train
+    world = world or t.global_batch_size // (t.micro_batch_size * t.grad_accum)
+    report = size_report(cfg, gpus=world, nodes=1, rate=rate)
+    report["config"] = str(Path(run) / "config.json")
+    report["measured_checkpoint"] = used
+    if as_json:
+        print(report_json(report))
+        return 0
+    print(format_report(report))
+    if used is None:
+        print(f"measured: {run} has no checkpoint yet")
+        return 0
+    est = report["checkpoint"]["configured"]
+    stage = report["memory"]["configured"]["stage"]
+    print(f"measured: {used['path']}: {_file_size(used['total'])} in {used['files']} files: model states "
+          f"{_file_size(used['model_states'])}, optimizer states {_file_size(used['optimizer'])} in "
+          f"{used['optimizer_files']} file(s) (largest {_file_size(used['largest_optimizer_file'])}), other "
+          f"{_file_size(used['other'])}; estimate for ZeRO-{stage} on {world} rank(s): {_file_size(est['total'])}")
+    return 0
 
 
 def quiet_deepspeed_import() -> None:

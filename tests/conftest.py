@@ -1,4 +1,5 @@
-"""Shared fixtures: a small real-text shard set, and a helper that runs launch/pretrain.py."""
+"""Shared fixtures: a small real-text shard set, a tiny byte-model run and a BPE token-model run trained on it,
+and a helper that runs launch/pretrain.py."""
 
 from __future__ import annotations
 
@@ -100,6 +101,23 @@ PARALLEL = {
            "Каждый человек имеет право на жизнь, на свободу и на личную неприкосновенность."],
     "zh": ["人人生而自由，在尊严和权利上一律平等。", "人人有权享有生命、自由和人身安全。"],
 }
+
+
+@pytest.fixture(scope="session")
+def bpe_run(shards, tmp_path_factory):
+    """3 steps of a BPE token model (vocabulary 512, 2 layers of width 32) on one rank."""
+    from megatok import bpe
+
+    tmp = tmp_path_factory.mktemp("bpe-run")
+    texts = [t.encode() for t in stdlib_texts(n_files=10)] + [" ".join(s for v in PARALLEL.values() for s in v).encode()]
+    bpe.train_bpe(texts, tmp / "tok", 512)
+    run = tmp / "bpe"
+    pretrain(["--config", "configs/tiny.json", "--set", *TINY, f"data.shards={shards}", f"train.run_dir={run}",
+              "model.kind=bpe", f"model.tokenizer={tmp / 'tok'}", "model.vocab_size=512", "model.bytes_per_token=3.0",
+              "model.n_encoder_layers=0", "model.n_decoder_layers=0", "model.n_main_layers=2", "data.seq_len=32",
+              "train.max_steps=3", "train.micro_batch_size=2", "train.global_batch_size=2"])
+    return run
+
 
 TOOL_ENV = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu", "WANDB_MODE": "disabled",
             "PYTHONPATH": str(ROOT)}

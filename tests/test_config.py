@@ -261,7 +261,7 @@ def test_the_configuration_reference_in_docs_is_current():
 
 
 def test_a_stale_configuration_reference_is_named_with_the_command_that_refreshes_it(tmp_path):
-    from megatok.cli.config_reference import BEGIN, END
+    from megatok.config_reference import BEGIN, END
 
     doc = tmp_path / "ref.md"
     doc.write_text(f"intro\n{BEGIN}\nold\n{END}\nrest\n")

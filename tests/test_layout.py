@@ -1,7 +1,8 @@
 """The package's layout: the import graph between megatok's modules (read from the source with ast, imports
-at module level and inside functions alike), every command importable with its ``main`` and importing no
-other command, no strategy option read by name outside megatok/boundaries/, no function over the length
-limit, and pyproject.toml agreeing with requirements.txt and with the packages on disk."""
+at module level and inside functions alike), every command importable with its ``main``, importing no
+other command and defining nothing but its argument parsing and ``main``, no strategy option read by name
+outside megatok/boundaries/, no function over the length limit, a tests/ folder for every subpackage, and
+pyproject.toml agreeing with requirements.txt and with the packages on disk."""
 
 from __future__ import annotations
 
@@ -164,6 +165,70 @@ def test_commands_import_no_other_command_and_the_library_no_command():
     cli = {mod for mod in MODULES if mod.startswith("megatok.cli.")}
     bad = {mod: sorted(deps & cli) for mod, deps in GRAPH.items() if deps & cli}
     assert bad == {}
+
+
+#: What a command module defines: its parser (``build_parser()``, ``parse_args(argv)``, ``parse_<what>`` for
+#: one option's value) and ``main(argv)``; the rest is the library's.
+COMMAND_FUNCTIONS = ("main", "build_parser", "parse_args")
+#: The most lines a command's ``main`` may have: its arguments, one library call, printing and exit codes.
+LONGEST_MAIN = 60
+#: Definitions a command module still holds beyond its parser and main, by module: each is to move into the
+#: library (the test fails when one is gone, so the entry goes with it).
+NOT_YET_IN_THE_LIBRARY = {"megatok.cli.generate": ["_show"]}
+
+
+def command_extras(source: str) -> list[str]:
+    """What a command module's source defines at module level besides its docstring, imports, parser
+    functions, ``main`` and the ``if __name__ == "__main__":`` block, as "line: what"; and a ``main`` over
+    LONGEST_MAIN lines."""
+    out = []
+    for i, node in enumerate(ast.parse(source).body):
+        if isinstance(node, (ast.Import, ast.ImportFrom)) or (i == 0 and isinstance(node, ast.Expr)
+                                                               and isinstance(node.value, ast.Constant)):
+            continue
+        if isinstance(node, ast.If) and ast.unparse(node.test) == "__name__ == '__main__'":
+            continue
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and (
+                node.name in COMMAND_FUNCTIONS or node.name.startswith("parse_")):
+            if node.name == "main" and node.end_lineno - node.lineno + 1 > LONGEST_MAIN:
+                out.append(f"{node.lineno}: main is {node.end_lineno - node.lineno + 1} lines")
+            continue
+        name = getattr(node, "name", None) or ast.unparse(node).splitlines()[0]
+        out.append(f"{node.lineno}: {type(node).__name__} {name}")
+    return out
+
+
+def test_the_command_reader_finds_library_code():
+    source = ('"""doc"""\nimport sys\nMB = 10\n\n\nclass Row:\n    pass\n\n\ndef helper():\n    pass\n\n\n'
+              'def parse_seeds(text):\n    return text\n\n\ndef main(argv=None):\n' + "    x = 1\n" * 60
+              + '\n\nif __name__ == "__main__":\n    sys.exit(main())\n')
+    assert command_extras(source) == ["3: Assign MB = 10", "6: ClassDef Row", "10: FunctionDef helper",
+                                      "18: main is 61 lines"]
+
+
+def test_every_command_is_its_arguments_and_main():
+    """A command module holds its argument parsing and ``main``; what it computes, writes or prints as a
+    table lives in the library (megatok/data/, megatok/eval/, megatok/studies/, ...)."""
+    extras = {mod: command_extras(path.read_text()) for mod, path in MODULES.items() if mod.startswith("megatok.cli.")}
+    pending = {mod: [e for e in extras[mod] if e.split(" ")[-1] in names] for mod, names in NOT_YET_IN_THE_LIBRARY.items()}
+    assert all(len(pending[mod]) == len(names) for mod, names in NOT_YET_IN_THE_LIBRARY.items()), pending
+    bad = {mod: [e for e in found if e not in pending.get(mod, [])] for mod, found in extras.items()}
+    assert {mod: found for mod, found in bad.items() if found} == {}
+
+
+#: Where a subpackage's tests are when not in tests/<name>/: the commands' in tests/tools/ (with the shell
+#: scripts of tools/), and a command's also beside its library's (megatok-boundary-value's in tests/eval/,
+#: megatok-model-size's in tests/scale/, ...).
+TESTS_OF = {"cli": "tools"}
+
+
+def test_every_subpackage_has_its_tests_folder():
+    """tests/ mirrors the package: every subpackage of megatok/ has a tests/ folder of its name (or the one
+    TESTS_OF names) holding test files."""
+    subpackages = sorted(p.parent.name for p in PACKAGE.glob("*/__init__.py"))
+    assert {"train", "run", "eval", "cli"} <= set(subpackages)
+    missing = [name for name in subpackages if not any((ROOT / "tests" / TESTS_OF.get(name, name)).glob("test_*.py"))]
+    assert missing == []
 
 
 def _options_node(node) -> bool:

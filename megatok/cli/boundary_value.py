@@ -17,7 +17,6 @@ there, against the checkpoint's training bytes (``--plot`` draws it).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -41,41 +40,10 @@ def main(argv=None) -> int:
         ap.error("--gamma must be in [0, 1]")
     if args.rounds < 1 or args.batch_size < 2:
         ap.error("--rounds must be at least 1 and --batch-size at least 2")
-    import torch
+    from megatok.eval.policy_probe import probe_run
 
-    from megatok.eval import policy_probe as probe
-    from megatok.run.checkpoints import published_tags
-
-    torch.set_num_threads(max(1, torch.get_num_threads()))
-    several = args.checkpoint is not None and (args.checkpoint == "all" or "," in args.checkpoint)
-    tags = ([args.checkpoint] if not several else published_tags(args.run) if args.checkpoint == "all"
-            else [t for t in args.checkpoint.split(",") if t])
-    if not tags:
-        print(f"error: {args.run}: no checkpoint to probe", file=sys.stderr)
-        return 2
-    results = []
-    for tag in tags:
-        try:
-            result = probe.probe_checkpoint(args.run, tag, data=args.data, batch_size=args.batch_size,
-                                            seq_len=args.seq_len, gamma=args.gamma, rounds=args.rounds, seed=args.seed)
-        except (FileNotFoundError, ValueError) as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
-        print(f"{args.run} ({result['checkpoint']}, {result['strategy']}): one added boundary, discounted loss saved "
-              f"(gamma {args.gamma}), {args.rounds} per sequence and class on {result['batch'][0]} x "
-              f"{result['batch'][1]} bytes")
-        print(probe.format_table(result), flush=True)
-        results.append(result)
-    rows = probe.trend(results)
-    if several:
-        print(probe.format_trend(rows))
-    if args.plot and several:
-        probe.plot_trend(rows, args.plot, f"{args.run} ({results[0]['strategy']})")
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        doc = {"trend": rows, "checkpoints": results} if several else results[0]
-        args.out.write_text(json.dumps(doc, indent=2) + "\n")
-    return 0
+    return probe_run(args.run, args.checkpoint, data=args.data, batch_size=args.batch_size, seq_len=args.seq_len,
+                     gamma=args.gamma, rounds=args.rounds, seed=args.seed, out=args.out, plot=args.plot)
 
 
 if __name__ == "__main__":

@@ -61,8 +61,8 @@ def main(argv=None) -> int:
         parser.error(f"--workers must be at least 1, got {workers}")
     start = time.monotonic()
     try:
-        lang_weights, domain_weights = _weights(args.lang_weight, "--lang-weight"), _weights(args.domain_weight,
-                                                                                             "--domain-weight")
+        lang_weights = parse_weights(args.lang_weight, "--lang-weight")
+        domain_weights = parse_weights(args.domain_weight, "--domain-weight")
         m = build_shards(args.inputs, args.out, val_fraction=args.val_fraction, num_shards=args.num_shards,
                          val_shards=args.val_shards, shard_bytes=int(args.shard_mb * 2**20), seed=args.seed,
                          overwrite=args.overwrite, lang=args.lang, domain=args.domain,
@@ -88,7 +88,8 @@ def main(argv=None) -> int:
     return 0
 
 
-def _weights(items: list[str], flag: str) -> dict[str, float]:
+def parse_weights(items: list[str], flag: str) -> dict[str, float]:
+    """--lang-weight / --domain-weight (``flag``): NAME=WEIGHT items -> {NAME: WEIGHT}; ValueError naming the item."""
     out = {}
     for item in items:
         name, sep, value = item.partition("=")

@@ -18,6 +18,7 @@ import sys
 
 import torch
 
+from megatok.config import ConfigError
 from megatok.data.documents import DataError
 from megatok.eval.evaluate import evaluate_run
 
@@ -38,22 +39,15 @@ def main(argv=None) -> int:
     # stdout carries the JSON result only: DeepSpeed's loggers print to whatever stdout is when it loads.
     result_out, sys.stdout = sys.stdout, sys.stderr
     try:
-        return _evaluate(args, result_out)
-    finally:
-        sys.stdout = result_out
-
-
-def _evaluate(args, result_out) -> int:
-    from megatok.config import ConfigError
-
-    try:
         out = evaluate_run(args.run, args.data, checkpoint=args.checkpoint, boundary=args.boundary, seed=args.seed,
                            seq_len=args.seq_len, batch_size=args.batch_size, device=args.device,
                            max_bytes=args.max_bytes)
     except (DataError, FileNotFoundError, ConfigError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(json.dumps(out, indent=2, allow_nan=False), file=result_out)  # NaN (0 / 0): null
+    finally:
+        sys.stdout = result_out
+    print(json.dumps(out, indent=2, allow_nan=False))  # NaN (0 / 0): null
     return 0
 
 

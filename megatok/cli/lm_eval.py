@@ -12,9 +12,7 @@ is answered: megatok/eval/harness.py.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-from pathlib import Path
 
 
 def main(argv=None) -> int:
@@ -39,42 +37,12 @@ def main(argv=None) -> int:
     from megatok import sizing
 
     sizing.quiet_deepspeed_import()
-    import lm_eval
-    from lm_eval.tasks import TaskManager
-    from lm_eval.utils import make_table
+    from megatok.eval.harness import run_tasks
 
-    from megatok.config import ConfigError
-    from megatok.eval.harness import MegatokLM
-
-    tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
-    if args.include_path and not Path(args.include_path).is_dir():
-        print(f"error: --include-path {args.include_path}: not a directory", file=sys.stderr)
-        return 2
-    manager = TaskManager(include_path=args.include_path)
-    unknown = [t for t in tasks if not manager.match_tasks([t])]
-    if unknown:
-        print(f"error: --tasks: unknown task {', '.join(unknown)} (lm-eval ls tasks lists them; your own YAML "
-              f"files go under --include-path)", file=sys.stderr)
-        return 2
-    try:
-        lm = MegatokLM(args.model, checkpoint=args.checkpoint, device=args.device, dtype=args.dtype,
-                       boundary=args.boundary, seed=args.seed, batch_size=args.batch_size)
-    except (FileNotFoundError, ConfigError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    results = lm_eval.simple_evaluate(model=lm, tasks=tasks, num_fewshot=args.num_fewshot, limit=args.limit,
-                                      task_manager=manager, log_samples=False, random_seed=args.seed,
-                                      numpy_random_seed=args.seed, torch_random_seed=args.seed,
-                                      fewshot_random_seed=args.seed)
-    print(f"# {args.model} ({lm.model.kind}{', checkpoint ' + lm.model.checkpoint if lm.model.checkpoint else ''}"
-          f"{', boundaries ' + lm.model.boundary_rule if lm.model.byte_model else ''})")
-    print(make_table(results))
-    if args.output:
-        out = {"model": str(args.model), "checkpoint": lm.model.checkpoint, "kind": lm.model.kind,
-               "boundary_rule": lm.model.boundary_rule, "results": results["results"],
-               "versions": results.get("versions"), "n-shot": results.get("n-shot"), "config": results.get("config")}
-        Path(args.output).write_text(json.dumps(out, indent=2, default=str) + "\n")
-    return 0
+    return run_tasks(args.model, [t.strip() for t in args.tasks.split(",") if t.strip()],
+                     include_path=args.include_path, checkpoint=args.checkpoint, device=args.device, dtype=args.dtype,
+                     boundary=args.boundary, seed=args.seed, batch_size=args.batch_size, num_fewshot=args.num_fewshot,
+                     limit=args.limit, output=args.output)
 
 
 if __name__ == "__main__":

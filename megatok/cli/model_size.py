@@ -21,10 +21,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 from megatok import sizing
-from megatok.config import ConfigError, load_config
 
 
 def main(argv=None) -> int:
@@ -47,90 +45,10 @@ def main(argv=None) -> int:
         ap.error("--set does not go with --run (a run is sized as it was configured)")
     sizing.quiet_deepspeed_import()
     if args.run:
-        return _run_report(args)
-    reports = []
-    for path in args.config:
-        try:
-            cfg = load_config(path, args.overrides, world_size=args.gpus * args.nodes)
-        except ConfigError as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
-        report = sizing.size_report(cfg, gpus=args.gpus, nodes=args.nodes, rate=args.rate)
-        if report["params_instantiated"] != report["params"]["total"]:
-            print(f"error: {path}: formula gives {report['params']['total']:,} parameters but the model has "
-                  f"{report['params_instantiated']:,}: megatok/flops.py is out of date", file=sys.stderr)
-            return 1
-        report["config"] = path
-        reports.append(report)
-    if args.json:
-        print(sizing.report_json(reports[0] if len(reports) == 1 else reports))
-    elif len(reports) == 1:
-        print(sizing.format_report(reports[0]))
-    else:
-        print(summary(reports))
-    return 0
+        return sizing.print_run_size(args.run, tag=args.tag, rate=args.rate, as_json=args.json)
+    return sizing.print_config_sizes(args.config, args.overrides, gpus=args.gpus, nodes=args.nodes, rate=args.rate,
+                                     as_json=args.json)
 
-
-def _run_report(args) -> int:
-    """The report for a run directory's config, at the world size of the checkpoint measured."""
-    from megatok.run.checkpoints import disk_usage, read_meta
-    from megatok.run.reader import checkpoint_to_read, run_config
-
-    try:
-        cfg = run_config(args.run)
-        tag = checkpoint_to_read(args.run, args.tag) if (args.tag or Path(args.run, "checkpoints").is_dir()) else None
-        used = disk_usage(args.run, tag) if tag else None
-        world = int(read_meta(args.run, tag)["world_size"]) if tag else None
-    except (ConfigError, OSError, KeyError, ValueError, TypeError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    t = cfg.train
-    world = world or t.global_batch_size // (t.micro_batch_size * t.grad_accum)
-    report = sizing.size_report(cfg, gpus=world, nodes=1, rate=args.rate)
-    report["config"] = str(Path(args.run) / "config.json")
-    report["measured_checkpoint"] = used
-    if args.json:
-        print(sizing.report_json(report))
-        return 0
-    print(sizing.format_report(report))
-    if used is None:
-        print(f"measured: {args.run} has no checkpoint yet")
-        return 0
-    est = report["checkpoint"]["configured"]
-    stage = report["memory"]["configured"]["stage"]
-    print(f"measured: {used['path']}: {_size(used['total'])} in {used['files']} files: model states "
-          f"{_size(used['model_states'])}, optimizer states {_size(used['optimizer'])} in {used['optimizer_files']} "
-          f"file(s) (largest {_size(used['largest_optimizer_file'])}), other {_size(used['other'])}; "
-          f"estimate for ZeRO-{stage} on {world} rank(s): {_size(est['total'])}")
-    return 0
-
-
-def _size(n: float) -> str:
-    for unit, div in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= div:
-            return f"{n / div:.2f} {unit}"
-    return f"{n:.0f} B"
-
-
-def summary(reports) -> str:
-    gib = sizing.GIB
-    lines = ["| config | params | main share | FLOPs/byte (train) | byte-rate share | ZeRO | micro x accum | "
-             "GPU GiB (states + act.) | checkpoint GiB | training bytes | training FLOPs |",
-             "|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|"]
-    for r in reports:
-        p, f, c, b = r["params"], r["flops_per_byte"], r["memory"]["configured"], r["batch"]
-        # the unet's heads run at byte rate; a bpe model has nothing at byte rate
-        heads = 0 if r.get("kind") == "bpe" else f["heads"]
-        byte_share = (f["byte_matmul"] + f["byte_attention"] + heads) / f["forward"]
-        name = Path(r["config"])
-        name = f"{name.parent.name}/{name.name}" if name.parent.name not in ("configs", "") else name.name
-        lines.append(f"| {name} | {p['total'] / 1e6:,.0f}M | {100 * p['main'] / p['total']:.0f}% | "
-                     f"{f['training'] / 1e9:.2f}G | {100 * byte_share:.0f}% | {c['stage']} | "
-                     f"{b['micro']} x {b['grad_accum']} | {c['model_states_gpu_bytes'] / gib:.1f} + "
-                     f"{c['activation_bytes'] / gib:.1f} = {c['total_gpu_bytes'] / gib:.1f} | "
-                     f"{r['checkpoint']['configured']['total'] / gib:,.1f} | "
-                     f"{r['training_bytes'] / 1e9:,.0f}G | {r['training_flops']:.2e} |")
-    return "\n".join(lines)
 
 if __name__ == "__main__":
     sys.exit(main())

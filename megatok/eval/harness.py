@@ -14,7 +14,7 @@ Both model kinds, through megatok.api (so every figure is the one ``megatok.load
 - ``loglikelihood_rolling`` (perplexity tasks): ``Model.score(text).logprob``: the text read as a
   document after the model's separator, window by window as megatok-evaluate reads it, every byte
   (token) predicted once. The harness's ``bits_per_byte`` over a task's documents is then the evaluator's
-  bits per byte over them (tests/api/test_harness.py).
+  bits per byte over them (tests/eval/test_harness.py).
 - ``generate_until``: megatok.generate until a stop string (``until``), the model's separator, or
   ``max_gen_toks`` x ``bytes_per_gen_tok`` bytes (default 1 for the byte model, the tokenizer's bytes per
   token for the BPE model); greedy unless ``do_sample``. Requests with the same arguments are decoded
@@ -25,8 +25,12 @@ Both model kinds, through megatok.api (so every figure is the one ``megatok.load
 
 from __future__ import annotations
 
+import json
 import math
+import sys
+from pathlib import Path
 
+import lm_eval
 import lm_eval.models  # noqa: F401 - the harness's own models first: it loads them only into an empty registry
 from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
@@ -126,3 +130,44 @@ def _longest_first(texts: list[str]) -> list[int]:
     """Indices of ``texts``, the longest (in UTF-8 bytes) first, as the harness's own models order their
     requests: a batch then holds texts of about one length, and the first batch shows the most memory."""
     return sorted(range(len(texts)), key=lambda i: -len(texts[i].encode()))
+
+
+def run_tasks(model: str, tasks: list[str], *, include_path: str | None = None, checkpoint: str | None = None,
+              device: str | None = None, dtype: str | None = None, boundary: str = "threshold", seed: int = 0,
+              batch_size: int = 8, num_fewshot: int | None = None, limit: float | None = None,
+              output: str | None = None) -> int:
+    """What megatok-lm-eval does: ``tasks`` (the harness's, or YAML files under ``include_path``) on the
+    run or export ``model``, the results table printed and, with ``output``, written as JSON; 0, or 2 with
+    one error line for an unknown task, a missing ``include_path`` or a model that cannot be loaded."""
+    from lm_eval.tasks import TaskManager
+    from lm_eval.utils import make_table
+
+    from megatok.config import ConfigError
+
+    if include_path and not Path(include_path).is_dir():
+        print(f"error: --include-path {include_path}: not a directory", file=sys.stderr)
+        return 2
+    manager = TaskManager(include_path=include_path)
+    unknown = [t for t in tasks if not manager.match_tasks([t])]
+    if unknown:
+        print(f"error: --tasks: unknown task {', '.join(unknown)} (lm-eval ls tasks lists them; your own YAML "
+              f"files go under --include-path)", file=sys.stderr)
+        return 2
+    try:
+        lm = MegatokLM(model, checkpoint=checkpoint, device=device, dtype=dtype, boundary=boundary, seed=seed,
+                       batch_size=batch_size)
+    except (FileNotFoundError, ConfigError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    results = lm_eval.simple_evaluate(model=lm, tasks=tasks, num_fewshot=num_fewshot, limit=limit,
+                                      task_manager=manager, log_samples=False, random_seed=seed,
+                                      numpy_random_seed=seed, torch_random_seed=seed, fewshot_random_seed=seed)
+    print(f"# {model} ({lm.model.kind}{', checkpoint ' + lm.model.checkpoint if lm.model.checkpoint else ''}"
+          f"{', boundaries ' + lm.model.boundary_rule if lm.model.byte_model else ''})")
+    print(make_table(results))
+    if output:
+        out = {"model": str(model), "checkpoint": lm.model.checkpoint, "kind": lm.model.kind,
+               "boundary_rule": lm.model.boundary_rule, "results": results["results"],
+               "versions": results.get("versions"), "n-shot": results.get("n-shot"), "config": results.get("config")}
+        Path(output).write_text(json.dumps(out, indent=2, default=str) + "\n")
+    return 0

@@ -16,7 +16,10 @@ estimator's own return G_t in the same sample: the noise a decision's credit car
 
 from __future__ import annotations
 
+import json
 import math
+import sys
+from pathlib import Path
 
 import torch
 
@@ -237,3 +240,45 @@ def format_table(result: dict) -> str:
         lines.append(f"estimator return noise (std of G_t over decisions, gamma {result['gamma']}): "
                      f"{result['return_std']:.3f} nats")
     return "\n".join(lines)
+
+
+def probe_run(run: str, checkpoint: str | None = None, *, data: str | None = None, batch_size: int = 16,
+              seq_len: int | None = None, gamma: float = 0.99, rounds: int = 8, seed: int = 0,
+              out: Path | None = None, plot: Path | None = None) -> int:
+    """What megatok-boundary-value does: each checkpoint of ``run`` probed (``checkpoint``: a tag, "all"
+    for every kept one, a comma-separated list of tags, or None for the latest), its table printed; for
+    several, the trend printed and, with ``plot``, drawn; ``out``: the result as JSON. 0, or 2 with one
+    error line for a run, checkpoint or data that cannot be read."""
+    from megatok.run.checkpoints import published_tags
+
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    several = checkpoint is not None and (checkpoint == "all" or "," in checkpoint)
+    tags = ([checkpoint] if not several else published_tags(run) if checkpoint == "all"
+            else [t for t in checkpoint.split(",") if t])
+    if not tags:
+        print(f"error: {run}: no checkpoint to probe", file=sys.stderr)
+        return 2
+    results = []
+    for tag in tags:
+        try:
+            result = probe_checkpoint(run, tag, data=data, batch_size=batch_size, seq_len=seq_len, gamma=gamma,
+                                      rounds=rounds, seed=seed)
+        except (FileNotFoundError, ValueError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        print(f"{run} ({result['checkpoint']}, {result['strategy']}): one added boundary, discounted loss saved "
+              f"(gamma {gamma}), {rounds} per sequence and class on {result['batch'][0]} x "
+              f"{result['batch'][1]} bytes")
+        print(format_table(result), flush=True)
+        results.append(result)
+    rows = trend(results)
+    if several:
+        print(format_trend(rows))
+    if plot and several:
+        plot_trend(rows, plot, f"{run} ({results[0]['strategy']})")
+    if out:
+        out = Path(out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        doc = {"trend": rows, "checkpoints": results} if several else results[0]
+        out.write_text(json.dumps(doc, indent=2) + "\n")
+    return 0

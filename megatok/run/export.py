@@ -10,7 +10,7 @@ the model needs, if any, so it can be moved and loaded anywhere (``megatok.load`
   biases), so ``config.json`` is a LlamaConfig, the weights carry Llama's names (megatok's fused
   q/k/v projection split in three) and the tokenizer is written for ``AutoTokenizer`` too
   (``tokenizer.json``, ``tokenizer_config.json``): ``LlamaForCausalLM.from_pretrained(dir)`` gives
-  megatok's logits (tests/api/test_export.py). Its beginning-of-text token is ``</s>``, the separator
+  megatok's logits (tests/run/test_export.py). Its beginning-of-text token is ``</s>``, the separator
   megatok puts before every document, so ``tokenizer(text).input_ids`` are megatok's ids for a document.
 - The byte U-net (``format`` "megatok") keeps megatok's parameter names; no ``config.json`` (no
   ``transformers`` class reads it).

@@ -15,7 +15,7 @@ in the page cache, which the kernel takes back under pressure.
   of that (virtual) concatenation, cut from the ranks' partitions it spans.
 - ZeRO-0: the weights in ``mp_rank_00_model_states.pt``.
 
-The values are exactly those of DeepSpeed's ``zero_to_fp32`` (tests/api/test_export.py).
+The values are exactly those of DeepSpeed's ``zero_to_fp32`` (tests/run/test_export.py).
 """
 
 from __future__ import annotations

@@ -39,15 +39,17 @@ def test_show_boundaries_terminal_html_png(policy_run, tmp_path):
 
 
 def test_show_boundaries_marks_a_start_inside_a_character():
-    sb = load_tool("show_boundaries")
-    chars = sb.characters("aé".encode())
+    from megatok.display import char_marks, characters, terminal
+    from megatok.eval.segments import Row
+
+    chars = characters("aé".encode())
     assert chars == [(0, 1, "a"), (1, 2, "é")]
-    assert sb.char_marks(chars, [True, False, True]) == ["start", "inside"]
-    row = sb.Row("r", [True, True, True], {"boundary_rate": 1.0, "bytes_per_chunk": 1.0,
-                                            "word_start_precision": 0.0, "word_start_recall": 0.0})
-    assert sb.terminal([row], "aé".encode(), "|").splitlines()[1] == "a|é"
+    assert char_marks(chars, [True, False, True]) == ["start", "inside"]
+    row = Row("r", [True, True, True], {"boundary_rate": 1.0, "bytes_per_chunk": 1.0,
+                                         "word_start_precision": 0.0, "word_start_recall": 0.0})
+    assert terminal([row], "aé".encode(), "|").splitlines()[1] == "a|é"
     row.starts = [True, False, True]
-    assert sb.terminal([row], "aé".encode(), "|").splitlines()[1] == "a¦é"
+    assert terminal([row], "aé".encode(), "|").splitlines()[1] == "a¦é"
 
 
 def test_show_boundaries_refuses_learned_strategies_without_a_run():

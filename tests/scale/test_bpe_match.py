@@ -249,14 +249,16 @@ def test_tool_never_writes_over_its_source_or_a_config_it_extends(tmp_path, caps
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
     earlier = tmp_path / "earlier.json"
     earlier.write_text("{}\n")
-    real = match_tool.load_config
+    from megatok import bpe_config
+
+    real = bpe_config.load_config
 
     def refuse_the_written(path, *a, **k):  # as if the matched config failed validation
         if Path(path).name.startswith(".earlier.json.tmp-"):
-            raise match_tool.ConfigError(f"{path}: model.main_width: refused")
+            raise ConfigError(f"{path}: model.main_width: refused")
         return real(path, *a, **k)
 
-    monkeypatch.setattr(match_tool, "load_config", refuse_the_written)
+    monkeypatch.setattr(bpe_config, "load_config", refuse_the_written)
     assert match_tool.main(["--config", str(tmp_path / "src.json"), *sizes, "--out", str(earlier)]) == 2
     assert "the matched config does not load" in _error_line(capsys)
     assert earlier.read_text() == "{}\n" and sorted(p.name for p in tmp_path.iterdir()) == [

@@ -16,14 +16,12 @@ SIZES = ["100m", "350m", "1b", "3b", "7b", "13b"]
 
 
 def _summary_rows(paths: list[str]) -> list[list[str]]:
-    from megatok.cli import model_size as tool
-
     reports = []
     for path in paths:
         report = sizing.size_report(load_config(ROOT / path, world_size=8), gpus=8, nodes=1)
         report["config"] = path
         reports.append(report)
-    lines = tool.summary(reports).splitlines()[2:]  # the header and the rule
+    lines = sizing.summary_table(reports).splitlines()[2:]  # the header and the rule
     return [[c.strip() for c in line.strip("|").split("|")] for line in lines]
 
 

@@ -1,4 +1,4 @@
-"""Tests for megatok-make-corpus (megatok/cli/make_corpus.py, megatok/data/corpus_sources.py). Fast and offline: npm is never run (fake package dirs in tmp_path)."""
+"""Tests for megatok-make-corpus (megatok/data/corpus.py, megatok/data/corpus_sources.py). Fast and offline: npm is never run (fake package dirs in tmp_path)."""
 from __future__ import annotations
 
 import gzip
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from megatok.cli import make_corpus as mc
+from megatok.data import corpus as mc
 from megatok.data import corpus_sources as cs
 from tests.conftest import run_tool
 

@@ -107,7 +107,7 @@ def test_deepspeeds_zero_to_fp32_script_runs_on_a_megatok_checkpoint(kind, tiny_
 
 
 def merge_memory(run, path: str, dtype: str) -> dict:
-    r = subprocess.run([sys.executable, str(ROOT / "tests/api/merge_memory.py"), str(run), "--path", path,
+    r = subprocess.run([sys.executable, str(ROOT / "tests/run/merge_memory.py"), str(run), "--path", path,
                         "--dtype", dtype], capture_output=True, text=True, env=TOOL_ENV, cwd=ROOT, timeout=240)
     assert r.returncode == 0, r.stderr[-3000:]
     return json.loads(r.stdout.splitlines()[-1])

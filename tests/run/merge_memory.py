@@ -1,9 +1,9 @@
 """Peak host memory of reading a run's checkpoint: megatok's streamed merge against DeepSpeed's whole-model
 merge (megatok's path before it streamed). Prints one JSON object. Run it in a fresh process per path:
 
-    python tests/api/merge_memory.py RUN --path load  --dtype bf16   # megatok.run.reader.load_model(dtype=...)
-    python tests/api/merge_memory.py RUN --path export --dtype bf16  # megatok.run.export.export(...)
-    python tests/api/merge_memory.py RUN --path old                  # get_fp32_state_dict_from_zero_checkpoint,
+    python tests/run/merge_memory.py RUN --path load  --dtype bf16   # megatok.run.reader.load_model(dtype=...)
+    python tests/run/merge_memory.py RUN --path export --dtype bf16  # megatok.run.export.export(...)
+    python tests/run/merge_memory.py RUN --path old                  # get_fp32_state_dict_from_zero_checkpoint,
                                                                      # then the fp32 model and load_state_dict
 
 Figures (MiB): ``anon_peak`` - the process's anonymous memory (RssAnon, sampled every 2 ms) at its peak,
@@ -11,7 +11,7 @@ less what it held before reading (after the imports); ``rss_peak`` - the peak re
 (ru_maxrss: VmHWM, which also counts the checkpoint's memory-mapped pages the merge read: page cache
 the kernel takes back under pressure) less the resident set before reading (an upper bound: the peak
 of the imports, if higher, counts); ``weights_fp32`` - the parameters' size
-in fp32. Used by tests/api/test_export.py and docs/results/.
+in fp32. Used by tests/run/test_export.py and docs/results/.
 """
 
 from __future__ import annotations
