@@ -1,10 +1,12 @@
-"""Text with chunk starts marked, for terminals (megatok-show-boundaries, megatok-generate), and as an HTML
-page and a PNG: one row per segmentation (``rows``: objects with a ``label``, ``starts``, one per byte, and
-``figures``, as megatok.eval.segments makes them), line by line."""
+"""Text with chunk starts marked, for terminals (megatok-show-boundaries, megatok-generate's samples), and
+as an HTML page and a PNG: one row per segmentation (``rows``: objects with a ``label``, ``starts``, one per
+byte, and ``figures``, as megatok.eval.segments makes them), line by line."""
 
 from __future__ import annotations
 
+import base64
 import html
+import json
 from pathlib import Path
 
 
@@ -163,3 +165,23 @@ def write_png(rows, chars, width: int, path: Path, title: str) -> None:
         fig.savefig(path, dpi=110)
     plt.close(fig)
 
+
+
+def sample(g, prompt: bytes, i: int, seed: int, *, as_json: bool = False, chunks: bool = False, sep: str = "│",
+           byte_model: bool = True) -> str:
+    """megatok-generate's output for sample ``i`` (seed ``seed``; its prompt's bytes, its Generation ``g``):
+    a header line and the prompt and text (``chunks``: the byte model's chunk starts marked with ``sep``),
+    or one JSON object (the text and prompt as UTF-8, an invalid byte as U+FFFD, and exactly, in base64)."""
+    if as_json:
+        row = {"sample": i, "seed": seed, "prompt": prompt.decode("utf-8", "replace"),
+               "text": g.text.decode("utf-8", "replace"), "bytes": len(g.text), "stopped": g.stopped,
+               "bits_per_byte": round(g.bits_per_byte, 4), "prompt_base64": base64.b64encode(prompt).decode(),
+               "text_base64": base64.b64encode(g.text).decode()}
+        if byte_model:
+            row["chunk_starts"] = [j for j, start in enumerate(g.starts) if start]
+        return json.dumps(row, ensure_ascii=False)
+    text = (marked(prompt + g.text, g.prompt_starts + g.starts, sep) if chunks
+            else (prompt + g.text).decode("utf-8", "replace"))
+    stopped = ", stopped at a separator" if g.stopped else ""
+    return (f"== sample {i + 1} (seed {seed}): {len(g.text)} bytes{stopped}, {g.bits_per_byte:.3f} bits/byte\n"
+            f"{text}")

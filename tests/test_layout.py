@@ -172,9 +172,6 @@ def test_commands_import_no_other_command_and_the_library_no_command():
 COMMAND_FUNCTIONS = ("main", "build_parser", "parse_args")
 #: The most lines a command's ``main`` may have: its arguments, one library call, printing and exit codes.
 LONGEST_MAIN = 60
-#: Definitions a command module still holds beyond its parser and main, by module: each is to move into the
-#: library (the test fails when one is gone, so the entry goes with it).
-NOT_YET_IN_THE_LIBRARY = {"megatok.cli.generate": ["_show"]}
 
 
 def command_extras(source: str) -> list[str]:
@@ -210,10 +207,7 @@ def test_every_command_is_its_arguments_and_main():
     """A command module holds its argument parsing and ``main``; what it computes, writes or prints as a
     table lives in the library (megatok/data/, megatok/eval/, megatok/studies/, ...)."""
     extras = {mod: command_extras(path.read_text()) for mod, path in MODULES.items() if mod.startswith("megatok.cli.")}
-    pending = {mod: [e for e in extras[mod] if e.split(" ")[-1] in names] for mod, names in NOT_YET_IN_THE_LIBRARY.items()}
-    assert all(len(pending[mod]) == len(names) for mod, names in NOT_YET_IN_THE_LIBRARY.items()), pending
-    bad = {mod: [e for e in found if e not in pending.get(mod, [])] for mod, found in extras.items()}
-    assert {mod: found for mod, found in bad.items() if found} == {}
+    assert {mod: found for mod, found in extras.items() if found} == {}
 
 
 #: Where a subpackage's tests are when not in tests/<name>/: the commands' in tests/tools/ (with the shell

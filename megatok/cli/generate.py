@@ -17,8 +17,6 @@ own sample. Method: megatok/generate.py.
 from __future__ import annotations
 
 import argparse
-import base64
-import json
 import os
 import sys
 from pathlib import Path
@@ -64,7 +62,7 @@ def main(argv=None) -> int:
 
     from tqdm import tqdm
 
-    from megatok import sizing
+    from megatok import display, sizing
     from megatok.config import ConfigError
     from megatok.data.encoding import encoding_for
     from megatok.generate import generate_batch
@@ -94,32 +92,9 @@ def main(argv=None) -> int:
                               seeds=[args.seed + i for i in range(args.num)], boundary_mode=args.boundary,
                               encoding=encoding, progress=bar, cache=args.cache, cuda_graph=args.cuda_graph)
     for i, g in enumerate(gens):
-        _show(args, i, data, g, byte_model)
+        print(display.sample(g, data, i, args.seed + i, as_json=args.json, chunks=args.chunks, sep=args.sep,
+                             byte_model=byte_model))
     return 0
-
-
-def _show(args, i: int, data: bytes, g, byte_model: bool) -> None:
-    """Sample ``i`` (its prompt ``data``, its Generation ``g``) as text, or as one JSON object."""
-    if args.json:
-        # text and prompt as UTF-8 (an invalid byte shows as U+FFFD), and exactly, in base64
-        row = {"sample": i, "seed": args.seed + i, "prompt": data.decode("utf-8", "replace"),
-               "text": g.text.decode("utf-8", "replace"), "bytes": len(g.text), "stopped": g.stopped,
-               "bits_per_byte": round(g.bits_per_byte, 4), "prompt_base64": base64.b64encode(data).decode(),
-               "text_base64": base64.b64encode(g.text).decode()}
-        if byte_model:
-            row["chunk_starts"] = [j for j, start in enumerate(g.starts) if start]
-        print(json.dumps(row, ensure_ascii=False))
-        return
-    if args.chunks:
-        from megatok.display import marked
-
-        text = marked(data + g.text, g.prompt_starts + g.starts, args.sep)
-    else:
-        text = (data + g.text).decode("utf-8", "replace")
-    stopped = ", stopped at a separator" if g.stopped else ""
-    print(f"== sample {i + 1} (seed {args.seed + i}): {len(g.text)} bytes{stopped}, "
-          f"{g.bits_per_byte:.3f} bits/byte")
-    print(text)
 
 
 if __name__ == "__main__":
