@@ -30,7 +30,6 @@ done goes on where it stopped. Exit status 2 with one error line on bad input.
 from __future__ import annotations
 
 import hashlib
-import importlib
 import json
 import os
 import shlex
@@ -39,9 +38,15 @@ import sys
 import time
 from pathlib import Path
 
+from megatok import bpe_config, sizing
 from megatok.config import ConfigError, find_config, load_config
+from megatok.data import corpus as corpus_files
+from megatok.data import tokenizer
 from megatok.data.documents import DataError
+from megatok.data.shards import build_shards
 from megatok.eval.evaluate import evaluate_run
+from megatok.eval.policy_probe import probe_run
+from megatok.eval.segments import show_boundaries
 from megatok.studies import control as control_study
 from megatok.studies.launch import CHECKOUT, finished, local_command
 from megatok.studies.replication import (METHODS, POLICY_METHODS, SENTENCES, Preset, aggregate, markdown, plots,
@@ -52,12 +57,26 @@ def log(msg: str) -> None:
     print(f"replicate: {msg}", flush=True)
 
 
-def command(name: str, *args) -> None:
-    """megatok-<name> with these arguments, in this process (training alone runs in its own processes)."""
-    args = [str(a) for a in args]
-    rc = importlib.import_module(f"megatok.cli.{name}").main(args)
-    if rc:
-        raise RuntimeError(f"megatok-{name.replace('_', '-')} {shlex.join(args)} failed (exit {rc}; its error is above)")
+def step(shown: str, fn, *args, **kwargs):
+    """fn(*args, **kwargs), the library call of the command a user would type for it (``shown``, e.g.
+    "megatok-build-shards --out DIR"), in this process (training alone runs in its own processes); its
+    result. Bad input it raises, or an exit status other than 0 it returns (its error printed), is a
+    RuntimeError naming ``shown``."""
+    try:
+        result = fn(*args, **kwargs)
+    except (ConfigError, DataError, ValueError, OSError) as e:
+        raise RuntimeError(f"{shown} failed: {' '.join(str(e).split())}") from None
+    if isinstance(result, int) and result:
+        raise RuntimeError(f"{shown} failed (exit {result}; its error is above)")
+    return result
+
+
+def shards_of(corpus: Path, shards: Path, num_shards: int) -> None:
+    """megatok-build-shards CORPUS --out SHARDS --val-fraction 0.01 --num-shards N, with as many workers
+    as the CPUs this process may use (the shards are the same for any number)."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    step(f"megatok-build-shards {corpus} --out {shards}", build_shards, [str(corpus)], str(shards),
+         val_fraction=0.01, num_shards=num_shards, progress=False, workers=cpus)
 
 
 # ----------------------------------------------------------------------------- data
@@ -90,12 +109,11 @@ def prepare_data(preset: Preset, work: Path, given: dict, level: float | None = 
         corpus, heldout = data / "control.jsonl.gz", data / "control_heldout.jsonl.gz"
         if not heldout.is_file():
             log(f"building the control corpus at level {level:g} (megatok-make-corpus --preset control)")
-            command("make_corpus", "--preset", "control", "--level", f"{level:g}", "--out", str(corpus),
-                    "--heldout-out", str(heldout))
+            step(f"megatok-make-corpus --preset control --level {level:g} --out {corpus}", corpus_files.make_control,
+                 corpus, level=level, heldout_out=heldout)
         shards = data / "control_shards"
         if not (shards / "manifest.json").is_file():
-            command("build_shards", str(corpus), "--out", str(shards), "--val-fraction", "0.01", "--num-shards", "4",
-                    "--no-progress")
+            shards_of(corpus, shards, 4)
         eval_file = data / "eval_control.jsonl"
         if not eval_file.is_file():
             balanced([str(heldout)], eval_file, preset.eval_max_bytes)
@@ -112,19 +130,19 @@ def prepare_data(preset: Preset, work: Path, given: dict, level: float | None = 
                 raise ConfigError(f"--heldout/--parallel {f}: no such file")
     else:
         shards, heldout, parallel = data / "prose_shards", [str(data / "prose_heldout.jsonl.gz")], [str(data / "heldout_udhr.jsonl")]
-        cache = ["--cache", str(work.parent / ".cache")]
+        cache = work.parent / ".cache"
         if not Path(heldout[0]).is_file():
             log("building the prose corpus (megatok-make-corpus --preset prose)")
-            command("make_corpus", "--preset", "prose", "--strict", "--out", str(data / "prose.jsonl.gz"),
-                   "--heldout-out", heldout[0], *cache)
+            step(f"megatok-make-corpus --preset prose --strict --out {data / 'prose.jsonl.gz'}",
+                 corpus_files.make_prose, data / "prose.jsonl.gz", heldout_out=Path(heldout[0]), cache=cache,
+                 strict=True)
         if not Path(parallel[0]).is_file():
             log("building the parallel UDHR held-out set")
-            command("make_corpus", "--sources", "udhr", "--out", str(data / "udhr.jsonl.gz"),
-                   "--heldout-out", parallel[0], *cache)
+            step(f"megatok-make-corpus --sources udhr --heldout-out {parallel[0]}", corpus_files.make_default,
+                 data / "udhr.jsonl.gz", sources=["udhr"], heldout_out=Path(parallel[0]), cache=cache)
         if not (shards / "manifest.json").is_file():
             log("building shards")
-            command("build_shards", str(data / "prose.jsonl.gz"), "--out", str(shards), "--val-fraction", "0.01",
-                   "--num-shards", "8", "--no-progress")
+            shards_of(data / "prose.jsonl.gz", shards, 8)
         shards = str(shards)
     eval_prose = data / "eval_prose.jsonl"
     if not eval_prose.is_file():
@@ -151,11 +169,12 @@ def write_configs(preset: Preset, work: Path, data: dict, seeds: list[int], meth
             if m == "bpe":
                 if not (tok / "tokenizer.model").is_file():
                     log(f"training the BPE tokenizer ({preset.bpe_vocab} pieces) on {data['shards']}")
-                    command("train_bpe", "--data", data["shards"], "--vocab-size", str(preset.bpe_vocab),
-                           "--out", str(tok), "--heldout", *data["heldout"], *data["parallel"])
+                    step(f"megatok-train-bpe --data {data['shards']} --out {tok}", tokenizer.train, [data["shards"]],
+                         preset.bpe_vocab, str(tok), heldout=[*data["heldout"], *data["parallel"]])
                 if not path.is_file():
-                    command("match_bpe", "--config", config, "--tokenizer", str(tok), "--out", str(path),
-                            "--run-dir", str(run_dir), "--set", *common)
+                    sizing.quiet_deepspeed_import()
+                    step(f"megatok-match-bpe --config {config} --out {path}", bpe_config.write_matched, config,
+                         str(path), tokenizer=str(tok), run_dir=str(run_dir), overrides=common)
                 cfg = load_config(str(path), world_size=nproc)
             else:
                 cfg = load_config(config, overrides=common + METHODS[m][0], world_size=nproc)
@@ -264,12 +283,11 @@ def boundaries_picture(runs: list[dict], out: Path, tokenizer: Path) -> None:
             firsts[r["method"]] = r["run_dir"]
     if not firsts or len(firsts) < len({r["method"] for r in runs if r["method"] != "bpe"}):
         return
-    args = [a for m in firsts for a in ("--run", firsts[m])]
-    if (tokenizer / "tokenizer.model").is_file():
-        args += ["--strategy", f"bpe:model_path={tokenizer / 'tokenizer.model'}"]
-    command("show_boundaries", *args, "--text", SENTENCES, "--width", "96", "--out", out / "boundaries",
-            "--title", "chunk starts: " + ", ".join(firsts) + (", BPE tokens" if "--strategy" in args else "")
-            + " (sampled, seed 0)")
+    rules = ([f"bpe:model_path={tokenizer / 'tokenizer.model'}"] if (tokenizer / "tokenizer.model").is_file()
+             else [])
+    step(f"megatok-show-boundaries --out {out / 'boundaries'}", show_boundaries, SENTENCES.encode("utf-8"),
+         list(firsts.values()), rules, width=96, out=str(out / "boundaries"),
+         title="chunk starts: " + ", ".join(firsts) + (", BPE tokens" if rules else "") + " (sampled, seed 0)")
 
 
 # ----------------------------------------------------------------------------- the study
@@ -341,8 +359,8 @@ def probe_level(run: dict, runs: list[dict], data: dict, out: Path) -> None:
     if not firsts or run is not firsts[0] or target.is_file():
         return
     log(f"{run['name']}: the value of a chunk start by class (megatok-boundary-value)")
-    command("boundary_value", "--run", run["run_dir"], "--rounds", "16", "--batch-size", "16", "--data",
-            data["heldout"][0], "--out", str(target))
+    step(f"megatok-boundary-value --run {run['run_dir']} --out {target}", probe_run, run["run_dir"],
+         data=data["heldout"][0], rounds=16, batch_size=16, out=target)
 
 
 def report(runs: list[dict], others: list[dict], methods: list[str], preset: Preset, seeds: list[int], out: Path,

@@ -192,3 +192,18 @@ def test_wall_time_counts_every_start_and_not_the_time_between():
     # starts 100-130, 5000-5010 and 9000-9020, each with one median interval (10 s) for its start-up
     assert training_seconds(rows) == pytest.approx(30 + 10 + 10 + 10 + 20 + 10)
     assert training_seconds([train(10, 100)]) is None
+
+
+def test_a_failed_step_is_one_error_naming_its_command(tmp_path, capsys):
+    """A data step the study runs in its own process (the library call of a megatok-* command) stops it
+    with one line naming that command: bad input raised, or an exit status returned after its error."""
+    from megatok.eval.policy_probe import probe_run
+    from megatok.studies.replicate import shards_of, step
+
+    with pytest.raises(RuntimeError, match=r"^megatok-build-shards \S+missing.jsonl --out \S+ failed: \S+missing"
+                                           r".jsonl: no such file"):
+        shards_of(tmp_path / "missing.jsonl", tmp_path / "shards", 4)
+    assert not (tmp_path / "shards").exists()
+    with pytest.raises(RuntimeError, match=r"^megatok-boundary-value --run x failed \(exit 2; its error is above\)$"):
+        step("megatok-boundary-value --run x", probe_run, str(tmp_path / "no-run"))
+    assert "no-run/config.json" in capsys.readouterr().err
