@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 from megatok.config import ConfigError
@@ -18,20 +17,9 @@ def main(argv=None) -> int:
                     help="comma-separated boundary strategies (default: the config's)")
     ap.add_argument("--ranks", type=int, default=2, help="CPU ranks (default 2)")
     ap.add_argument("--no-compare", action="store_true", help="only the zero.Init build (no whole copy to compare)")
-    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    if args.worker:
-        code = zero_init.worker(args.config, args.overrides, args.strategies, args.no_compare)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        # Skip interpreter teardown: after zero.Init, gloo's C++ objects sometimes abort in their
-        # destructors ("terminate called without an active exception", 1 run in 7 here) once all
-        # work is done and reported.
-        os._exit(code)
-
     try:  # a bad config or strategy fails here, before any process starts
-        return zero_init.check(args.config, args.overrides, args.strategies, args.ranks,
-                               argv if argv is not None else sys.argv[1:])
+        return zero_init.check(args.config, args.overrides, args.strategies, args.ranks, args.no_compare)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

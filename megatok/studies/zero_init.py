@@ -10,7 +10,8 @@ report, per boundary strategy:
     megatok-zero-init-check --config configs/1b.json --set deepspeed.bf16.enabled=false
     megatok-zero-init-check --config configs/tiny.json --strategies policy,hnet,gumbel --ranks 2
 
-It launches ``--ranks`` processes with torchrun (gloo, one thread each). Peak RSS is the kernel's
+It launches ``--ranks`` processes with torchrun (gloo, one thread each), each running this module
+(``python -m megatok.studies.zero_init SETTINGS``: :func:`worker` of the JSON object SETTINGS). Peak RSS is the kernel's
 high-water mark (VmHWM, reset through /proc/self/clear_refs before each build) minus the RSS before
 it, with glibc told to return every block of 64 KiB or more to the OS (MALLOC_MMAP_THRESHOLD_), so it
 follows live tensors. Exit status 1 if any build differs.
@@ -19,6 +20,7 @@ follows live tensors. Exit status 1 if any build differs.
 from __future__ import annotations
 
 import gc
+import json
 import os
 import re
 import subprocess
@@ -103,18 +105,28 @@ def worker(config: str, overrides: list[str], strategies: list[str] | None, no_c
     return 1 if bad else 0
 
 
-def check(config: str, overrides: list[str], strategies: list[str] | None, ranks: int, argv: list[str]) -> int:
-    """The check on ``ranks`` CPU ranks: megatok-zero-init-check's ``argv`` handed to its workers (its hidden
-    --worker) under torchrun; 1 if a build differs or the workers fail, else 0. A config or strategy
-    that does not load is a ConfigError, before any process starts."""
+def check(config: str, overrides: list[str], strategies: list[str] | None, ranks: int, no_compare: bool = False) -> int:
+    """The check on ``ranks`` CPU ranks: :func:`worker` of these settings on each, this module run under
+    torchrun; 1 if a build differs or the workers fail, else 0. A config or strategy that does not load is
+    a ConfigError, before any process starts."""
     for strategy in strategies or [None]:
         load_config(config, overrides + ([f"boundary.strategy={strategy}"] if strategy else []), world_size=ranks)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu", "CUDA_VISIBLE_DEVICES": "",
            "MALLOC_MMAP_THRESHOLD_": "65536"}
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks),
-                "--master_port", str(free_port()), "--module", "megatok.cli.zero_init_check"]
-    rc = subprocess.run(torchrun + ["--worker", *argv], env=env).returncode
+                "--master_port", str(free_port()), "--module", "megatok.studies.zero_init"]
+    settings = {"config": config, "overrides": overrides, "strategies": strategies, "no_compare": no_compare}
+    rc = subprocess.run(torchrun + [json.dumps(settings)], env=env).returncode
     if rc:
         print(f"error: {config}: the ZeRO-3 build differs from the plain build or failed (exit {rc}); see above",
               file=sys.stderr)
     return 1 if rc else 0
+
+
+if __name__ == "__main__":  # one rank of check(), started by torchrun
+    code = worker(**json.loads(sys.argv[1]))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Skip interpreter teardown: after zero.Init, gloo's C++ objects sometimes abort in their destructors
+    # ("terminate called without an active exception", 1 run in 7 here) once all work is done and reported.
+    os._exit(code)
