@@ -167,6 +167,40 @@ def test_commands_import_no_other_command_and_the_library_no_command():
     assert bad == {}
 
 
+#: The one library module that names a command to run, and why: the GPU check runs megatok-generate itself in
+#: a new process on the GPU (as it runs launch/pretrain.py), a check of the command a user types.
+RUNS_A_COMMAND = {"megatok.studies.gpu_trainer": {"megatok.cli.generate"}}
+
+
+def command_names(source: str) -> list[tuple[int, str]]:
+    """Where ``source`` names a command module in code, as (line, string): a string (or an f-string's
+    fixed part) starting "megatok.cli", as an import or ``python -m`` takes it; docstrings left out (a
+    usage line shows a command)."""
+    tree = ast.parse(source)
+    docs = {id(node.body[0].value) for node in ast.walk(tree)
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body
+            and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+    return [(node.lineno, node.value) for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs
+            and node.value.startswith("megatok.cli")]
+
+
+def test_the_command_name_reader_finds_modules_named_to_run():
+    source = ('"""Usage: python -m megatok.cli.bench"""\nimport importlib\n\n\ndef f(name):\n'
+              '    """megatok.cli.x"""\n    importlib.import_module(f"megatok.cli.{name}")\n'
+              '    run(["-m", "megatok.cli.zero_init_check"])\n    # megatok.cli.y\n    return "megatok-cli"\n')
+    assert command_names(source) == [(7, "megatok.cli."), (8, "megatok.cli.zero_init_check")]
+
+
+def test_the_library_never_runs_a_command_module():
+    """The library calls the library: a study runs megatok-make-corpus, -build-shards, ... as the
+    functions those commands call, and starts its own processes with ``python -m`` of a library module,
+    never through megatok/cli/ (which may change with the command line alone)."""
+    found = {mod: {name for _, name in names} for mod, path in MODULES.items()
+             if not mod.startswith("megatok.cli.") and (names := command_names(path.read_text()))}
+    assert found == RUNS_A_COMMAND
+
+
 #: What a command module defines: its parser (``build_parser()``, ``parse_args(argv)``, ``parse_<what>`` for
 #: one option's value) and ``main(argv)``; the rest is the library's.
 COMMAND_FUNCTIONS = ("main", "build_parser", "parse_args")
