@@ -11,12 +11,11 @@ and directories of them. See megatok/data/shards.py for the output. Exits 2 with
 """
 
 import argparse
-import os
 import sys
 import time
 
 from megatok.data.documents import DataError, Fields
-from megatok.data.shards import build_shards
+from megatok.data.shards import build_shards, usable_cpus
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -55,8 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    workers = args.workers if args.workers is not None else cpus
+    workers = args.workers if args.workers is not None else usable_cpus()
     if workers < 1:
         parser.error(f"--workers must be at least 1, got {workers}")
     start = time.monotonic()

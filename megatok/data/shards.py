@@ -327,6 +327,11 @@ def _replace_dir(tmp: str, out_dir: str) -> None:
     shutil.rmtree(old)
 
 
+def usable_cpus() -> int:
+    """The CPUs this process may run on: megatok-build-shards's default number of workers."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def build_shards(inputs: list[str], out_dir: str, *, val_fraction: float = 0.01, num_shards: int | None = None,
                  shard_bytes: int = 64 << 20, min_shards: int = 8, val_shards: int | None = None, seed: int = 0,
                  overwrite: bool = False, lang: str | None = None, domain: str | None = None,

@@ -43,7 +43,7 @@ from megatok.config import ConfigError, find_config, load_config
 from megatok.data import corpus as corpus_files
 from megatok.data import tokenizer
 from megatok.data.documents import DataError
-from megatok.data.shards import build_shards
+from megatok.data.shards import build_shards, usable_cpus
 from megatok.eval.evaluate import evaluate_run
 from megatok.eval.policy_probe import probe_run
 from megatok.eval.segments import show_boundaries
@@ -74,9 +74,10 @@ def step(shown: str, fn, *args, **kwargs):
 def shards_of(corpus: Path, shards: Path, num_shards: int) -> None:
     """megatok-build-shards CORPUS --out SHARDS --val-fraction 0.01 --num-shards N, with as many workers
     as the CPUs this process may use (the shards are the same for any number)."""
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    step(f"megatok-build-shards {corpus} --out {shards}", build_shards, [str(corpus)], str(shards),
-         val_fraction=0.01, num_shards=num_shards, progress=False, workers=cpus)
+    m = step(f"megatok-build-shards {corpus} --out {shards}", build_shards, [str(corpus)], str(shards),
+             val_fraction=0.01, num_shards=num_shards, progress=False, workers=usable_cpus())
+    log(f"wrote {shards}: {m['documents']['train'] + m['documents']['val']} documents in {len(m['train'])} train "
+        f"and {len(m['val'])} val shards")
 
 
 # ----------------------------------------------------------------------------- data
