@@ -11,10 +11,10 @@ report, per boundary strategy:
     megatok-zero-init-check --config configs/tiny.json --strategies policy,hnet,gumbel --ranks 2
 
 It launches ``--ranks`` processes with torchrun (gloo, one thread each), each running this module
-(``python -m megatok.studies.zero_init SETTINGS``: :func:`worker` of the JSON object SETTINGS). Peak RSS is the kernel's
-high-water mark (VmHWM, reset through /proc/self/clear_refs before each build) minus the RSS before
-it, with glibc told to return every block of 64 KiB or more to the OS (MALLOC_MMAP_THRESHOLD_), so it
-follows live tensors. Exit status 1 if any build differs.
+(``python -m megatok.studies.zero_init SETTINGS``, the check's settings as one JSON object). Peak RSS
+is the kernel's high-water mark (VmHWM, reset through /proc/self/clear_refs before each build) minus
+the RSS before it, with glibc told to return every block of 64 KiB or more to the OS
+(MALLOC_MMAP_THRESHOLD_), so it follows live tensors. Exit status 1 if any build differs.
 """
 
 from __future__ import annotations
@@ -105,10 +105,11 @@ def worker(config: str, overrides: list[str], strategies: list[str] | None, no_c
     return 1 if bad else 0
 
 
-def check(config: str, overrides: list[str], strategies: list[str] | None, ranks: int, no_compare: bool = False) -> int:
-    """The check on ``ranks`` CPU ranks: :func:`worker` of these settings on each, this module run under
-    torchrun; 1 if a build differs or the workers fail, else 0. A config or strategy that does not load is
-    a ConfigError, before any process starts."""
+def check(config: str, overrides: list[str], strategies: list[str] | None, ranks: int,
+          no_compare: bool = False) -> int:
+    """The check on ``ranks`` CPU ranks: ``worker`` of these settings on each (this module under
+    torchrun); 1 if a build differs or the workers fail, else 0. A config or strategy that does not load
+    is a ConfigError, before any process starts."""
     for strategy in strategies or [None]:
         load_config(config, overrides + ([f"boundary.strategy={strategy}"] if strategy else []), world_size=ranks)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu", "CUDA_VISIBLE_DEVICES": "",
