@@ -87,7 +87,7 @@ def check_data(cfg) -> list[str]:
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.dry_run is not None:
-        from megatok.sizing import dry_run
+        from megatok.size_report import dry_run
 
         return dry_run(args.config, args.overrides, args.dry_run or None)
     try:

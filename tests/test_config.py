@@ -91,7 +91,7 @@ def test_whole_numbers_written_as_floats_and_numbers_given_to_strings(tmp_path):
 
 def test_warmup_not_below_max_steps_is_a_warning(capsys):
     from megatok.config import warnings_for
-    from megatok.sizing import dry_run
+    from megatok.size_report import dry_run
 
     tiny = ROOT / "configs/tiny.json"
     assert warnings_for(load_config(tiny, world_size=2)) == []

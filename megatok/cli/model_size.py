@@ -22,7 +22,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from megatok import sizing
+from megatok import size_report, sizing
 
 
 def main(argv=None) -> int:
@@ -45,9 +45,9 @@ def main(argv=None) -> int:
         ap.error("--set does not go with --run (a run is sized as it was configured)")
     sizing.quiet_deepspeed_import()
     if args.run:
-        return sizing.print_run_size(args.run, tag=args.tag, rate=args.rate, as_json=args.json)
-    return sizing.print_config_sizes(args.config, args.overrides, gpus=args.gpus, nodes=args.nodes, rate=args.rate,
-                                     as_json=args.json)
+        return size_report.print_run_size(args.run, tag=args.tag, rate=args.rate, as_json=args.json)
+    return size_report.print_config_sizes(args.config, args.overrides, gpus=args.gpus, nodes=args.nodes,
+                                          rate=args.rate, as_json=args.json)
 
 
 if __name__ == "__main__":

@@ -251,7 +251,6 @@ def probe_run(run: str, checkpoint: str | None = None, *, data: str | None = Non
     error line for a run, checkpoint or data that cannot be read."""
     from megatok.run.checkpoints import published_tags
 
-    torch.set_num_threads(max(1, torch.get_num_threads()))
     several = checkpoint is not None and (checkpoint == "all" or "," in checkpoint)
     tags = ([checkpoint] if not several else published_tags(run) if checkpoint == "all"
             else [t for t in checkpoint.split(",") if t])
@@ -271,11 +270,11 @@ def probe_run(run: str, checkpoint: str | None = None, *, data: str | None = Non
               f"{result['batch'][1]} bytes")
         print(format_table(result), flush=True)
         results.append(result)
-    rows = trend(results)
+    rows = trend(results) if several else None
     if several:
         print(format_trend(rows))
-    if plot and several:
-        plot_trend(rows, plot, f"{run} ({results[0]['strategy']})")
+        if plot:
+            plot_trend(rows, plot, f"{run} ({results[0]['strategy']})")
     if out:
         out = Path(out)
         out.parent.mkdir(parents=True, exist_ok=True)

@@ -25,6 +25,7 @@ includes the capture).
 from __future__ import annotations
 
 import functools
+import os
 import shutil
 import tempfile
 import time
@@ -141,22 +142,13 @@ def agreement(ref: list[Generation], got: list[Generation], byte_model: bool) ->
     same = [a.text == b.text and a.stopped == b.stopped and (not byte_model or (a.starts, a.prompt_starts)
                                                               == (b.starts, b.prompt_starts))
             for a, b in zip(ref, got)]
-    common = [_common_prefix(a.text, b.text) for a, b in zip(ref, got)]
+    common = [len(os.path.commonprefix([a.text, b.text])) for a, b in zip(ref, got)]
     longest = sum(max(len(a.text), len(b.text)) for a, b in zip(ref, got))
-    shared_ids = [_common_prefix(a.ids, b.ids) for a, b in zip(ref, got)]
+    shared_ids = [len(os.path.commonprefix([a.ids, b.ids])) for a, b in zip(ref, got)]
     diff = max((abs(x - y) for a, b, n in zip(ref, got, shared_ids) for x, y in zip(a.logprobs[:n], b.logprobs[:n])),
                default=0.0)
     return {"identical_rows": sum(same), "identical_bytes": round(sum(common) / longest, 4) if longest else 1.0,
             "logprob_max_diff": float(f"{diff:.3g}"), "equal": all(same) and diff <= LOGPROB_TOLERANCE}
-
-
-def _common_prefix(a, b) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def show_generation(report: dict) -> list[str]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from megatok import flops, sizing
+from megatok import flops, size_report, sizing
 from megatok.config import load_config
 from tests.conftest import ROOT
 
@@ -21,7 +21,7 @@ def _summary_rows(paths: list[str]) -> list[list[str]]:
         report = sizing.size_report(load_config(ROOT / path, world_size=8), gpus=8, nodes=1)
         report["config"] = path
         reports.append(report)
-    lines = sizing.summary_table(reports).splitlines()[2:]  # the header and the rule
+    lines = size_report.summary_table(reports).splitlines()[2:]  # the header and the rule
     return [[c.strip() for c in line.strip("|").split("|")] for line in lines]
 
 

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from megatok.sizing import dry_run
+from megatok.size_report import dry_run
 from tests.conftest import ROOT
 
 SBATCH = ROOT / "launch/slurm/pretrain.sbatch"

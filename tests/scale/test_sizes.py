@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from megatok import flops, sizing
+from megatok import flops, size_report, sizing
 from megatok.config import ConfigError, load_config
 from tests.conftest import ROOT, stdlib_texts
 
@@ -238,12 +238,12 @@ def test_bad_sizes_and_paths_are_one_line(argv, message):
 
 def test_dry_run_reports_config_mistakes_like_the_trainer(capsys, monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "abc")
-    assert sizing.dry_run(str(ROOT / "configs/tiny.json")) == 2
+    assert size_report.dry_run(str(ROOT / "configs/tiny.json")) == 2
     assert capsys.readouterr().err.strip() == "error: WORLD_SIZE: 'abc' is not a whole number"
     monkeypatch.delenv("WORLD_SIZE")
-    assert sizing.dry_run(str(ROOT / "configs/tiny.json")) == 2  # 16 sequences do not split over 8 ranks x 8
+    assert size_report.dry_run(str(ROOT / "configs/tiny.json")) == 2  # 16 sequences do not split over 8 ranks x 8
     assert "global_batch_size" in capsys.readouterr().err
-    assert sizing.dry_run(str(ROOT / "configs/tiny.json"), world=2) == 0
+    assert size_report.dry_run(str(ROOT / "configs/tiny.json"), world=2) == 0
     assert '"train_batch_size": 16' in capsys.readouterr().out
 
 
@@ -267,7 +267,7 @@ def test_model_size_and_dry_run_for_a_bpe_config(capsys, tmp_path):
     assert tool.main(["--config", cfg_path, str(ROOT / "configs/1b.json")]) == 0
     rows = capsys.readouterr().out.splitlines()
     assert rows[2].startswith("| bpe/1b.json |") and "| 0% |" in rows[2] and rows[3].startswith("| 1b.json |")
-    assert sizing.dry_run(cfg_path, world=8) == 0
+    assert size_report.dry_run(cfg_path, world=8) == 0
     out, err = capsys.readouterr()
     assert f"instantiated on the meta device: {rep['params']['total']:,}" in out and "resolved DeepSpeed config" in out
     assert "no-such.model is not on this machine" in err
@@ -278,7 +278,7 @@ def test_model_size_and_dry_run_for_a_bpe_config(capsys, tmp_path):
     bpe.train_bpe([t.encode() for t in stdlib_texts(n_files=4)], tmp_path / "tok", 512)
     Path(cfg_path).write_text(json.dumps({"extends": str(ROOT / "configs/bpe/1b.json"),
                                           "model": {"tokenizer": str(tmp_path / "tok"), "vocab_size": 448}}))
-    assert sizing.dry_run(cfg_path, world=8) == 2
+    assert size_report.dry_run(cfg_path, world=8) == 2
     assert capsys.readouterr().err.strip().endswith("has 512 pieces, more than model.vocab_size=448")
 
 
