@@ -244,6 +244,28 @@ def test_every_command_is_its_arguments_and_main():
     assert {mod: found for mod, found in extras.items() if found} == {}
 
 
+def namespace_parameters(source: str) -> list[str]:
+    """The functions of ``source`` with a parameter named ``args`` or ``namespace`` (a parsed command line
+    handed on), as "line: name"."""
+    return [f"{node.lineno}: {node.name}" for node in ast.walk(ast.parse(source))
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and {a.arg for a in node.args.args + node.args.kwonlyargs} & {"args", "namespace"}]
+
+
+def test_the_namespace_reader_finds_parsed_command_lines_handed_on():
+    source = "def run(args):\n    pass\n\n\nclass Bench:\n    def __init__(self, args, device):\n        pass\n"
+    assert namespace_parameters(source) == ["1: run", "6: __init__"]
+    assert namespace_parameters("def run(settings, *names):\n    pass\n") == []
+
+
+def test_the_library_takes_typed_settings_not_a_parsed_command_line():
+    """What a command hands the library is typed (a Settings dataclass, keywords), so the library is callable
+    without a command line and its settings are checked where they are defined."""
+    found = {mod: hits for mod, path in MODULES.items()
+             if not mod.startswith("megatok.cli.") and (hits := namespace_parameters(path.read_text()))}
+    assert found == {}
+
+
 #: Where a subpackage's tests are when not in tests/<name>/: the commands' in tests/tools/ (with the shell
 #: scripts of tools/), and a command's also beside its library's (megatok-boundary-value's in tests/eval/,
 #: megatok-model-size's in tests/scale/, ...).

@@ -13,9 +13,10 @@ from megatok.studies import bench, bench_inference
 
 def build_parser() -> argparse.ArgumentParser:
     """The command line (tools/gpu_bench.sh's commands are checked against it)."""
+    d = bench.Settings()
     ap = argparse.ArgumentParser(description=f"{bench.__doc__}\n{bench_inference.__doc__}",
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--config", default=str(bench.ROOT / "configs" / "tiny.json"), help="base config (default configs/tiny.json)")
+    ap.add_argument("--config", default=d.config, help="base config (default configs/tiny.json)")
     ap.add_argument("--set", dest="overrides", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
                     help="applied to every variant")
     ap.add_argument("--shapes", nargs="+", default=None, choices=list(bench.SHAPES),
@@ -25,12 +26,12 @@ def build_parser() -> argparse.ArgumentParser:
                     help="also time document masking (FlexAttention and the dense mask) and a fixed chunk capacity "
                          "(no host sync) on the last shape (default: on a GPU)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--threads", type=int, default=1, help="CPU threads (default 1: the machine may be shared)")
-    ap.add_argument("--reps", type=int, default=5, help="rounds of the interleaved timings")
-    ap.add_argument("--steps", type=int, default=4, help="training steps per variant per round")
-    ap.add_argument("--eval-bytes", type=int, default=65536, help="bytes evaluate_documents scores per round")
-    ap.add_argument("--gen-bytes", type=int, default=128, help="bytes generated per round")
-    ap.add_argument("--h2h-bytes", type=int, default=65536, help="held-out bytes of the timed head-to-head")
+    ap.add_argument("--threads", type=int, default=d.threads, help="CPU threads (default 1: the machine may be shared)")
+    ap.add_argument("--reps", type=int, default=d.reps, help="rounds of the interleaved timings")
+    ap.add_argument("--steps", type=int, default=d.steps, help="training steps per variant per round")
+    ap.add_argument("--eval-bytes", type=int, default=d.eval_bytes, help="bytes evaluate_documents scores per round")
+    ap.add_argument("--gen-bytes", type=int, default=d.gen_bytes, help="bytes generated per round")
+    ap.add_argument("--h2h-bytes", type=int, default=d.h2h_bytes, help="held-out bytes of the timed head-to-head")
     ap.add_argument("--matmul", type=int, default=None, help="matmul size (default 1024 on a CPU, 8192 on a GPU)")
     ap.add_argument("--quick", action="store_true", help="3 rounds of 2 steps, fewer bytes: a smoke run")
     ap.add_argument("--json-out", default=None,
@@ -40,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="start no round after this many seconds (the rounds done are reported; at least one runs)")
     ap.add_argument("--inference", action="store_true",
                     help="instead: generation bytes/s of the byte model and its matched BPE model at batch 1 and 8")
-    ap.add_argument("--vocab", type=int, default=4096, help="--inference: the matched BPE model's vocabulary")
+    ap.add_argument("--vocab", type=int, default=d.vocab, help="--inference: the matched BPE model's vocabulary")
     ap.add_argument("--profile", default=None, metavar="SHAPE/VARIANT",
                     help="instead: torch.profiler's top operators over --steps steps of one variant, e.g. small/policy")
     return ap
@@ -48,13 +49,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     ap = build_parser()
-    args = ap.parse_args(argv)
-    if args.quick:
-        args.reps, args.steps = min(args.reps, 3), min(args.steps, 2)
-        args.eval_bytes, args.gen_bytes, args.h2h_bytes = 16384, 32, 16384
-    if args.reps < 1 or args.steps < 1:
-        ap.error("--reps and --steps must be >= 1")
-    return (bench_inference if args.inference else bench).run(args)
+    try:
+        settings = bench.Settings(**vars(ap.parse_args(argv)))
+    except ValueError as e:
+        ap.error(str(e))
+    return (bench_inference if settings.inference else bench).run(settings)
 
 
 if __name__ == "__main__":

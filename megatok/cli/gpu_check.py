@@ -10,32 +10,33 @@ from megatok.studies import gpu_check
 
 def build_parser() -> argparse.ArgumentParser:
     """The command line (tools/gpu_bench.sh's commands are checked against it)."""
+    d = gpu_check.Settings()
     ap = argparse.ArgumentParser(description=gpu_check.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--configs", nargs="+", default=["configs/100m.json", "configs/1b.json"])
+    ap.add_argument("--configs", nargs="+", default=d.configs)
     ap.add_argument("--set", dest="overrides", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
                     help="applied to every config")
-    ap.add_argument("--steps", type=int, default=10, help="timed steps per config")
-    ap.add_argument("--warmup", type=int, default=3, help="untimed steps first")
+    ap.add_argument("--steps", type=int, default=d.steps, help="timed steps per config")
+    ap.add_argument("--warmup", type=int, default=d.warmup, help="untimed steps first")
     ap.add_argument("--micro", type=int, default=None, help="micro-batch (default: the config's)")
-    ap.add_argument("--engine", choices=["auto", "deepspeed", "torch"], default="auto")
+    ap.add_argument("--engine", choices=["auto", "deepspeed", "torch"], default=d.engine)
     ap.add_argument("--peak-tflops", type=float, default=None, help="dense bf16 peak of the device (default: by name)")
-    ap.add_argument("--attn-iters", type=int, default=20)
+    ap.add_argument("--attn-iters", type=int, default=d.attn_iters)
     ap.add_argument("--json-out", default=None, help="also write the report as JSON here")
-    ap.add_argument("--trainer-config", default="configs/100m.json",
+    ap.add_argument("--trainer-config", default=d.trainer_config,
                     help="the config of the trainer section ('none' skips it)")
-    ap.add_argument("--trainer-steps", type=int, default=6, help="steps of the trainer check (even)")
-    ap.add_argument("--gen-bytes", type=int, default=128,
+    ap.add_argument("--trainer-steps", type=int, default=d.trainer_steps, help="steps of the trainer check (even)")
+    ap.add_argument("--gen-bytes", type=int, default=d.gen_bytes,
                     help="bytes each row generates in the generation section (--cpu-smoke: at most 16)")
     ap.add_argument("--no-document-mask", dest="document_mask", action="store_false",
                     help="skip the first config's second run with model.document_mask")
     ap.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                     help="the first config once more with train.compile the other way: its gain, or its cost "
                          "(default: on a GPU, not in --cpu-smoke)")
-    ap.add_argument("--sections", nargs="+", choices=gpu_check.SECTIONS, default=list(gpu_check.SECTIONS),
+    ap.add_argument("--sections", nargs="+", choices=gpu_check.SECTIONS, default=d.sections,
                     help="what to run, in this order (default: %(default)s: the trainer first, the figure that "
                          "matters most when GPU time is short)")
     ap.add_argument("--cpu-smoke", action="store_true", help="tiny config on the CPU, 2 steps: tests the code paths")
-    ap.add_argument("--budget-s", type=float, default=480,
+    ap.add_argument("--budget-s", type=float, default=d.budget_s,
                     help="wall-clock budget: work that would start past it is skipped and reported as such, and the "
                          "trainer check's processes get what is left (the report and --json-out are written after "
                          "every section and on SIGTERM, so a run cut short keeps what it measured)")
@@ -43,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    return gpu_check.run(build_parser().parse_args(argv))
+    return gpu_check.run(gpu_check.Settings(**vars(build_parser().parse_args(argv))))
 
 
 if __name__ == "__main__":

@@ -11,14 +11,15 @@ from megatok.studies import sweep
 
 
 def main(argv=None) -> int:
+    d = sweep.Settings(out="")
     ap = argparse.ArgumentParser(description=sweep.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, help="sweep directory")
-    ap.add_argument("--sizes", default="100m,350m,1b", help="comma-separated config names or paths")
-    ap.add_argument("--strategies", default="policy,fixed",
+    ap.add_argument("--sizes", default=d.sizes, help="comma-separated config names or paths")
+    ap.add_argument("--strategies", default=d.strategies,
                     help=f"comma-separated boundary strategies, and {sweep.BPE_LM} for the matched BPE token model")
-    ap.add_argument("--bytes", type=sizing.positive(float), default=2e9, help="training bytes per run")
-    ap.add_argument("--gpus", type=sizing.positive(int), default=8, help="GPUs per node for the generated jobs")
-    ap.add_argument("--nodes", type=sizing.positive(int), default=1, help="nodes per job")
+    ap.add_argument("--bytes", type=sizing.positive(float), default=d.bytes, help="training bytes per run")
+    ap.add_argument("--gpus", type=sizing.positive(int), default=d.gpus, help="GPUs per node for the generated jobs")
+    ap.add_argument("--nodes", type=sizing.positive(int), default=d.nodes, help="nodes per job")
     ap.add_argument("--set", dest="overrides", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
                     help="applied to every run, e.g. data.shards=/shared/shards")
     ap.add_argument("--option", nargs="+", action="extend", default=[], metavar="STRATEGY.KEY=VALUE",
@@ -35,7 +36,7 @@ def main(argv=None) -> int:
     ap.add_argument("--collect", action="store_true", help="gather finished runs: OUT/results.md, OUT/loss_vs_flops.png")
     args = ap.parse_args(argv)
     try:
-        return sweep.sweep(args)
+        return sweep.sweep(sweep.Settings(**vars(args)))
     except (sweep.SweepError, ConfigError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -50,6 +50,7 @@ import sys
 import sysconfig
 import tempfile
 import time
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -92,6 +93,37 @@ TARGETS = {  # (figure, comparison, value)
     "gen_b8_vs_b1/byte/small": (">=", 5.0), "gen_b8_vs_b1/bpe/small": (">=", 5.0),
     "gen_byte_vs_bpe_b8/tiny": (">=", 0.8), "gen_byte_vs_bpe_b8/small": (">=", 1.0),
 }
+
+
+@dataclass
+class Settings:
+    """What one megatok-bench invocation measures (its command line, megatok.cli.bench, in these names)."""
+
+    config: str = str(ROOT / "configs" / "tiny.json")  # the base config
+    overrides: list[str] = field(default_factory=list)  # --set items applied to every variant
+    shapes: list[str] | None = None  # of SHAPES; None: DEFAULT_SHAPES for the device
+    hot_path: bool | None = None  # also the HOT_PATH variants on the last shape; None: on a GPU
+    device: str = "cpu"
+    threads: int = 1  # CPU threads
+    reps: int = 5  # rounds of the interleaved timings
+    steps: int = 4  # training steps per variant per round
+    eval_bytes: int = 65536  # bytes evaluate_documents scores per round
+    gen_bytes: int = 128  # bytes generated per round
+    h2h_bytes: int = 65536  # held-out bytes of the timed head-to-head
+    matmul: int | None = None  # the matmul's size; None: 1024 on a CPU, 8192 on a GPU
+    quick: bool = False  # a smoke run: at most 3 rounds of 2 steps, fewer bytes
+    json_out: str | None = None  # the report as JSON, written as it grows
+    budget_s: float | None = None  # start no round after this many seconds (at least one runs)
+    inference: bool = False  # instead: megatok.studies.bench_inference's generation figures
+    vocab: int = 4096  # --inference: the matched BPE model's vocabulary
+    profile: str | None = None  # instead: torch.profiler's top operators of one SHAPE/VARIANT
+
+    def __post_init__(self):
+        if self.quick:
+            self.reps, self.steps = min(self.reps, 3), min(self.steps, 2)
+            self.eval_bytes, self.gen_bytes, self.h2h_bytes = 16384, 32, 16384
+        if self.reps < 1 or self.steps < 1:
+            raise ValueError("--reps and --steps must be >= 1")
 
 
 #: The clock of every timing: the process's CPU time on a CPU with one thread (time waiting for a core
@@ -223,19 +255,17 @@ def environment(device: torch.device, threads: int) -> dict:
     return env
 
 
-def prepare(args):
-    """(device, config, base) for megatok-bench's settings ``args`` (megatok.cli.bench), the clock set:
-    ``config(shape, variant, extra)`` a variant's config, ``base`` the first shape's policy config; None
-    (the error printed) when the config does not load."""
-    device = torch.device(args.device)
-    if args.shapes is None:
-        args.shapes = DEFAULT_SHAPES.get(device.type, DEFAULT_SHAPES["cpu"])
-    if args.hot_path is None:
-        args.hot_path = device.type == "cuda"
+def prepare(settings: Settings):
+    """(settings, device, config, base) for ``settings``, the clock set: the settings with the device's
+    defaults filled in, ``config(shape, variant, extra)`` a variant's config, ``base`` the first shape's policy
+    config; None (the error printed) when the config does not load."""
+    device = torch.device(settings.device)
+    settings = replace(settings, shapes=settings.shapes or DEFAULT_SHAPES.get(device.type, DEFAULT_SHAPES["cpu"]),
+                       hot_path=device.type == "cuda" if settings.hot_path is None else settings.hot_path)
     global clock
     if device.type == "cpu":
-        torch.set_num_threads(args.threads)
-        if args.threads == 1:
+        torch.set_num_threads(settings.threads)
+        if settings.threads == 1:
             clock = time.process_time
     os.environ.setdefault("WANDB_MODE", "disabled")
 
@@ -243,25 +273,25 @@ def prepare(args):
 
     def config(shape: str, variant: str, extra=()):
         sets = VARIANTS[variant] if variant in VARIANTS else HOT_PATH[variant][0]
-        return load_config(args.config, [*SHAPES[shape], *sets, *args.overrides, *extra], world_size=1)
+        return load_config(settings.config, [*SHAPES[shape], *sets, *settings.overrides, *extra], world_size=1)
 
     try:
-        return device, config, config(args.shapes[0], "policy")
+        return settings, device, config, config(settings.shapes[0], "policy")
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return None
 
 
-def run(args) -> int:
-    """The benchmark (or with ``args.profile`` the profile) with megatok-bench's settings ``args``: prints
-    the report, 0; 2 on a config that does not load."""
-    prepared = prepare(args)
+def run(settings: Settings) -> int:
+    """The benchmark (or with ``settings.profile`` the profile): prints the report, 0; 2 on a config that
+    does not load."""
+    prepared = prepare(settings)
     if prepared is None:
         return 2
-    device, config, base = prepared
-    if args.profile:
-        return profile(args, device, config)
-    return Bench(args, device, config, base).run()
+    settings, device, config, base = prepared
+    if settings.profile:
+        return profile(settings, device, config)
+    return Bench(settings, device, config, base).run()
 
 
 def figure(figures: dict, key: str, per_round: list[float], what: str) -> None:
@@ -279,11 +309,11 @@ class Bench:
     to --json-out at every stage, after every round and on SIGTERM). ``config(shape, variant, extra)``:
     a variant's config; ``base``: the first shape's policy config."""
 
-    def __init__(self, args, device: torch.device, config, base):
-        self.args, self.device, self.config, self.base = args, device, config, base
+    def __init__(self, settings: Settings, device: torch.device, config, base):
+        self.settings, self.device, self.config, self.base = settings, device, config, base
         self.t_wall = time.perf_counter()
-        self.report: dict = {"environment": environment(device, args.threads), "settings": {
-            k: getattr(args, k) for k in ("config", "overrides", "shapes", "reps", "steps", "eval_bytes", "gen_bytes",
+        self.report: dict = {"environment": environment(device, settings.threads), "settings": {
+            k: getattr(settings, k) for k in ("config", "overrides", "shapes", "reps", "steps", "eval_bytes", "gen_bytes",
                                           "h2h_bytes", "quick")}, "figures": {}, "measured": {}}
         self.temporary: list[Path] = []
         self.rounds: list[dict[str, float]] = []
@@ -293,8 +323,8 @@ class Bench:
         if stage:
             self.report["stage"] = stage
             print(f"bench: {stage} ({time.perf_counter() - self.t_wall:.0f} s)", file=sys.stderr, flush=True)
-        if self.args.json_out:
-            Path(self.args.json_out).write_text(json.dumps(self.report, indent=2) + "\n")
+        if self.settings.json_out:
+            Path(self.settings.json_out).write_text(json.dumps(self.report, indent=2) + "\n")
 
     def stop(self, signum, frame):  # `timeout`, a job's time limit: keep what was measured, then end
         self.report["stopped"] = f"SIGTERM while {self.report.get('stage', 'starting')}"
@@ -304,30 +334,30 @@ class Bench:
         sys.exit(143)
 
     def run(self) -> int:
-        args, device = self.args, self.device
+        settings, device = self.settings, self.device
         previous = signal.signal(signal.SIGTERM, self.stop)
         self.write("building the variants")
         self.trainees = self.build_trainees()
-        self.tiny = self.trainees[f"{args.shapes[0]}/policy"]
+        self.tiny = self.trainees[f"{settings.shapes[0]}/policy"]
         others = self.measurements()
         # warm-up: a step of every variant (on a GPU three: compiling FlexAttention for a few chunk counts)
         self.write("warming up")
         for tr in self.trainees.values():
             tr.run(3 if device.type == "cuda" else 1)
             tr.sums = {"chunks": 0.0, "positions": 0.0, "targets": 0.0, "steps": 0}
-        print(f"bench: {len(self.trainees)} variants, {args.reps} rounds of {args.steps} steps, device {device}, "
-              f"{args.threads if device.type == 'cpu' else '-'} thread(s)", file=sys.stderr, flush=True)
+        print(f"bench: {len(self.trainees)} variants, {settings.reps} rounds of {settings.steps} steps, device {device}, "
+              f"{settings.threads if device.type == 'cpu' else '-'} thread(s)", file=sys.stderr, flush=True)
         # A round: every training variant one step at a time, in turns (so that a change of the machine's
         # load reaches them all alike), then everything else once; each round starts at another variant.
-        for r in range(args.reps):
-            if args.budget_s is not None and self.rounds and time.perf_counter() - self.t_wall > args.budget_s:
-                print(f"bench: --budget-s {args.budget_s:g} spent: {len(self.rounds)} round(s)", file=sys.stderr,
+        for r in range(settings.reps):
+            if settings.budget_s is not None and self.rounds and time.perf_counter() - self.t_wall > settings.budget_s:
+                print(f"bench: --budget-s {settings.budget_s:g} spent: {len(self.rounds)} round(s)", file=sys.stderr,
                       flush=True)
                 break
             got = dict.fromkeys(self.trainees, 0.0)
-            for i in range(args.steps):
-                for name in rotated(list(self.trainees), r * args.steps + i):
-                    got[name] += self.trainees[name].run(1) / args.steps
+            for i in range(settings.steps):
+                for name in rotated(list(self.trainees), r * settings.steps + i):
+                    got[name] += self.trainees[name].run(1) / settings.steps
             for name in rotated(list(others), r):
                 got[name] = others[name]()
             self.rounds.append(got)
@@ -340,10 +370,10 @@ class Bench:
 
     def build_trainees(self) -> dict[str, "Trainee"]:
         """Every shape's variants, and with --hot-path the last shape's, with FlexAttention's check."""
-        args, config, device = self.args, self.config, self.device
-        trainees = {f"{s}/{v}": Trainee(f"{s}/{v}", config(s, v), device) for s in args.shapes for v in VARIANTS}
-        if args.hot_path:
-            s = args.shapes[-1]
+        settings, config, device = self.settings, self.config, self.device
+        trainees = {f"{s}/{v}": Trainee(f"{s}/{v}", config(s, v), device) for s in settings.shapes for v in VARIANTS}
+        if settings.hot_path:
+            s = settings.shapes[-1]
             trainees.update({f"{s}/{v}": Trainee(f"{s}/{v}", config(s, v), device, attrs, flex)
                              for v, (_, attrs, flex) in HOT_PATH.items()})
             self.report["checks"] = {"flex_attention": flex_check(trainees[f"{s}/policy-docmask"], device)}
@@ -352,8 +382,8 @@ class Bench:
     def measurements(self) -> dict:
         """{name: a function measuring it once}: the matmul's FLOP/s, one data reader's bytes/s, evaluation's
         and generation's bytes/s, and the head-to-head's seconds per byte (on the first shape's policy)."""
-        args, device, base, tiny = self.args, self.device, self.base, self.tiny
-        peak = matmul_peak(device, args.matmul or (8192 if device.type == "cuda" else 1024))
+        settings, device, base, tiny = self.settings, self.device, self.base, self.tiny
+        peak = matmul_peak(device, settings.matmul or (8192 if device.type == "cuda" else 1024))
 
         from megatok.data.stream import PackedByteStream, make_loader, resolve_shards
         from megatok.eval.bpb import evaluate_documents
@@ -375,7 +405,7 @@ class Bench:
             n = sum(next(batches)["tokens"][:, 1:].lt(256).sum().item() for _ in range(n_data))
             return n / (clock() - t0)
 
-        eval_docs = text_documents(args.eval_bytes)
+        eval_docs = text_documents(settings.eval_bytes)
         eval_model = tiny.model
 
         def eval_rate() -> float:
@@ -389,7 +419,7 @@ class Bench:
 
         def gen_rate(model) -> float:
             t0 = clock()
-            g = generate(model, b"def main(", seq_len=base.data.seq_len, max_bytes=args.gen_bytes, seed=0,
+            g = generate(model, b"def main(", seq_len=base.data.seq_len, max_bytes=settings.gen_bytes, seed=0,
                          stop_at_separator=False, boundary_mode="threshold")
             model.train()
             return len(g.text) / (clock() - t0)
@@ -397,10 +427,10 @@ class Bench:
         # the head-to-head as the trainer runs it, on --h2h-bytes of held-out text
         heldout = tmp / "heldout.jsonl"
         with heldout.open("w") as f:
-            for d in text_documents(args.h2h_bytes):
+            for d in text_documents(settings.h2h_bytes):
                 f.write(json.dumps({"text": d.decode("utf-8", "replace"), "lang": "en", "domain": "code"}) + "\n")
-        h2h_cfg = self.config(args.shapes[0], "policy", [f"eval.heldout={heldout}",
-                                                          f"eval.heldout_max_bytes={args.h2h_bytes}"])
+        h2h_cfg = self.config(settings.shapes[0], "policy", [f"eval.heldout={heldout}",
+                                                          f"eval.heldout_max_bytes={settings.h2h_bytes}"])
         h2h = HeadToHead(h2h_cfg, 0, 1)
         h2h_bytes = sum(len(d.text) for d in h2h.docs)
 
@@ -411,16 +441,16 @@ class Bench:
             return (clock() - t0) / h2h_bytes
 
         return {"matmul": peak, "data": data_rate, "eval": eval_rate, "generate": lambda: gen_rate(tiny.model),
-                "generate-w3": lambda: gen_rate(self.trainees[f"{args.shapes[0]}/policy-w3"].model),
+                "generate-w3": lambda: gen_rate(self.trainees[f"{settings.shapes[0]}/policy-w3"].model),
                 "h2h": h2h_seconds_per_byte}
 
     def summarise(self) -> None:
         """The figures of the rounds so far, into the report (and --json-out: a run cut short keeps them)."""
-        args, rounds, measured = self.args, self.rounds, self.report["measured"]
-        for s in args.shapes:
+        settings, rounds, measured = self.settings, self.rounds, self.report["measured"]
+        for s in settings.shapes:
             self.shape_figures(s)
-        if args.hot_path:
-            self.hot_path_figures(args.shapes[-1])
+        if settings.hot_path:
+            self.hot_path_figures(settings.shapes[-1])
         train_bps = self.other_figures()
         measured["matmul_flops"] = summary([g["matmul"] for g in rounds])
         measured["data_bytes_per_s"] = summary([g["data"] for g in rounds])
@@ -430,7 +460,7 @@ class Bench:
         measured["h2h_s_per_mb"] = summary([g["h2h"] * 2**20 for g in rounds])
         measured["wall_s"] = time.perf_counter() - self.t_wall
         measured["rounds"] = len(rounds)
-        self.write(f"round {len(rounds)} of {args.reps} done")
+        self.write(f"round {len(rounds)} of {settings.reps} done")
 
     def shape_figures(self, s: str) -> None:
         """A shape's policy share, megatok against every byte and MFU, and its variants' step times."""
@@ -472,7 +502,7 @@ class Bench:
     def other_figures(self) -> list[float]:
         """Data, evaluation, generation and the head-to-head against training on the first shape; returns
         training's bytes/s per round."""
-        rounds, figures, s0 = self.rounds, self.report["figures"], self.args.shapes[0]
+        rounds, figures, s0 = self.rounds, self.report["figures"], self.settings.shapes[0]
         train_bps = [self.tiny.bytes_per_step / g[f"{s0}/policy"] for g in rounds]
         figure(figures, "data_vs_step", [g["data"] / b for g, b in zip(rounds, train_bps)],
                "one data reader's bytes/s / a training step's bytes/s (tiny shape, one rank)")
@@ -551,20 +581,20 @@ def show(report: dict) -> str:
     return "\n".join(lines)
 
 
-def profile(args, device: torch.device, config) -> int:
+def profile(settings: Settings, device: torch.device, config) -> int:
     from torch.profiler import ProfilerActivity, profile as torch_profile
 
-    shape, _, variant = args.profile.partition("/")
+    shape, _, variant = settings.profile.partition("/")
     if shape not in SHAPES or (variant not in VARIANTS and variant not in HOT_PATH):
-        print(f"error: --profile {args.profile}: want SHAPE/VARIANT with SHAPE in {list(SHAPES)} and VARIANT in "
+        print(f"error: --profile {settings.profile}: want SHAPE/VARIANT with SHAPE in {list(SHAPES)} and VARIANT in "
               f"{list(VARIANTS)}", file=sys.stderr)
         return 2
     _, attrs, flex = HOT_PATH.get(variant, (None, {}, True))
-    tr = Trainee(args.profile, config(shape, variant), device, attrs, flex)
+    tr = Trainee(settings.profile, config(shape, variant), device, attrs, flex)
     tr.run(1)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with torch_profile(activities=activities) as prof:
-        tr.run(args.steps)
+        tr.run(settings.steps)
     key = "cuda_time_total" if device.type == "cuda" else "cpu_time_total"
     print(prof.key_averages().table(sort_by=key, row_limit=25))
     return 0

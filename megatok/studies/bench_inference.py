@@ -27,56 +27,56 @@ from pathlib import Path
 import torch
 
 from megatok.studies import bench as common
-from megatok.studies.bench import SHAPES, environment, figure, matmul_peak, summary, sync, text_documents
+from megatok.studies.bench import SHAPES, Settings, environment, figure, matmul_peak, summary, sync, text_documents
 
 #: the batch sizes of the generation figures
 GEN_BATCHES = (1, 8)
 
 
-def run(args) -> int:
-    """The generation figures (see the module docstring) with megatok-bench's settings ``args``: rounds of
+def run(settings: Settings) -> int:
+    """The generation figures (see the module docstring) for megatok-bench's ``settings``: rounds of
     every (shape, kind, batch) in turns; prints the report, 0; 2 on a config that does not load."""
-    prepared = common.prepare(args)
+    prepared = common.prepare(settings)
     if prepared is None:
         return 2
-    device, config, _ = prepared
+    settings, device, config, _ = prepared
     from megatok import bpe
 
     tmp = Path(tempfile.mkdtemp(prefix="megatok-bench-"))
-    docs = text_documents(300_000 if args.quick else 2_000_000)
-    tok = bpe.train_bpe(docs, tmp / "bpe", args.vocab)
+    docs = text_documents(300_000 if settings.quick else 2_000_000)
+    tok = bpe.train_bpe(docs, tmp / "bpe", settings.vocab)
     sp = bpe.load_tokenizer(tok["model"])
     per_token = bpe.bytes_per_token(sp, docs)["bytes_per_token"]
     piece = statistics.mean(len(p) for p in bpe.token_bytes(sp) if p)  # an untrained model's mean token
     # 8 lengths; batch 1 reads the first, 90 bytes, about their mean (91)
     prompts = [d[:n] for d, n in zip(docs[::7], (90, 24, 200, 57, 130, 16, 170, 40))]
-    variants = generation_variants(args, device, config, tok, per_token, piece)
-    peak = matmul_peak(device, args.matmul or (8192 if device.type == "cuda" else 1024))
+    variants = generation_variants(settings, device, config, tok, per_token, piece)
+    peak = matmul_peak(device, settings.matmul or (8192 if device.type == "cuda" else 1024))
     for v in variants.values():  # warm-up
         generation_round(v, prompts, device)
-    print(f"bench --inference: {len(variants)} variants, {args.reps} rounds, device {device}", file=sys.stderr, flush=True)
+    print(f"bench --inference: {len(variants)} variants, {settings.reps} rounds, device {device}", file=sys.stderr, flush=True)
     rounds: list[dict] = []
     names = list(variants)
-    for r in range(args.reps):
+    for r in range(settings.reps):
         got = {"matmul": peak()}
         for name in names[r % len(names):] + names[:r % len(names)]:
             got[name] = generation_round(variants[name], prompts, device)
         rounds.append(got)
-        print(f"bench --inference: round {r + 1}/{args.reps} done", file=sys.stderr, flush=True)
-    figures, measured = generation_figures(args, variants, rounds)
+        print(f"bench --inference: round {r + 1}/{settings.reps} done", file=sys.stderr, flush=True)
+    figures, measured = generation_figures(settings, variants, rounds)
     measured["matmul_flops"] = summary([g["matmul"] for g in rounds])
     measured["bpe"] = {"vocab": tok["vocab_size"], "bytes_per_token": per_token, "mean_piece_bytes": piece}
-    report = {"environment": environment(device, args.threads), "settings": {
-        k: getattr(args, k) for k in ("config", "overrides", "shapes", "reps", "gen_bytes", "vocab")},
+    report = {"environment": environment(device, settings.threads), "settings": {
+        k: getattr(settings, k) for k in ("config", "overrides", "shapes", "reps", "gen_bytes", "vocab")},
         "figures": figures, "measured": measured}
-    if args.json_out:
-        Path(args.json_out).write_text(json.dumps(report, indent=2) + "\n")
+    if settings.json_out:
+        Path(settings.json_out).write_text(json.dumps(report, indent=2) + "\n")
     print(show_generation(report, names, tok["vocab_size"], per_token))
     shutil.rmtree(tmp, ignore_errors=True)
     return 0
 
 
-def generation_variants(args, device: torch.device, config, tok: dict, per_token: float, piece: float) -> dict:
+def generation_variants(settings: Settings, device: torch.device, config, tok: dict, per_token: float, piece: float) -> dict:
     """{shape/kind/bB: the model and what its figures need}: each shape's byte model and the BPE model
     matched to it (on the tokenizer ``tok``, ``per_token`` bytes per token on the text, pieces of ``piece``
     bytes on average), at each batch of GEN_BATCHES."""
@@ -86,11 +86,11 @@ def generation_variants(args, device: torch.device, config, tok: dict, per_token
     from megatok.model import build_model
 
     variants: dict[str, dict] = {}
-    for s in args.shapes:
+    for s in settings.shapes:
         ucfg = config(s, "policy")
         match = flops.match_bpe(ucfg, tokenizer=tok["model"], vocab_size=tok["vocab_size"], bytes_per_token=per_token)
         o = match["overrides"]
-        bcfg = load_config(args.config, [*SHAPES[s], *args.overrides, *(f"model.{k}={v}" for k, v in o["model"].items()),
+        bcfg = load_config(settings.config, [*SHAPES[s], *settings.overrides, *(f"model.{k}={v}" for k, v in o["model"].items()),
                                          f"data.seq_len={o['data']['seq_len']}"], world_size=1)
         for kind, cfg in (("byte", ucfg), ("bpe", bcfg)):
             torch.manual_seed(0)
@@ -102,7 +102,7 @@ def generation_variants(args, device: torch.device, config, tok: dict, per_token
             for B in GEN_BATCHES:
                 variants[f"{s}/{kind}/b{B}"] = {
                     "model": model, "cfg": cfg, "enc": enc, "B": B, "bytes_per_id": 1.0 if byte else per_token,
-                    "max_bytes": args.gen_bytes if byte else round(args.gen_bytes * piece / per_token),
+                    "max_bytes": settings.gen_bytes if byte else round(settings.gen_bytes * piece / per_token),
                     "flops_per_id": fpb if byte else fpb * per_token, "params": sum(p.numel() for p in model.parameters())}
     return variants
 
@@ -122,7 +122,7 @@ def generation_round(v: dict, prompts: list[bytes], device: torch.device) -> dic
     return {"s": dt, "ids": ids, "steps": steps, "chunks": sum(sum(g.starts) for g in gens)}
 
 
-def generation_figures(args, variants: dict, rounds: list[dict]) -> tuple[dict, dict]:
+def generation_figures(settings: Settings, variants: dict, rounds: list[dict]) -> tuple[dict, dict]:
     """(figures, measured) of the generation rounds: batch 8 over batch 1, the byte model over the BPE
     model, and each variant's MFU, per-step overhead and speed."""
     figures, measured = {}, {}
@@ -131,7 +131,7 @@ def generation_figures(args, variants: dict, rounds: list[dict]) -> tuple[dict, 
     def bytes_per_s(name: str) -> list[float]:
         return [g[name]["ids"] * variants[name]["bytes_per_id"] / g[name]["s"] for g in rounds]
 
-    for s in args.shapes:
+    for s in settings.shapes:
         for kind in ("byte", "bpe"):
             b1, b8 = bytes_per_s(f"{s}/{kind}/b1"), bytes_per_s(f"{s}/{kind}/b8")
             figure(figures, f"gen_b8_vs_b1/{kind}/{s}", [x / y for x, y in zip(b8, b1)],

@@ -57,6 +57,7 @@ import sys
 import sysconfig
 import time
 import traceback
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -85,6 +86,29 @@ SMOKE_SETS = ["model.d_model=64", "model.n_heads=2", "model.n_encoder_layers=1",
 #: on this GPU at all) first, then generation's step modes (short: its CUDA graph runs nowhere else), then
 #: the training figures (MFU, bytes/s, memory), then attention backends.
 SECTIONS = ("trainer", "generation", "training", "attention")
+
+
+@dataclass
+class Settings:
+    """What one megatok-gpu-check invocation runs (its command line, megatok.cli.gpu_check, in these names)."""
+
+    configs: list[str] = field(default_factory=lambda: ["configs/100m.json", "configs/1b.json"])
+    overrides: list[str] = field(default_factory=list)  # --set items applied to every config
+    steps: int = 10  # timed steps per config
+    warmup: int = 3  # untimed steps first
+    micro: int | None = None  # the micro-batch (None: the config's)
+    engine: str = "auto"  # "auto", "deepspeed" or "torch"
+    peak_tflops: float | None = None  # the device's dense bf16 peak (None: by its name)
+    attn_iters: int = 20
+    json_out: str | None = None  # the report as JSON, written after every part
+    trainer_config: str = "configs/100m.json"  # the trainer section's config ("none" skips it)
+    trainer_steps: int = 6  # steps of the trainer check (even)
+    gen_bytes: int = 128  # bytes each row generates in the generation section
+    document_mask: bool = True  # the first config's second run with model.document_mask
+    compile: bool | None = None  # the first config once more with train.compile the other way (None: on a GPU)
+    sections: list[str] = field(default_factory=lambda: list(SECTIONS))  # what to run, in this order
+    cpu_smoke: bool = False  # the tiny config on the CPU, 2 steps: the code paths
+    budget_s: float = 480  # wall-clock budget (work that would start past it is skipped and reported)
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -303,22 +327,21 @@ def _show_training(report: dict) -> list[str]:
     return lines
 
 
-def run(args) -> int:
-    """The check with megatok-gpu-check's settings ``args`` (megatok.cli.gpu_check): its sections in the
-    order asked, the report printed (and written to --json-out) after every part, and on SIGTERM; 0, or 2
-    without a CUDA device (unless --cpu-smoke)."""
-    deadline = time.monotonic() + args.budget_s
+def run(settings: Settings) -> int:
+    """The check with ``settings``: its sections in the order asked, the report printed (and written to
+    --json-out) after every part, and on SIGTERM; 0, or 2 without a CUDA device (unless --cpu-smoke)."""
+    deadline = time.monotonic() + settings.budget_s
     os.environ.setdefault("WANDB_MODE", "disabled")
-    if not args.cpu_smoke and os.environ.get("DS_ACCELERATOR", "cuda") != "cuda":  # before DeepSpeed reads it
+    if not settings.cpu_smoke and os.environ.get("DS_ACCELERATOR", "cuda") != "cuda":  # before DeepSpeed reads it
         print(f"gpu_check: DS_ACCELERATOR={os.environ['DS_ACCELERATOR']} ignored: the GPU check runs DeepSpeed on "
               f"cuda", file=sys.stderr)
         os.environ["DS_ACCELERATOR"] = "cuda"  # the trainer processes it starts inherit it too
     if _importable("deepspeed"):
         sizing.quiet_deepspeed_import()
-    if not args.cpu_smoke and not torch.cuda.is_available():
+    if not settings.cpu_smoke and not torch.cuda.is_available():
         print("error: no CUDA device (use --cpu-smoke to test the script on a CPU)", file=sys.stderr)
         return 2
-    check = Check(args, deadline)
+    check = Check(settings, deadline)
 
     def stop(signum, frame):
         check.report["stopped"] = "SIGTERM"
@@ -328,7 +351,7 @@ def run(args) -> int:
                 "training": check.training_section, "attention": check.attention_section}
     previous = signal.signal(signal.SIGTERM, stop)  # e.g. `timeout`: the finally still reports
     try:
-        for name in args.sections:
+        for name in settings.sections:
             sections[name]()
     finally:  # whatever ended the check (an error, SIGTERM): the report of what was measured
         signal.signal(signal.SIGTERM, previous)
@@ -342,41 +365,41 @@ def run(args) -> int:
 
 
 class Check:
-    """One check's settings (from ``args``: --cpu-smoke's tiny config on the CPU, else the GPU's), its
+    """One check's settings (from ``settings``: --cpu-smoke's tiny config on the CPU, else the GPU's), its
     report and its ``deadline`` (monotonic time: --budget-s from the start)."""
 
-    def __init__(self, args, deadline: float):
-        self.args, self.deadline = args, deadline
-        if args.cpu_smoke:
+    def __init__(self, settings: Settings, deadline: float):
+        self.settings, self.deadline = settings, deadline
+        if settings.cpu_smoke:
             self.device = torch.device("cpu")
-            self.configs, self.overrides = ["configs/tiny.json"], SMOKE_SETS + args.overrides
-            self.steps, self.warmup, self.micro = min(args.steps, 2), min(args.warmup, 1), args.micro or 2
-            self.trainer_config = None if args.trainer_config == "none" else "configs/tiny.json"
+            self.configs, self.overrides = ["configs/tiny.json"], SMOKE_SETS + settings.overrides
+            self.steps, self.warmup, self.micro = min(settings.steps, 2), min(settings.warmup, 1), settings.micro or 2
+            self.trainer_config = None if settings.trainer_config == "none" else "configs/tiny.json"
             self.trainer_steps = 2
             self.shapes = [(1, 2, 128, 32), (1, 2, 32, 32)]
-            self.gen_bytes = min(args.gen_bytes, 16)
+            self.gen_bytes = min(settings.gen_bytes, 16)
         else:
             self.device = torch.device("cuda", 0)
             torch.cuda.set_device(self.device)
-            self.configs, self.overrides = args.configs, args.overrides
-            self.steps, self.warmup, self.micro = args.steps, args.warmup, args.micro
-            self.trainer_config = None if args.trainer_config == "none" else args.trainer_config
-            self.trainer_steps = args.trainer_steps
+            self.configs, self.overrides = settings.configs, settings.overrides
+            self.steps, self.warmup, self.micro = settings.steps, settings.warmup, settings.micro
+            self.trainer_config = None if settings.trainer_config == "none" else settings.trainer_config
+            self.trainer_steps = settings.trainer_steps
             self.shapes = [(8, 16, 4096, 64), (8, 16, 820, 128)]  # byte rate at seq_len 4096; main rate at rho = 0.2
-            self.gen_bytes = args.gen_bytes
-        self.engine = args.engine
+            self.gen_bytes = settings.gen_bytes
+        self.engine = settings.engine
         if self.engine == "auto":
             self.engine = "deepspeed" if _importable("deepspeed") else "torch"
-        self.peak = peak_tflops(self.device, args.peak_tflops)
-        self.report = {"environment": environment(self.device), "sections": args.sections, "attention": [],
+        self.peak = peak_tflops(self.device, settings.peak_tflops)
+        self.report = {"environment": environment(self.device), "sections": settings.sections, "attention": [],
                        "training": [], "generation": []}
 
     def write(self) -> None:
-        if self.args.json_out:
-            Path(self.args.json_out).write_text(json.dumps(self.report, indent=2) + "\n")
+        if self.settings.json_out:
+            Path(self.settings.json_out).write_text(json.dumps(self.report, indent=2) + "\n")
 
     def save(self, done: str) -> None:  # after every part: a run cut short keeps what it measured
-        print(f"gpu_check: {done} ({time.monotonic() - self.deadline + self.args.budget_s:.0f} s)", flush=True)
+        print(f"gpu_check: {done} ({time.monotonic() - self.deadline + self.settings.budget_s:.0f} s)", flush=True)
         self.write()
 
     def trainer_section(self) -> None:
@@ -401,9 +424,9 @@ class Check:
     def training_section(self) -> None:
         configs, overrides = self.configs, self.overrides
         runs = [(config, overrides, config) for config in configs]
-        if self.args.document_mask and configs:
+        if self.settings.document_mask and configs:
             runs.append((configs[0], overrides + ["model.document_mask=true"], f"{configs[0]} + document_mask"))
-        if (self.args.compile if self.args.compile is not None else not self.args.cpu_smoke) and configs:
+        if (self.settings.compile if self.settings.compile is not None else not self.settings.cpu_smoke) and configs:
             compiled = load_config(configs[0], overrides, world_size=1).train.compile
             runs.append((configs[0], overrides + [f"train.compile={str(not compiled).lower()}"],
                          f"{configs[0]} {'- compile' if compiled else '+ compile'}"))
@@ -445,7 +468,7 @@ class Check:
         if time.monotonic() > self.deadline:
             self.report["attention"] = [{"error": "skipped: --budget-s spent"}]
         else:
-            self.report["attention"] = attention_check(self.device, self.shapes, self.args.attn_iters)
+            self.report["attention"] = attention_check(self.device, self.shapes, self.settings.attn_iters)
         self.save("attention done")
 
 

@@ -45,6 +45,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from megatok import flops, sizing
@@ -55,6 +56,27 @@ from megatok.data.documents import DataError
 from megatok.metrics import read_metrics
 from megatok.studies import StudyError, compare
 from megatok.studies.launch import CHECKOUT, finished, local_command
+
+
+@dataclass
+class Settings:
+    """What one megatok-sweep invocation does (its command line, megatok.cli.sweep, in these names)."""
+
+    out: str  # the sweep directory
+    sizes: str = "100m,350m,1b"  # comma-separated config names or paths
+    strategies: str = "policy,fixed"  # comma-separated boundary strategies and BPE_LM
+    bytes: float = 2e9  # training bytes per run
+    gpus: int = 8  # GPUs per node of the generated jobs
+    nodes: int = 1  # nodes per job
+    overrides: list[str] = field(default_factory=list)  # --set items applied to every run
+    option: list[str] = field(default_factory=list)  # STRATEGY.KEY=VALUE items for one strategy's runs
+    bpe_tokenizer: str | None = None  # BPE_LM: megatok-train-bpe's output (directory or tokenizer.model)
+    bpe_vocab_size: int | None = None  # BPE_LM: the tokenizer's pieces
+    bpe_bytes_per_token: float | None = None  # BPE_LM: expected bytes per token (default: its report.json)
+    emit: str | None = None  # "sbatch": print (and write OUT/submit.sh) the jobs' sbatch commands
+    run_local: bool = False  # run the configs here, one after another
+    nproc: int | None = None  # ranks for run_local (None: the GPUs here, else 1)
+    collect: bool = False  # gather finished runs: OUT/results.md, OUT/loss_vs_flops.png
 
 
 class SweepError(StudyError):
@@ -147,30 +169,32 @@ def run_config(size: str, strategy: str, n_bytes: float, out: Path, world: int, 
     return raw
 
 
-def write(args) -> list[dict]:
-    sizes = [s for s in args.sizes.split(",") if s]
-    strategies = [s for s in args.strategies.split(",") if s]
+def write(settings: Settings) -> list[dict]:
+    """Every run's config, validated for the sweep's world size before any is written, and OUT/sweep.json:
+    the runs (name, config, run directory, steps, bytes, parameters, FLOPs)."""
+    sizes = [s for s in settings.sizes.split(",") if s]
+    strategies = [s for s in settings.strategies.split(",") if s]
     check_strategies(strategies)
-    options = parse_options(args.option)
+    options = parse_options(settings.option)
     for strategy in options:
         if strategy not in strategies:
             raise SweepError(f"--option {strategy}.{next(iter(options[strategy]))}: {strategy} is not in --strategies "
                              f"({','.join(strategies)})")
-    for item in args.overrides:
+    for item in settings.overrides:
         key = item.partition("=")[0]
         if key in ("train.max_steps", "train.run_dir"):
             raise SweepError(f"--set {key}: the sweep sets it (max_steps from --bytes, run_dir under --out)")
-    bpe = (bpe_facts(args.bpe_tokenizer, args.bpe_vocab_size, args.bpe_bytes_per_token)
+    bpe = (bpe_facts(settings.bpe_tokenizer, settings.bpe_vocab_size, settings.bpe_bytes_per_token)
            if BPE_LM in strategies else None)
-    world = args.nproc if args.run_local else args.gpus * args.nodes
-    out = Path(args.out).resolve()
+    world = settings.nproc if settings.run_local else settings.gpus * settings.nodes
+    out = Path(settings.out).resolve()
     runs, written = [], []  # written: (name, size, strategy, validated config)
     staging = Path(tempfile.mkdtemp(prefix="megatok-sweep-"))  # every config validates before any is written
     try:
         for size in sizes:
             for strategy in strategies:
                 name = f"{Path(size).stem}-{strategy}"
-                raw = run_config(size, strategy, args.bytes, out, world, args.overrides, options, bpe)
+                raw = run_config(size, strategy, settings.bytes, out, world, settings.overrides, options, bpe)
                 (staging / f"{name}.json").write_text(json.dumps(raw, indent=2) + "\n")
                 try:
                     cfg = load_config(staging / f"{name}.json", world_size=world)
@@ -190,8 +214,8 @@ def write(args) -> list[dict]:
                      "training_bytes": flops.training_bytes(cfg, world),
                      "params": flops.param_counts(cfg)["total"], "flops_per_byte": fpb["training"],
                      "training_flops": flops.training_flops(cfg, world)})
-    (out / "sweep.json").write_text(json.dumps({"bytes": args.bytes, "runs": runs}, indent=2) + "\n")
-    print(f"sweep: {len(runs)} configs in {out / 'configs'} ({args.bytes:.3g} training bytes each, "
+    (out / "sweep.json").write_text(json.dumps({"bytes": settings.bytes, "runs": runs}, indent=2) + "\n")
+    print(f"sweep: {len(runs)} configs in {out / 'configs'} ({settings.bytes:.3g} training bytes each, "
           f"validated for {world} rank(s))")
     return runs
 
@@ -313,25 +337,25 @@ def plot(rows: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
-def sweep(args) -> int:
-    """What megatok-sweep does with its settings ``args`` (megatok.cli.sweep): --collect, or write the
-    configs and then --emit sbatch or --run-local; the exit status. SweepError or ConfigError (one line) on
-    bad input, before anything is written."""
-    out = Path(args.out)
-    if args.collect:
+def sweep(settings: Settings) -> int:
+    """What megatok-sweep does with ``settings``: --collect, or write the configs and then --emit sbatch or
+    --run-local; the exit status. SweepError or ConfigError (one line) on bad input, before anything is
+    written."""
+    out = Path(settings.out)
+    if settings.collect:
         collect(out)
         print(f"sweep: wrote {out / 'results.md'} and {out / 'loss_vs_flops.png'}")
         return 0
-    if args.run_local and args.nproc is None:
+    if settings.run_local and settings.nproc is None:
         import torch
 
-        args.nproc = max(1, torch.cuda.device_count())
+        settings = replace(settings, nproc=max(1, torch.cuda.device_count()))
     sizing.quiet_deepspeed_import()
-    runs = write(args)
-    if args.emit == "sbatch":
-        lines = sbatch_lines(runs, args.nodes, args.gpus)
+    runs = write(settings)
+    if settings.emit == "sbatch":
+        lines = sbatch_lines(runs, settings.nodes, settings.gpus)
         (out / "submit.sh").write_text("#!/bin/bash\nset -e\n" + "\n".join(lines) + "\n")
         print("\n".join(lines))
-    if args.run_local:
-        return run_local(runs, args.nproc)
+    if settings.run_local:
+        return run_local(runs, settings.nproc)
     return 0

@@ -70,3 +70,23 @@ def test_the_inference_section_writes_its_figures(tmp_path):
     assert measured["tiny/bpe/b8"]["bytes_per_id"] == measured["bpe"]["bytes_per_token"] > 1
     assert 0.05 < measured["tiny/byte/b1"]["chunks_per_byte"] < 0.5  # sampled at the target rate, 0.2
     assert "gen_byte_vs_bpe_b8/tiny" in r.stdout
+
+
+def test_settings_defaults_are_the_commands_and_bad_counts_are_refused(monkeypatch):
+    """megatok-bench hands megatok.studies.bench a Settings (the defaults of every option not given; --quick
+    cuts rounds, steps and bytes); a count below 1 is the command's one-line usage error."""
+    import pytest
+
+    from megatok.cli import bench as command
+    from megatok.studies import bench as study
+
+    got = []
+    monkeypatch.setattr(study, "run", lambda s: got.append(s) or 0)
+    assert command.main(["--device", "cpu"]) == 0 and command.main(["--device", "cpu", "--quick"]) == 0
+    assert got[0] == study.Settings()
+    assert (got[1].reps, got[1].steps, got[1].gen_bytes) == (3, 2, 32)
+    with pytest.raises(SystemExit) as e:
+        command.main(["--reps", "0"])
+    assert e.value.code == 2
+    with pytest.raises(ValueError, match="--reps and --steps must be >= 1"):
+        study.Settings(steps=0)

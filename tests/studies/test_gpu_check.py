@@ -53,6 +53,21 @@ def test_cpu_smoke_torch_engine(capsys):
     assert "torch (fp32)" in line and "%" in line  # MFU against the given peak
 
 
+def test_the_library_takes_settings_whose_defaults_are_the_commands(monkeypatch):
+    """megatok-gpu-check hands megatok.studies.gpu_check a Settings equal to the defaults of every option it
+    is not given; the library runs from a Settings alone (no command line)."""
+    from megatok.cli import gpu_check as command
+    from megatok.studies import gpu_check as study
+
+    got = []
+    monkeypatch.setattr(study, "run", lambda s: got.append(s) or 0)
+    assert command.main([]) == 0 and command.main(["--cpu-smoke", "--sections", "attention"]) == 0
+    assert got[0] == study.Settings() and got[0].sections == ["trainer", "generation", "training", "attention"]
+    assert got[1] == study.Settings(cpu_smoke=True, sections=["attention"])
+    monkeypatch.undo()
+    assert study.run(study.Settings(cpu_smoke=True, engine="torch", attn_iters=1, sections=["attention"])) == 0
+
+
 def test_generation_agreement_counts_rows_bytes_and_log_probabilities():
     """The generation section's comparison of two modes: a row that goes its own way after a flipped draw
     counts as different, with the bytes before the flip shared and the log-probabilities compared up to it."""

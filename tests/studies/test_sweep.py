@@ -150,3 +150,17 @@ def test_bpe_lm_runs_are_matched_token_models_at_equal_bytes(tmp_path, capsys):
 def test_bpe_lm_needs_a_tokenizer_or_its_figures(tmp_path, capsys):
     assert sweep.main(["--sizes", "1b", "--strategies", "bpe-lm", "--out", str(tmp_path)]) == 2
     assert "--bpe-tokenizer" in capsys.readouterr().err
+
+
+
+def test_the_library_takes_typed_settings_whose_defaults_are_the_commands(tmp_path, capsys, monkeypatch):
+    """megatok.studies.sweep is callable without a command line, and megatok-sweep hands it a Settings
+    equal to the defaults for every option it is not given."""
+    settings = study.Settings(out=str(tmp_path / "s"), sizes="100m", strategies="fixed", emit="sbatch")
+    assert study.sweep(settings) == 0
+    assert json.loads((tmp_path / "s" / "sweep.json").read_text())["bytes"] == settings.bytes == 2e9
+    assert "--gpus-per-node=8 " in capsys.readouterr().out
+    got = []
+    monkeypatch.setattr(study, "sweep", lambda s: got.append(s) or 0)
+    assert sweep.main(["--out", str(tmp_path)]) == 0
+    assert got == [study.Settings(out=str(tmp_path))]
