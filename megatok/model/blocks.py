@@ -42,7 +42,8 @@ _FLEX_OK: dict = {}  # device -> whether flex_attention passed its check there
 RECOMPILE_LIMIT = 32
 #: The compiler behind them ("eager": dynamo's tracing and caching without code generation).
 COMPILE_BACKEND = "inductor"
-_compiled_flex: dict = {}  # "model" or "check" -> flex_attention compiled in a region of its own
+#: "model" or "check" -> flex_attention compiled in a region of its own; "mask" -> create_block_mask (its own)
+_compiled_flex: dict = {}
 _flex_fallback_warned = False
 
 
@@ -139,7 +140,13 @@ def document_block_mask(segments: torch.Tensor | None, compile: bool = False, wi
 
     B, T = segments.shape if segments is not None else shape
     device = segments.device if segments is not None else device
-    return create_block_mask(allowed, B, None, T, T, device=device, _compile=compile)
+    make = create_block_mask
+    if compile:  # (create_block_mask's own _compile flag is deprecated for this)
+        make = _compiled_flex.get("mask")
+        if make is None:
+            make = _compiled_flex["mask"] = torch.compile(create_block_mask, backend=COMPILE_BACKEND,
+                                                          recompile_limit=RECOMPILE_LIMIT, isolate_recompiles=True)
+    return make(allowed, B, None, T, T, device=device)
 
 
 def flex_usable(device: torch.device) -> bool:

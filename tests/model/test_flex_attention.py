@@ -2,7 +2,8 @@
 attention (checked here on the CPU, forward only: FlexAttention has no CPU backward), a CPU uses the
 dense mask, and a device where FlexAttention fails its check falls back to the dense mask. The check
 computes gradients whatever mode its first caller runs in, and the compiled flex_attention keeps its
-variants in a region of its own, with a stated limit past which it uses SDPA, never uncompiled flex."""
+variants in a region of its own, with a stated limit past which it uses SDPA, never uncompiled flex; the
+compiled block mask is the eager one."""
 
 import warnings
 
@@ -174,3 +175,19 @@ def test_the_compiled_blocks_keep_every_variant_of_a_train_eval_generate_cycle(m
         model(x[:2, :-1], x[:2, 1:])
     assert cycle < variants() <= blocks.RECOMPILE_LIMIT  # compiled, not run as it is
     torch._dynamo.reset()
+
+
+def test_the_compiled_block_mask_equals_the_eager_one_without_the_deprecated_flag(monkeypatch):
+    """What a GPU builds (compile=True: create_block_mask compiled once, in a region of its own, not through
+    its deprecated ``_compile`` flag) is the eager block mask, block for block, with and without a window."""
+    monkeypatch.setattr(blocks, "_compiled_flex", {})
+    segments = torch.tensor([[0] * 37 + [1] * 300 + [2] * 47, [0] * 384])  # full blocks in the second row
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*_compile flag", category=DeprecationWarning)
+        for window, full in ((None, 3), (200, 0)):  # full blocks: row 2's (1, 0), (2, 0) and (2, 1)
+            got = document_block_mask(segments, compile=True, window=window)
+            want = document_block_mask(segments, compile=False, window=window)
+            for name in ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices"):
+                assert torch.equal(getattr(got, name), getattr(want, name)), (window, name)
+            assert int(want.full_kv_num_blocks.sum()) == full
+    assert set(blocks._compiled_flex) == {"mask"}
