@@ -331,7 +331,7 @@ class _Graph:
         return self.out
 
 
-def _check(max_bytes, temperature, top_p, cache, static, cuda_graph, device) -> None:
+def _check(max_bytes, temperature, top_k, top_p, cache, static, cuda_graph, device) -> None:
     if (static or cuda_graph) and not cache:
         raise ValueError("static and cuda_graph are steps of the cache: not with cache=False")
     if cuda_graph and device.type != "cuda":
@@ -341,6 +341,8 @@ def _check(max_bytes, temperature, top_p, cache, static, cuda_graph, device) -> 
         raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
     if temperature < 0:
         raise ValueError(f"temperature must be >= 0, got {temperature}")
+    if top_k is not None and top_k < 0:
+        raise ValueError(f"top_k must be >= 0 (0 or None: no limit), got {top_k}")
     if top_p is not None and not 0 < top_p <= 1:
         raise ValueError(f"top_p must be in (0, 1], got {top_p}")
 
@@ -360,7 +362,7 @@ def generate_batch(model, prompts: list[bytes], *, seq_len: int, max_bytes: int 
     shapes and no host sync, and that step captured as a CUDA graph (the model on a GPU; see the module's
     docstring); the same texts up to float rounding."""
     device = next(model.parameters()).device
-    _check(max_bytes, temperature, top_p, cache, static, cuda_graph, device)
+    _check(max_bytes, temperature, top_k, top_p, cache, static, cuda_graph, device)
     stop = [bytes(s) for s in stop if s]
     seeds = list(range(len(prompts))) if seeds is None else list(seeds)
     if len(seeds) != len(prompts):

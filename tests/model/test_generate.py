@@ -217,3 +217,14 @@ def test_cuda_graph_needs_a_gpu_and_the_cache():
         generate(model, b"a", seq_len=SEQ, cuda_graph=True)
     with pytest.raises(ValueError, match="not with cache=False"):
         generate(model, b"a", seq_len=SEQ, static=True, cache=False)
+
+
+def test_sampling_settings_out_of_range_are_one_line_errors():
+    model = make_model("policy")
+    for kw, message in (({"max_bytes": -1}, "max_bytes must be >= 0, got -1"),
+                        ({"temperature": -0.5}, "temperature must be >= 0, got -0.5"),
+                        ({"top_k": -3}, r"top_k must be >= 0 \(0 or None: no limit\), got -3"),
+                        ({"top_p": 0}, r"top_p must be in \(0, 1\], got 0")):
+        with pytest.raises(ValueError, match=f"^{message}$"):
+            generate(model, b"a", seq_len=SEQ, **kw)
+    assert len(generate(model, b"a", seq_len=SEQ, max_bytes=3, top_k=0, stop_at_separator=False).text) == 3
