@@ -58,8 +58,13 @@ def reference() -> str:
 
 def sync(path: str, *, write: bool = False) -> int:
     """The copy between the markers in ``path`` replaced by today's reference (``write``), or compared with
-    it; 0, or 1 with one error line when the markers are missing or the copy is stale."""
-    text = open(path).read()
+    it; 0, or 1 with one error line when the markers are missing or the copy is stale (2 when ``path``
+    cannot be read)."""
+    try:
+        text = open(path).read()
+    except OSError as e:
+        print(f"error: {path}: {e.strerror}", file=sys.stderr)
+        return 2
     if BEGIN not in text or END not in text:
         print(f"error: {path}: markers {BEGIN} / {END} not found", file=sys.stderr)
         return 1

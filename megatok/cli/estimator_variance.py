@@ -7,6 +7,7 @@ import argparse
 import json
 import sys
 
+from megatok.data.documents import DataError
 from megatok.studies import StudyError, estimator_variance
 
 
@@ -57,7 +58,7 @@ def main(argv=None) -> int:
         estimator_variance.study(args.run, variants, checkpoint=args.checkpoint, samples=args.samples,
                                  batch_size=args.batch_size, seq_len=args.seq_len, data=args.data, seed=args.seed,
                                  out=args.out)
-    except (FileNotFoundError, StudyError) as e:
+    except (FileNotFoundError, StudyError, DataError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     return 0

@@ -44,7 +44,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    return gpu_check.run(gpu_check.Settings(**vars(build_parser().parse_args(argv))))
+    ap = build_parser()
+    try:
+        settings = gpu_check.Settings(**vars(ap.parse_args(argv)))
+    except ValueError as e:
+        ap.error(str(e))
+    return gpu_check.run(settings)
 
 
 if __name__ == "__main__":

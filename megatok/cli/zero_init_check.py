@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from megatok import sizing
 from megatok.config import ConfigError
 from megatok.studies import zero_init
 
@@ -15,7 +16,7 @@ def main(argv=None) -> int:
     ap.add_argument("--set", dest="overrides", nargs="+", action="extend", default=[], metavar="KEY=VALUE")
     ap.add_argument("--strategies", type=lambda s: s.split(","), default=None,
                     help="comma-separated boundary strategies (default: the config's)")
-    ap.add_argument("--ranks", type=int, default=2, help="CPU ranks (default 2)")
+    ap.add_argument("--ranks", type=sizing.positive(int), default=2, help="CPU ranks (default 2)")
     ap.add_argument("--no-compare", action="store_true", help="only the zero.Init build (no whole copy to compare)")
     args = ap.parse_args(argv)
     try:  # a bad config or strategy fails here, before any process starts

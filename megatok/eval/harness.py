@@ -138,7 +138,8 @@ def run_tasks(model: str, tasks: list[str], *, include_path: str | None = None, 
               output: str | None = None) -> int:
     """What megatok-lm-eval does: ``tasks`` (the harness's, or YAML files under ``include_path``) on the
     run or export ``model``, the results table printed and, with ``output``, written as JSON; 0, or 2 with
-    one error line for an unknown task, a missing ``include_path`` or a model that cannot be loaded."""
+    one error line for an unknown task, a missing ``include_path``, a model that cannot be loaded or a task
+    whose data cannot be read (a missing file, the hub out of reach)."""
     from lm_eval.tasks import TaskManager
     from lm_eval.utils import make_table
 
@@ -159,9 +160,13 @@ def run_tasks(model: str, tasks: list[str], *, include_path: str | None = None, 
     except (FileNotFoundError, ConfigError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    results = lm_eval.simple_evaluate(model=lm, tasks=tasks, num_fewshot=num_fewshot, limit=limit,
-                                      task_manager=manager, log_samples=False, random_seed=seed,
-                                      numpy_random_seed=seed, torch_random_seed=seed, fewshot_random_seed=seed)
+    try:
+        results = lm_eval.simple_evaluate(model=lm, tasks=tasks, num_fewshot=num_fewshot, limit=limit,
+                                          task_manager=manager, log_samples=False, random_seed=seed,
+                                          numpy_random_seed=seed, torch_random_seed=seed, fewshot_random_seed=seed)
+    except (FileNotFoundError, ConnectionError) as e:  # a task's data file, or the hub, out of reach
+        print(f"error: --tasks {','.join(tasks)}: {' '.join(str(e).split())}", file=sys.stderr)
+        return 2
     print(f"# {model} ({lm.model.kind}{', checkpoint ' + lm.model.checkpoint if lm.model.checkpoint else ''}"
           f"{', boundaries ' + lm.model.boundary_rule if lm.model.byte_model else ''})")
     print(make_table(results))

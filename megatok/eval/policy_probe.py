@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 from megatok.boundaries.base import finalize_starts, forced_starts
+from megatok.data.documents import DataError
 from megatok.stats import space_before_word, word_byte_table, word_starts
 from megatok.vocab import PAD, SEP
 
@@ -32,7 +33,8 @@ CLASSES = ("space_before_word", "word_start", "inside_word", "other")
 
 def fixed_batch(cfg, data: str | None, batch_size: int, seq_len: int) -> torch.Tensor:
     """The first ``batch_size`` packed sequences [B, seq_len + 1] of the validation split (or of
-    ``data``: a shard directory's val split or text/JSONL files)."""
+    ``data``: a shard directory's val split or text/JSONL files). DataError (one line naming the data) for
+    data that cannot be read or holds fewer than ``batch_size`` sequences."""
     from megatok.data.inputs import read_documents
     from megatok.data.stream import pack_documents
 
@@ -45,7 +47,7 @@ def fixed_batch(cfg, data: str | None, batch_size: int, seq_len: int) -> torch.T
             break
     tokens = pack_documents(texts, seq_len)[:batch_size]
     if len(tokens) < batch_size:
-        raise SystemExit(f"error: {spec}: only {len(tokens)} sequences of {seq_len} bytes, need {batch_size}")
+        raise DataError(f"{spec}: only {len(tokens)} sequences of {seq_len} bytes, need {batch_size}")
     return tokens
 
 
@@ -262,7 +264,7 @@ def probe_run(run: str, checkpoint: str | None = None, *, data: str | None = Non
         try:
             result = probe_checkpoint(run, tag, data=data, batch_size=batch_size, seq_len=seq_len, gamma=gamma,
                                       rounds=rounds, seed=seed)
-        except (FileNotFoundError, ValueError) as e:
+        except (FileNotFoundError, ValueError, DataError) as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
         print(f"{run} ({result['checkpoint']}, {result['strategy']}): one added boundary, discounted loss saved "

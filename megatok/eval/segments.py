@@ -48,7 +48,7 @@ def boundaries_for_rule(spec: str, data: bytes, seed: int, seq_len: int, rate: f
 
     name, _, opts = spec.partition(":")
     if name not in RULES:
-        raise SystemExit(f"error: --strategy {name}: only rules that need no training ({', '.join(RULES)}); "
+        raise ValueError(f"--strategy {name}: only rules that need no training ({', '.join(RULES)}); "
                          f"learned strategies need --run")
     options = {}
     for item in filter(None, opts.split(",")):

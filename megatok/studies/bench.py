@@ -124,6 +124,8 @@ class Settings:
             self.eval_bytes, self.gen_bytes, self.h2h_bytes = 16384, 32, 16384
         if self.reps < 1 or self.steps < 1:
             raise ValueError("--reps and --steps must be >= 1")
+        if self.threads < 1:
+            raise ValueError(f"--threads must be >= 1, got {self.threads}")
 
 
 #: The clock of every timing: the process's CPU time on a CPU with one thread (time waiting for a core

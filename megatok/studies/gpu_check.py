@@ -110,6 +110,11 @@ class Settings:
     cpu_smoke: bool = False  # the tiny config on the CPU, 2 steps: the code paths
     budget_s: float = 480  # wall-clock budget (work that would start past it is skipped and reported)
 
+    def __post_init__(self):
+        if self.steps < 1 or self.attn_iters < 1 or self.warmup < 0:
+            raise ValueError(f"--steps and --attn-iters must be >= 1 and --warmup >= 0, got {self.steps}, "
+                             f"{self.attn_iters} and {self.warmup}")
+
 
 # ----------------------------------------------------------------------------- helpers
 

@@ -16,7 +16,7 @@ import pytest
 
 from megatok.data.stream import iter_shard_documents, resolve_shards
 from megatok.metrics import read_metrics
-from tests.conftest import ROOT, TINY, launch_module, pretrain, run_tool, stdlib_texts
+from tests.conftest import ROOT, TINY, launch_module, pretrain, run_main, run_tool, stdlib_texts
 
 
 def build(*args) -> subprocess.CompletedProcess:
@@ -218,3 +218,71 @@ def test_finished_run_started_again_leaves_checkpoints_alone(long_doc_run):
     assert sorted(p.name for p in ckpts.iterdir() if p.is_dir()) == ["step00000002"]
     new_rows = (run_dir / "metrics.jsonl").read_text()[len(metrics_before):]
     assert not [r for r in map(json.loads, new_rows.splitlines()) if r.get("split") == "train"]
+
+
+# --------------------------------------------------------------------------- the other commands
+
+
+def assert_usage_error(r: subprocess.CompletedProcess, *names) -> str:
+    """Exit code 2, no traceback, and the last line of stderr an error naming each of names (argparse's
+    usage lines may come before it)."""
+    assert r.returncode == 2, (r.returncode, r.stdout[-2000:], r.stderr[-3000:])
+    assert "Traceback" not in r.stderr, r.stderr
+    last = r.stderr.strip().splitlines()[-1]
+    assert "error: " in last, last
+    for name in names:
+        assert str(name) in last, (name, last)
+    return last
+
+
+@pytest.mark.parametrize("command, args, names", [
+    ("evaluate", ["--data", "x.jsonl", "--batch-size", "0"], ["--batch-size", "must be > 0, got 0"]),
+    ("evaluate", ["--data", "x.jsonl", "--seq-len", "-5"], ["--seq-len", "must be > 0, got -5"]),
+    ("lm_eval", ["--tasks", "t", "--limit", "-1"], ["--limit", "must be > 0, got -1"]),
+    ("bench", ["--threads", "0", "--quick"], ["--threads must be >= 1, got 0"]),
+    ("gpu_check", ["--steps", "0", "--cpu-smoke", "--sections", "attention"], ["--steps", "got 0, 20 and 3"]),
+    ("zero_init_check", ["--config", "configs/tiny.json", "--ranks", "0"], ["--ranks", "must be > 0, got 0"]),
+    ("match_bpe", ["--config", "configs/tiny.json", "--vocab-size", "512", "--bytes-per-token", "3", "--rate", "2"],
+     ["--rate", "must be > 0 and <= 1, got 2"]),
+    ("show_boundaries", ["--strategy", "polcy", "--text", "hello world"], ["--strategy polcy", "need --run"]),
+    ("config_reference", ["--check", "no-such.md"], ["no-such.md", "No such file or directory"]),
+])
+def test_a_value_out_of_range_is_a_one_line_error(command, args, names, capsys, tmp_path, monkeypatch):
+    """A count, size or rate out of range (or a file that is not there) stops the command with exit 2 and
+    a line naming it, before any work: not a traceback from deep inside, nor a result from a nonsense value."""
+    monkeypatch.chdir(ROOT)
+    where = {"evaluate": ["--run", tmp_path], "lm_eval": ["--model", tmp_path],
+             "match_bpe": ["--out", tmp_path / "bpe.json"], "config_reference": []}.get(command, [])
+    if command == "config_reference":
+        args = ["--check", tmp_path / "no-such.md"]
+    assert_usage_error(run_main(capsys, command, *where, *args), *names)
+    assert not (tmp_path / "bpe.json").exists()
+
+
+def test_data_a_study_cannot_read_is_a_one_line_error(tiny_run, capsys, tmp_path):
+    """The probe and the estimator-variance study on a missing file, or on too little text for a batch;
+    megatok-lm-eval on a task whose data file is missing: exit 2 and one error line naming the file."""
+    def one_error_line(r, name):
+        assert r.returncode == 2 and "Traceback" not in r.stderr, (r.returncode, r.stderr[-3000:])
+        errors = [line for line in r.stderr.splitlines() if line.startswith("error: ")]
+        assert len(errors) == 1 and str(name) in errors[0], r.stderr
+        return errors[0]
+
+    missing, short = tmp_path / "missing.jsonl", tmp_path / "short.jsonl"
+    short.write_text(json.dumps({"text": "one short document"}) + "\n")
+    small = ["--batch-size", "2", "--seq-len", "64"]
+    one_error_line(run_main(capsys, "boundary_value", "--run", tiny_run, "--data", missing, "--rounds", "1", *small),
+                   missing)
+    line = one_error_line(run_main(capsys, "boundary_value", "--run", tiny_run, "--data", short, *small), short)
+    assert "only 1 sequences of 64 bytes, need 2" in line
+    one_error_line(run_main(capsys, "estimator_variance", "--run", tiny_run, "--data", missing, "--samples", "2",
+                            *small), missing)
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    (tasks / "t.yaml").write_text(
+        f"task: local_missing\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {missing}\n"
+        'test_split: test\noutput_type: loglikelihood_rolling\ndoc_to_text: ""\ndoc_to_target: "{{text}}"\n'
+        "metric_list:\n  - metric: bits_per_byte\n    aggregation: bits_per_byte\n    higher_is_better: false\n")
+    line = one_error_line(run_main(capsys, "lm_eval", "--model", tiny_run, "--tasks", "local_missing",
+                                   "--include-path", tasks), missing)
+    assert line.startswith("error: --tasks local_missing: ")
