@@ -63,7 +63,7 @@ from pathlib import Path
 import torch
 
 from megatok import flops, sizing
-from megatok.config import load_config, lr_lambda
+from megatok.config import ConfigError, load_config, lr_lambda
 from megatok.data.stream import pack_documents
 from megatok.dsconfig import deepspeed_config, uses_bf16, zero_stage
 from megatok.model import blocks, build_model
@@ -334,7 +334,8 @@ def _show_training(report: dict) -> list[str]:
 
 def run(settings: Settings) -> int:
     """The check with ``settings``: its sections in the order asked, the report printed (and written to
-    --json-out) after every part, and on SIGTERM; 0, or 2 without a CUDA device (unless --cpu-smoke)."""
+    --json-out) after every part, and on SIGTERM; 0, or 2 without a CUDA device (unless --cpu-smoke) or for a
+    config (with the --set items) that cannot be loaded, before any section runs."""
     deadline = time.monotonic() + settings.budget_s
     os.environ.setdefault("WANDB_MODE", "disabled")
     if not settings.cpu_smoke and os.environ.get("DS_ACCELERATOR", "cuda") != "cuda":  # before DeepSpeed reads it
@@ -347,6 +348,11 @@ def run(settings: Settings) -> int:
         print("error: no CUDA device (use --cpu-smoke to test the script on a CPU)", file=sys.stderr)
         return 2
     check = Check(settings, deadline)
+    try:  # a mistake in a config or --set costs no GPU time: the sections report errors and go on
+        check.check_configs()
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
 
     def stop(signum, frame):
         check.report["stopped"] = "SIGTERM"
@@ -398,6 +404,14 @@ class Check:
         self.peak = peak_tflops(self.device, settings.peak_tflops)
         self.report = {"environment": environment(self.device), "sections": settings.sections, "attention": [],
                        "training": [], "generation": []}
+
+    def check_configs(self) -> None:
+        """Every config the asked sections read, with the overrides, loaded: ConfigError for the first that
+        cannot be."""
+        used = {"trainer": [self.trainer_config] if self.trainer_config else [], "generation": [GENERATION_CONFIG],
+                "training": self.configs, "attention": []}
+        for config in dict.fromkeys(c for name in self.settings.sections for c in used[name]):
+            load_config(config, self.overrides, world_size=1)
 
     def write(self) -> None:
         if self.settings.json_out:

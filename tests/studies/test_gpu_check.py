@@ -53,6 +53,18 @@ def test_cpu_smoke_torch_engine(capsys):
     assert "torch (fp32)" in line and "%" in line  # MFU against the given peak
 
 
+def test_a_config_mistake_stops_the_check_before_any_section(capsys):
+    """A key misspelt in --set: exit 2 and one line naming it, before any section spends (GPU) time."""
+    from megatok.cli import gpu_check as mod
+
+    capsys.readouterr()
+    assert mod.main(["--cpu-smoke", "--set", "model.d_modle=4", "--sections", "training", "attention"]) == 2
+    out, err = capsys.readouterr()
+    assert err.startswith("error: configs/tiny.json (with --set ") and err.count("\n") == 1, err
+    assert "model.d_modle: unknown key (did you mean 'model.d_model'?)" in err
+    assert "gpu_check:" not in out and "Traceback" not in err  # no section ran
+
+
 def test_the_library_takes_settings_whose_defaults_are_the_commands(monkeypatch):
     """megatok-gpu-check hands megatok.studies.gpu_check a Settings equal to the defaults of every option it
     is not given; the library runs from a Settings alone (no command line)."""
