@@ -361,3 +361,15 @@ def test_no_function_is_longer_than_the_limit():
     lengths = function_lengths()
     assert lengths["megatok.config.load_config"] > 10 and "megatok.train.engine.Engine.backward" in lengths
     assert {name: n for name, n in lengths.items() if n > LONGEST} == {}
+
+
+@pytest.mark.parametrize("directory", ["data", "runs", "exports"])
+def test_what_the_docs_write_in_the_checkout_is_ignored_by_git(directory):
+    """The corpus and shards (data/), runs (runs/) and exports (exports/NAME in docs/api.md) made by following
+    the docs stay out of git status and of the files the docs tests read."""
+    import subprocess
+
+    r = subprocess.run(["git", "check-ignore", "-q", f"{directory}/x"], cwd=ROOT, timeout=60)
+    if r.returncode == 128:
+        pytest.skip("not a git checkout")
+    assert r.returncode == 0, f"{directory}/ is not in .gitignore"
