@@ -31,7 +31,8 @@ def main(argv=None) -> int:
     ap.add_argument("--checkpoint", default=None, help="checkpoint tag (default: latest)")
     ap.add_argument("--boundary", choices=["sample", "threshold"], default="sample")
     ap.add_argument("--seed", type=int, default=0, help="sampling seed for --boundary sample")
-    ap.add_argument("--seq-len", type=sizing.positive(int), default=None, help="window length (default: the run's data.seq_len)")
+    ap.add_argument("--seq-len", type=sizing.positive(int), default=None,
+                    help="window length (default: the run's data.seq_len)")
     ap.add_argument("--batch-size", type=sizing.positive(int), default=8)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--max-bytes", type=float, default=None,

@@ -18,7 +18,8 @@ def main(argv=None) -> int:
     ap.add_argument("--bytes-per-token", type=float, help="expected bytes per token of the training data")
     ap.add_argument("--tokenizer-path", default="data/bpe/tokenizer.model",
                     help="model.tokenizer to write with --vocab-size (default data/bpe/tokenizer.model)")
-    ap.add_argument("--rate", type=sizing.positive(float, most=1), default=None, help="chunks per byte of the unet (default its target_rate)")
+    ap.add_argument("--rate", type=sizing.positive(float, most=1), default=None,
+                    help="chunks per byte of the unet (default its target_rate)")
     ap.add_argument("--out", required=True, help="config file to write")
     ap.add_argument("--run-dir", default=None, help="train.run_dir of the BPE run (default: the source's + '-bpe')")
     ap.add_argument("--set", dest="overrides", nargs="+", action="extend", default=[], metavar="KEY=VALUE")
