@@ -42,12 +42,9 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import shutil
 import signal
-import statistics
 import sys
-import sysconfig
 import tempfile
 import time
 from dataclasses import dataclass, field, replace
@@ -55,8 +52,9 @@ from pathlib import Path
 
 import torch
 
-from megatok.metrics import cpu_name
+from megatok.studies import timing
 from megatok.studies.plain_step import adamw, plain_step
+from megatok.studies.timing import environment, matmul_peak, summary, sync, text_documents
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -128,28 +126,6 @@ class Settings:
             raise ValueError(f"--threads must be >= 1, got {self.threads}")
 
 
-#: The clock of every timing: the process's CPU time on a CPU with one thread (time waiting for a core
-#: on a shared machine is not counted), else wall time (a GPU's work is not the process's CPU time).
-clock = time.perf_counter
-
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def text_documents(limit: int) -> list[bytes]:
-    """Real text on every machine: the Python standard library's sources, up to ``limit`` bytes."""
-    docs, n = [], 0
-    for p in sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py")):
-        d = p.read_bytes()[:40_000]
-        docs.append(d)
-        n += len(d)
-        if n >= limit:
-            break
-    return docs
-
-
 def packed(seq_len: int, rows: int) -> torch.Tensor:
     """[rows, seq_len + 1] packed byte sequences of real text."""
     from megatok.data.stream import pack_documents
@@ -189,10 +165,10 @@ class Trainee:
     def run(self, n: int) -> float:
         """Seconds per step over n steps (the boundary statistics are read after the clock stops)."""
         sync(self.device)
-        t0 = clock()
+        t0 = timing.now()
         stats = [self.step() for _ in range(n)]
         sync(self.device)
-        dt = (clock() - t0) / n
+        dt = (timing.now() - t0) / n
         for s in stats:
             for k in ("chunks", "positions", "targets"):
                 self.sums[k] += float(s.get(k, 0.0))
@@ -207,28 +183,6 @@ class Trainee:
     def bytes_per_step(self) -> float:
         """UTF-8 bytes predicted per step (targets without the document separators)."""
         return self.sums["targets"] / max(1, self.sums["steps"])
-
-
-def matmul_peak(device: torch.device, n: int) -> callable:
-    """A function timing one n x n x n matmul (fp32 on a CPU, bf16 on a GPU): FLOP/s."""
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    a, b = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(2))
-    reps = 20 if device.type == "cuda" else 3
-
-    def run() -> float:
-        sync(device)
-        t0 = clock()
-        for _ in range(reps):
-            torch.mm(a, b)
-        sync(device)
-        return 2 * n ** 3 * reps / (clock() - t0)
-
-    run()  # warm-up
-    return run
-
-
-def summary(values: list[float]) -> dict:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
 
 
 def build_shards_here(tmp: Path, n_bytes: int) -> str:
@@ -246,17 +200,6 @@ class NullLogger:
         pass
 
 
-def environment(device: torch.device, threads: int) -> dict:
-    env = {"python": platform.python_version(), "torch": torch.__version__, "device": str(device),
-           "threads": threads, "clock": "process CPU time" if clock is time.process_time else "wall",
-           "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "command": " ".join(sys.argv)}
-    if device.type == "cuda":
-        env["gpu"] = torch.cuda.get_device_name(device)
-    else:
-        env.update(cpu=cpu_name(), cores=os.cpu_count())
-    return env
-
-
 def prepare(settings: Settings):
     """(settings, device, config, base) for ``settings``, the clock set: the settings with the device's
     defaults filled in, ``config(shape, variant, extra)`` a variant's config, ``base`` the first shape's policy
@@ -264,11 +207,9 @@ def prepare(settings: Settings):
     device = torch.device(settings.device)
     settings = replace(settings, shapes=settings.shapes or DEFAULT_SHAPES.get(device.type, DEFAULT_SHAPES["cpu"]),
                        hot_path=device.type == "cuda" if settings.hot_path is None else settings.hot_path)
-    global clock
     if device.type == "cpu":
         torch.set_num_threads(settings.threads)
-        if settings.threads == 1:
-            clock = time.process_time
+    timing.use_clock(device, settings.threads)
     os.environ.setdefault("WANDB_MODE", "disabled")
 
     from megatok.config import ConfigError, load_config
@@ -403,28 +344,28 @@ class Bench:
         n_data = 16
 
         def data_rate() -> float:
-            t0 = clock()
+            t0 = timing.now()
             n = sum(next(batches)["tokens"][:, 1:].lt(256).sum().item() for _ in range(n_data))
-            return n / (clock() - t0)
+            return n / (timing.now() - t0)
 
         eval_docs = text_documents(settings.eval_bytes)
         eval_model = tiny.model
 
         def eval_rate() -> float:
             sync(device)
-            t0 = clock()
+            t0 = timing.now()
             r = evaluate_documents(eval_model, iter(eval_docs_as_documents(eval_docs)), seq_len=base.data.seq_len,
                                    batch_size=base.train.micro_batch_size, mode="sample", seed=0, device=device)
             sync(device)
             eval_model.train()
-            return r["bytes"] / (clock() - t0)
+            return r["bytes"] / (timing.now() - t0)
 
         def gen_rate(model) -> float:
-            t0 = clock()
+            t0 = timing.now()
             g = generate(model, b"def main(", seq_len=base.data.seq_len, max_bytes=settings.gen_bytes, seed=0,
                          stop_at_separator=False, boundary_mode="threshold")
             model.train()
-            return len(g.text) / (clock() - t0)
+            return len(g.text) / (timing.now() - t0)
 
         # the head-to-head as the trainer runs it, on --h2h-bytes of held-out text
         heldout = tmp / "heldout.jsonl"
@@ -437,10 +378,10 @@ class Bench:
         h2h_bytes = sum(len(d.text) for d in h2h.docs)
 
         def h2h_seconds_per_byte() -> float:
-            t0 = clock()
+            t0 = timing.now()
             h2h.run(tiny.model, 0, device, NullLogger())
             tiny.model.train()
-            return (clock() - t0) / h2h_bytes
+            return (timing.now() - t0) / h2h_bytes
 
         return {"matmul": peak, "data": data_rate, "eval": eval_rate, "generate": lambda: gen_rate(tiny.model),
                 "generate-w3": lambda: gen_rate(self.trainees[f"{settings.shapes[0]}/policy-w3"].model),

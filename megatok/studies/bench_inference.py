@@ -12,7 +12,7 @@ each one's model FLOP/s (megatok.flops' forward FLOPs per byte) over the matmul'
 overhead**, a step's time less its FLOPs at the matmul's FLOP/s.
 
 The rounds run in turns as the training benchmark's do, with its clock, matmul peak, figure summaries
-and targets (megatok.studies.bench).
+and targets (megatok.studies.timing, megatok.studies.bench).
 """
 
 from __future__ import annotations
@@ -26,8 +26,9 @@ from pathlib import Path
 
 import torch
 
-from megatok.studies import bench as common
-from megatok.studies.bench import SHAPES, Settings, environment, figure, matmul_peak, summary, sync, text_documents
+from megatok.studies import bench as common, timing
+from megatok.studies.bench import SHAPES, Settings, figure
+from megatok.studies.timing import environment, matmul_peak, summary, sync, text_documents
 
 #: the batch sizes of the generation figures
 GEN_BATCHES = (1, 8)
@@ -112,12 +113,12 @@ def generation_round(v: dict, prompts: list[bytes], device: torch.device) -> dic
     from megatok.generate import generate_batch
 
     sync(device)
-    t0 = common.clock()
+    t0 = timing.now()
     gens = generate_batch(v["model"], [prompts[i % len(prompts)] for i in range(v["B"])], seq_len=v["cfg"].data.seq_len,
                           max_bytes=v["max_bytes"], seeds=list(range(v["B"])), boundary_mode="sample",
                           encoding=v["enc"], stop_at_separator=False)
     sync(device)
-    dt = common.clock() - t0
+    dt = timing.now() - t0
     ids, steps = sum(len(g.ids) for g in gens), max(len(g.ids) for g in gens)
     return {"s": dt, "ids": ids, "steps": steps, "chunks": sum(sum(g.starts) for g in gens)}
 

@@ -67,7 +67,7 @@ from megatok.config import ConfigError, load_config, lr_lambda
 from megatok.data.stream import pack_documents
 from megatok.dsconfig import deepspeed_config, uses_bf16, zero_stage
 from megatok.model import blocks, build_model
-from megatok.studies.bench import sync
+from megatok.studies.timing import sync
 from megatok.studies.gpu_generation import generation_check, show_generation
 from megatok.studies.gpu_trainer import show_trainer, trainer_check
 from megatok.studies.plain_step import adamw, plain_step

@@ -37,7 +37,7 @@ import torch
 from megatok.config import load_config
 from megatok.generate import Generation, generate_batch
 from megatok.model import build_model
-from megatok.studies.bench import sync, text_documents
+from megatok.studies.timing import sync, text_documents
 
 #: The batch sizes generated at.
 BATCHES = (1, 8)
