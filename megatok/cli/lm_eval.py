@@ -28,13 +28,11 @@ def main(argv=None) -> int:
     ap.add_argument("--boundary", default="threshold", choices=["threshold", "sample"],
                     help="byte model: chunk boundaries p > 0.5 (default) or sampled with --seed")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--batch-size", type=int, default=8, help="windows per forward; prompts decoded together")
+    ap.add_argument("--batch-size", type=sizing.positive(int), default=8, help="windows per forward; prompts decoded together")
     ap.add_argument("--num-fewshot", type=int, default=None)
     ap.add_argument("--limit", type=sizing.positive(float), default=None, help="documents per task (a fraction if < 1)")
     ap.add_argument("--output", default=None, help="write the results as JSON here")
     args = ap.parse_args(argv)
-    if args.batch_size < 1:
-        ap.error("--batch-size must be >= 1")
 
     sizing.quiet_deepspeed_import()
     from megatok.eval.harness import run_tasks
