@@ -35,9 +35,27 @@ def missing() -> str | None:
     if absent and shutil.which("apt-get") is None:
         return (f"needs {', '.join(absent)} (Slurm, munge, MariaDB, openssh-server, pdsh), and there is no apt-get to "
                 f"install them")
-    if STATE.exists():
-        return f"a cluster of tools/cluster.sh is up already ({STATE}); the tests make their own: bash {CLUSTER} down"
+    running = live_daemons()
+    if running:
+        return (f"a cluster of tools/cluster.sh is up already ({STATE}; {', '.join(running)} running); the tests make "
+                f"their own: bash {CLUSTER} down")
     return None
+
+
+def live_daemons() -> list[str]:
+    """The daemons of a cluster already made here that still run: name (pid). A state directory whose daemons
+    are all gone is what a killed run left; the fixture's `up` cleans it first, as after a crash."""
+    running = []
+    for f in sorted((STATE / "pids").glob("*")):
+        try:
+            # /proc/PID/stat: "pid (comm) state ..."; a zombie is gone, a pid reused by another program is not ours
+            stat = Path(f"/proc/{int(f.read_text())}/stat").read_text()
+        except (OSError, ValueError):
+            continue
+        comm, state = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2]
+        if state != "Z" and f.name.startswith(comm):
+            running.append(f"{f.name} ({f.read_text().strip()})")
+    return running
 
 
 def cluster_env() -> dict:
