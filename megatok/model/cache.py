@@ -25,7 +25,7 @@ import torch
 
 
 class _Plan:
-    __slots__ = ("prefill", "rows", "pos", "flat", "mask", "limit")
+    __slots__ = ("prefill", "rows", "at", "mask", "limit")
 
 
 class _Layer:
@@ -45,13 +45,14 @@ class _Layer:
             return k, v, mask, True
         if k.shape[2] != 1:
             raise ValueError("a filled cache takes one position per row at a time")
-        dh = k.shape[-1]  # one copy per tensor: row b, head h at its position (extend's flat index)
-        (ki, vi), (kf, vf) = c.views[self.i], c.flat[self.i]
-        kf.index_copy_(0, p.flat, k.reshape(-1, dh))
-        vf.index_copy_(0, p.flat, v.reshape(-1, dh))
+        # one write per tensor, into the buffer itself (not a view of it: a compiled step then writes in
+        # place instead of copying the buffer): layer i, row b, head h at the row's position (extend's index)
+        at = (c._layer[self.i], *p.at)
+        c.k.index_put_(at, k[:, :, 0])
+        c.v.index_put_(at, v[:, :, 0])
         if p.rows is None:
-            return ki[:, :, :p.limit], vi[:, :, :p.limit], p.mask, False
-        return ki[p.rows, :, :p.limit], vi[p.rows, :, :p.limit], p.mask, False
+            return c.k[self.i, :, :, :p.limit], c.v[self.i, :, :, :p.limit], p.mask, False
+        return c.k[self.i, p.rows, :, :p.limit], c.v[self.i, p.rows, :, :p.limit], p.mask, False
 
 
 class KVCache:
@@ -60,7 +61,8 @@ class KVCache:
 
     def __init__(self, n_layers: int, batch: int, heads: int, head_dim: int, capacity: int, *, device, dtype,
                  window: int | None = None):
-        self._set(torch.zeros(n_layers, batch, heads, capacity, head_dim, device=device, dtype=dtype))
+        self.k = torch.zeros(n_layers, batch, heads, capacity, head_dim, device=device, dtype=dtype)
+        self.v = torch.zeros_like(self.k)
         self.lengths = torch.zeros(batch, dtype=torch.long, device=device)
         self.capacity, self.window, self.dtype = capacity, window, dtype
         self.layers = [_Layer(self, i) for i in range(n_layers)]
@@ -68,12 +70,7 @@ class KVCache:
         self._arange = torch.arange(capacity, device=device)
         self._heads = torch.arange(heads, device=device)
         self._all = torch.arange(batch, device=device)
-
-    def _set(self, k: torch.Tensor, v: torch.Tensor | None = None) -> None:
-        """The buffers, and each layer's views of them (made once: a step takes them as they are)."""
-        self.k, self.v = k, torch.zeros_like(k) if v is None else v
-        self.views = [(self.k[i], self.v[i]) for i in range(len(k))]
-        self.flat = [(a.view(-1, k.shape[-1]), b.view(-1, k.shape[-1])) for a, b in self.views]
+        self._layer = torch.arange(n_layers, device=device)[:, None, None]  # (index tensors: no host read)
 
     def __getitem__(self, i: int) -> _Layer:
         return self.layers[i]
@@ -90,13 +87,12 @@ class KVCache:
         p = self.plan
         p.prefill, p.rows, p.limit = False, rows, limit or self.capacity
         index = self._all if rows is None else rows
-        p.pos = self.lengths.clone() if rows is None else self.lengths[rows]
-        heads = self.k.shape[2]  # [k|v][layer] viewed as [B * H * S, Dh]: (b, h, pos) is row (b H + h) S + pos
-        p.flat = ((index[:, None] * heads + self._heads) * self.capacity + p.pos[:, None]).reshape(-1)
+        pos = self.lengths.clone() if rows is None else self.lengths[rows]
+        p.at = (index[:, None], self._heads[None, :], pos[:, None])  # [B', H] after the layer's index
         j = self._arange[:p.limit]
-        allowed = j[None, :] <= p.pos[:, None]
+        allowed = j[None, :] <= pos[:, None]
         if self.window is not None:
-            allowed &= j[None, :] > p.pos[:, None] - self.window
+            allowed &= j[None, :] > pos[:, None] - self.window
         p.mask = torch.zeros(allowed.shape, dtype=self.dtype, device=allowed.device).masked_fill_(
             ~allowed, float("-inf"))[:, None, None]
         step = 1 if grow is None else grow  # in place: a captured step keeps reading the same tensor
@@ -107,7 +103,7 @@ class KVCache:
 
     def keep(self, rows: torch.Tensor) -> None:
         """Keep only ``rows``, in that order (finished rows leave the batch)."""
-        self._set(self.k[:, rows], self.v[:, rows])
+        self.k, self.v = self.k[:, rows], self.v[:, rows]
         self.lengths = self.lengths[rows]
         self._all = self._all[:len(rows)]
 
