@@ -268,7 +268,8 @@ class Model:
 
     def generate(self, prompt: str | bytes | list, max_bytes: int = 200, temperature: float = 1.0,
                  top_k: int | None = None, top_p: float | None = None, stop=None, seed: int | list[int] | None = None,
-                 cache: bool = True, batch_size: int | None = None, static: bool = False, cuda_graph: bool = False):
+                 cache: bool = True, batch_size: int | None = None, static: bool = False, cuda_graph: bool = False,
+                 compile: bool = False):
         """Continue ``prompt`` (read as the start of a document) for up to ``max_bytes`` bytes (a BPE
         model's last token may run past), until the model ends the document or the text holds one of
         the ``stop`` strings (str or bytes; the completion is cut before it; an empty one is ignored, as
@@ -279,7 +280,9 @@ class Model:
         completion it gets alone. Byte-model boundaries follow the model's rule (decided as each byte
         arrives). ``static``: every step with fixed shapes and no host sync (the batch keeps its rows to
         the end); ``cuda_graph`` (the model on a GPU): that step captured once as a CUDA graph and replayed,
-        one launch a step instead of one a kernel. Both give the same completions (up to float rounding)."""
+        one launch a step instead of one a kernel; ``compile``: that step through torch.compile (CPU or
+        GPU; the first call for a batch size compiles, seconds to a minute). All give the same completions
+        (up to float rounding)."""
         one = not isinstance(prompt, (list, tuple))
         prompts = [prompt] if one else list(prompt)
         if isinstance(seed, (list, tuple)):
@@ -299,7 +302,7 @@ class Model:
             gens += _generate_batch(self.module, data[lo:lo + size], seq_len=self.seq_len, max_bytes=max_bytes,
                                     temperature=temperature, top_k=top_k, top_p=top_p, seeds=seeds[lo:lo + size],
                                     boundary_mode=self.boundary, encoding=self.encoding, cache=cache, stop=encoded,
-                                    static=static, cuda_graph=cuda_graph)
+                                    static=static, cuda_graph=cuda_graph, compile=compile)
         out = [_completion(g, stops, encoded) for g in gens]
         return out[0] if one else out
 

@@ -30,11 +30,15 @@ is left as it was.
 read over their whole capacity, the byte model's main network on every row); ``cuda_graph=True`` (on a GPU)
 captures that step once as a CUDA graph and replays it: the batch then keeps its rows to the end (a row that
 ended is fed a placeholder), and each step costs one graph launch instead of one per kernel.
+``compile=True`` runs that static step through ``torch.compile`` (on a CPU or a GPU): its few hundred small
+operations become a few fused kernels; the first call for a model and batch size compiles (seconds to a
+minute), later ones reuse it (:func:`compiled_step`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import math
 from dataclasses import dataclass, field
@@ -207,15 +211,17 @@ class _Uncached:
 class _Cached:
     """Every row in a generation cache (model.new_cache); each step feeds every row one id."""
 
-    def __init__(self, model, rows, seq_len, byte_model, device, encoding, static=False, cuda_graph=False):
+    def __init__(self, model, rows, seq_len, byte_model, device, encoding, static=False, cuda_graph=False,
+                 compile=False):
         self.model, self.rows, self.seq_len, self.byte_model, self.device = model, rows, seq_len, byte_model, device
         self.pad, self.sep = encoding.pad, encoding.sep
         self.cache = model.new_cache(len(rows), seq_len)
         if byte_model:
             self.cache.noise = torch.zeros(len(rows), seq_len, device=device)
         self.held = [0] * len(rows)  # ids in each row's window
-        self.static = static or cuda_graph
+        self.static = static or cuda_graph or compile
         self.graph = None if not cuda_graph else _Graph(model, self.cache, len(rows), device)
+        self.run = compiled_step(model) if compile else model.step
         self.slots = list(range(len(rows)))  # each live row's row of the cache (static: rows never move)
         self.parked: list[int] = []  # static: cache rows of ended rows, fed a placeholder
 
@@ -269,7 +275,7 @@ class _Cached:
             x = x.to(self.device)
         else:
             x = torch.tensor(ids, device=self.device)
-        out = self.graph(x) if self.graph is not None else self.model.step(x, self.cache, static=self.static)
+        out = self.graph(x) if self.graph is not None else self.run(x, self.cache, static=self.static)
         self.held = [h + 1 for h in self.held]
         logits = out.logits[:, 0]
         starts = None if not self.byte_model else out.boundaries.starts[:, 0]
@@ -331,9 +337,23 @@ class _Graph:
         return self.out
 
 
-def _check(max_bytes, temperature, top_k, top_p, cache, static, cuda_graph, device) -> None:
-    if (static or cuda_graph) and not cache:
-        raise ValueError("static and cuda_graph are steps of the cache: not with cache=False")
+_COMPILED: dict[type, object] = {}
+
+
+def compiled_step(model):
+    """``model.step`` through torch.compile (fixed shapes: one variant per model and batch size, compiled on
+    its first step; the compiled function is made once per model class and holds no model)."""
+    step = type(model).step
+    if step not in _COMPILED:
+        _COMPILED[step] = torch.compile(step, dynamic=False)
+    return functools.partial(_COMPILED[step], model)
+
+
+def _check(max_bytes, temperature, top_k, top_p, cache, static, cuda_graph, compile, device) -> None:
+    if (static or cuda_graph or compile) and not cache:
+        raise ValueError("static, cuda_graph and compile are steps of the cache: not with cache=False")
+    if compile and cuda_graph:
+        raise ValueError("compile and cuda_graph are two ways to run the static step: choose one")
     if cuda_graph and device.type != "cuda":
         raise ValueError(f"cuda_graph needs the model on a CUDA device (it is on {device}); static=True runs the "
                          f"same step without the graph")
@@ -352,17 +372,17 @@ def generate_batch(model, prompts: list[bytes], *, seq_len: int, max_bytes: int 
                    top_k: int | None = None, top_p: float | None = None, seeds: list[int] | None = None,
                    boundary_mode: str = "sample", encoding=BYTES, stop_at_separator: bool = True,
                    stop: tuple[bytes, ...] | list[bytes] = (), progress=None, cache: bool = True,
-                   static: bool = False, cuda_graph: bool = False) -> list[Generation]:
+                   static: bool = False, cuda_graph: bool = False, compile: bool = False) -> list[Generation]:
     """Continue every prompt until ``max_bytes`` bytes are generated (a BPE model's last token may run past
     it), a separator is sampled or its text ends with one of the ``stop`` strings; one Generation per prompt,
     in order. ``model``: a ByteUNet or TokenLM (megatok.model), ``encoding``: its encoding
     (encoding_for(cfg)). ``temperature`` 0 is greedy; ``top_k``, ``top_p`` (nucleus) restrict the sampled
     ids. ``seeds[i]`` (default i) fixes prompt i's samples, of ids and of boundaries. ``progress``: a tqdm
     bar, advanced by each row's bytes (up to max_bytes a row). ``static``, ``cuda_graph``: the step with fixed
-    shapes and no host sync, and that step captured as a CUDA graph (the model on a GPU; see the module's
-    docstring); the same texts up to float rounding."""
+    shapes and no host sync, that step captured as a CUDA graph (the model on a GPU) and ``compile`` that
+    step through torch.compile (see the module's docstring); the same texts up to float rounding."""
     device = next(model.parameters()).device
-    _check(max_bytes, temperature, top_k, top_p, cache, static, cuda_graph, device)
+    _check(max_bytes, temperature, top_k, top_p, cache, static, cuda_graph, compile, device)
     stop = [bytes(s) for s in stop if s]
     seeds = list(range(len(prompts))) if seeds is None else list(seeds)
     if len(seeds) != len(prompts):
@@ -382,7 +402,7 @@ def generate_batch(model, prompts: list[bytes], *, seq_len: int, max_bytes: int 
     cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
     pieces = None if byte_model else encoding.pieces()
     try:
-        engine = (_Cached(model, rows, seq_len, byte_model, device, encoding, static, cuda_graph) if cache
+        engine = (_Cached(model, rows, seq_len, byte_model, device, encoding, static, cuda_graph, compile) if cache
                   else _Uncached(model, rows, seq_len, byte_model, device))
         logits = engine.start()
         allowed = _allowed(logits.shape[-1], encoding, device)
@@ -432,9 +452,10 @@ def generate_batch(model, prompts: list[bytes], *, seq_len: int, max_bytes: int 
 def generate(model, prompt: bytes, *, seq_len: int, max_bytes: int = 200, temperature: float = 1.0,
              top_k: int | None = None, seed: int = 0, boundary_mode: str = "sample", encoding=BYTES,
              stop_at_separator: bool = True, progress=None, cache: bool = True, top_p: float | None = None,
-             stop: tuple[bytes, ...] | list[bytes] = (), static: bool = False, cuda_graph: bool = False) -> Generation:
+             stop: tuple[bytes, ...] | list[bytes] = (), static: bool = False, cuda_graph: bool = False,
+             compile: bool = False) -> Generation:
     """:func:`generate_batch` of one prompt, seeded by ``seed``."""
     return generate_batch(model, [prompt], seq_len=seq_len, max_bytes=max_bytes, temperature=temperature,
                           top_k=top_k, top_p=top_p, seeds=[seed], boundary_mode=boundary_mode, encoding=encoding,
                           stop_at_separator=stop_at_separator, stop=stop, progress=progress, cache=cache,
-                          static=static, cuda_graph=cuda_graph)[0]
+                          static=static, cuda_graph=cuda_graph, compile=compile)[0]

@@ -158,7 +158,7 @@ def test_the_token_cache_is_rebuilt_when_the_window_is_full(model_and_cfg):
 def test_a_batch_of_prompts_gives_every_row_what_it_gets_alone(model_and_cfg):
     """Prompts of different lengths decoded together (sampled at a temperature, each with its own seed; one
     longer than the window, every row past it, one ended early by a stop string): each row's tokens and
-    log-probabilities are the ones it gets alone; so with the static step (fixed shapes)."""
+    log-probabilities are the ones it gets alone; so with the static step (fixed shapes), and with it compiled."""
     model, cfg = model_and_cfg
     enc, S = encoding_for(cfg), cfg.data.seq_len
     prompts, seeds = [b"The ", b"def main(argv):\n    return " * 6, b"", "Все люди ".encode()], [4, 1, 9, 2]
@@ -167,8 +167,8 @@ def test_a_batch_of_prompts_gives_every_row_what_it_gets_alone(model_and_cfg):
     stop = [first.text[40:43]]
     alone = [generate(model, p, seed=s, stop=stop, **kw) for p, s in zip(prompts, seeds)]
     assert alone[2].stop == stop[0] and max(len(a.ids) for a in alone) > S
-    for static in (False, True):
-        batch = generate_batch(model, prompts, seeds=seeds, stop=stop, static=static, **kw)
+    for how in ({}, {"static": True}, {"compile": True}):
+        batch = generate_batch(model, prompts, seeds=seeds, stop=stop, **how, **kw)
         for a, b in zip(alone, batch):
             assert (b.ids, b.text, b.stopped, b.stop) == (a.ids, a.text, a.stopped, a.stop)
             torch.testing.assert_close(torch.tensor(b.logprobs), torch.tensor(a.logprobs), rtol=0, atol=1e-4)

@@ -149,7 +149,8 @@ def test_a_batch_gives_every_row_what_it_gets_alone(strategy, mode):
     """Prompts of different lengths (one longer than the window) decoded together, each with its own seed:
     every row's text, boundaries, log-probabilities and end are the ones it gets alone, also past the
     window (rows read again at different steps), with a stop string that ends one row early; the static
-    step (fixed shapes, the main network on every row) gives the same."""
+    step (fixed shapes, the main network on every row) gives the same, and so does it compiled (policy:
+    one compile of the step, a few seconds)."""
     model = make_model(strategy)
     model.boundary.window = SEQ  # as build_model sets it: the uniform rule draws over the training window
     decisive_heads(model, strategy)
@@ -158,8 +159,8 @@ def test_a_batch_gives_every_row_what_it_gets_alone(strategy, mode):
     stop = [first.text[30:33]]  # ends row 1 at byte 30 or before
     alone = [generate(model, p, seed=s, stop=stop, **kw) for p, s in zip(PROMPTS, SEEDS)]
     assert alone[1].stop == stop[0] and len(alone[1].text) <= 33 and max(len(a.text) for a in alone) == 90
-    for static in (False, True):
-        batch = generate_batch(model, PROMPTS, seeds=SEEDS, stop=stop, static=static, **kw)
+    for how in [{}, {"static": True}] + ([{"compile": True}] if strategy == "policy" else []):
+        batch = generate_batch(model, PROMPTS, seeds=SEEDS, stop=stop, **how, **kw)
         for a, b in zip(alone, batch):
             assert (b.text, b.starts, b.prompt_starts, b.stopped, b.stop) == (a.text, a.starts, a.prompt_starts,
                                                                            a.stopped, a.stop)
@@ -211,12 +212,16 @@ def test_the_graphs_warm_up_changes_nothing_the_next_step_reads():
         assert torch.equal(a.lengths, b.lengths) and torch.equal(a.k, b.k) and torch.equal(a.v, b.v), kv
 
 
-def test_cuda_graph_needs_a_gpu_and_the_cache():
+def test_cuda_graph_needs_a_gpu_and_the_cache_and_compile_neither_graph_nor_window():
     model = make_model("policy")
     with pytest.raises(ValueError, match="cuda_graph needs the model on a CUDA device"):
         generate(model, b"a", seq_len=SEQ, cuda_graph=True)
     with pytest.raises(ValueError, match="not with cache=False"):
         generate(model, b"a", seq_len=SEQ, static=True, cache=False)
+    with pytest.raises(ValueError, match="not with cache=False"):
+        generate(model, b"a", seq_len=SEQ, compile=True, cache=False)
+    with pytest.raises(ValueError, match="compile and cuda_graph are two ways to run the static step"):
+        generate(model, b"a", seq_len=SEQ, compile=True, cuda_graph=True)
 
 
 def test_sampling_settings_out_of_range_are_one_line_errors():
