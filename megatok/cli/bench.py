@@ -42,6 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--inference", action="store_true",
                     help="instead: generation bytes/s of the byte model and its matched BPE model at batch 1 and 8")
     ap.add_argument("--vocab", type=int, default=d.vocab, help="--inference: the matched BPE model's vocabulary")
+    ap.add_argument("--generation-step", choices=list(bench.GENERATION_STEPS), default=d.generation_step,
+                    help="--inference: each step as cached (the default), static (fixed shapes) or compile (the "
+                         "static step through torch.compile, compiled in the warm-up round)")
     ap.add_argument("--profile", default=None, metavar="SHAPE/VARIANT",
                     help="instead: torch.profiler's top operators over --steps steps of one variant, e.g. small/policy")
     return ap

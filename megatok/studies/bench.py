@@ -93,6 +93,10 @@ TARGETS = {  # (figure, comparison, value)
 }
 
 
+#: generate_batch's options for each --generation-step (megatok.generate's docstring).
+GENERATION_STEPS = {"cached": {}, "static": {"static": True}, "compile": {"compile": True}}
+
+
 @dataclass
 class Settings:
     """What one megatok-bench invocation measures (its command line, megatok.cli.bench, in these names)."""
@@ -114,6 +118,7 @@ class Settings:
     budget_s: float | None = None  # start no round after this many seconds (at least one runs)
     inference: bool = False  # instead: megatok.studies.bench_inference's generation figures
     vocab: int = 4096  # --inference: the matched BPE model's vocabulary
+    generation_step: str = "cached"  # --inference: generate_batch's step, "cached", "static" or "compile"
     profile: str | None = None  # instead: torch.profiler's top operators of one SHAPE/VARIANT
 
     def __post_init__(self):
@@ -122,6 +127,8 @@ class Settings:
             self.eval_bytes, self.gen_bytes, self.h2h_bytes = 16384, 32, 16384
         if self.reps < 1 or self.steps < 1:
             raise ValueError("--reps and --steps must be >= 1")
+        if self.generation_step not in GENERATION_STEPS:
+            raise ValueError(f"--generation-step must be one of {', '.join(GENERATION_STEPS)}, got {self.generation_step!r}")
         if self.threads < 1:
             raise ValueError(f"--threads must be >= 1, got {self.threads}")
 

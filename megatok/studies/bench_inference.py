@@ -7,7 +7,8 @@ FLOPs per byte (megatok-match-bpe, on a ``--vocab`` tokenizer trained here on th
 untrained: the byte model's boundaries are drawn at its target rate, and the BPE model's bytes per second
 are its tokens per second times the tokenizer's bytes per token on the text (an untrained model's random
 tokens are longer than a text's); each row generates ``--gen-bytes`` bytes of text (the BPE model: that
-many bytes' worth of tokens). Figures: batch 8 over batch 1; the byte model over the BPE model at batch 8;
+many bytes' worth of tokens), each step as ``--generation-step`` says (cached, static or compiled; the
+warm-up round compiles). Figures: batch 8 over batch 1; the byte model over the BPE model at batch 8;
 each one's model FLOP/s (megatok.flops' forward FLOPs per byte) over the matmul's; and the **per-step
 overhead**, a step's time less its FLOPs at the matmul's FLOP/s.
 
@@ -27,7 +28,7 @@ from pathlib import Path
 import torch
 
 from megatok.studies import bench as common, timing
-from megatok.studies.bench import SHAPES, Settings, figure
+from megatok.studies.bench import GENERATION_STEPS, SHAPES, Settings, figure
 from megatok.studies.timing import environment, matmul_peak, summary, sync, text_documents
 
 #: the batch sizes of the generation figures
@@ -53,22 +54,23 @@ def run(settings: Settings) -> int:
     prompts = [d[:n] for d, n in zip(docs[::7], (90, 24, 200, 57, 130, 16, 170, 40))]
     variants = generation_variants(settings, device, config, tok, per_token, piece)
     peak = matmul_peak(device, settings.matmul or (8192 if device.type == "cuda" else 1024))
-    for v in variants.values():  # warm-up
-        generation_round(v, prompts, device)
+    how = GENERATION_STEPS[settings.generation_step]
+    for v in variants.values():  # warm-up (and the compile of --generation-step compile)
+        generation_round(v, prompts, device, how)
     print(f"bench --inference: {len(variants)} variants, {settings.reps} rounds, device {device}", file=sys.stderr, flush=True)
     rounds: list[dict] = []
     names = list(variants)
     for r in range(settings.reps):
         got = {"matmul": peak()}
         for name in names[r % len(names):] + names[:r % len(names)]:
-            got[name] = generation_round(variants[name], prompts, device)
+            got[name] = generation_round(variants[name], prompts, device, how)
         rounds.append(got)
         print(f"bench --inference: round {r + 1}/{settings.reps} done", file=sys.stderr, flush=True)
     figures, measured = generation_figures(settings, variants, rounds)
     measured["matmul_flops"] = summary([g["matmul"] for g in rounds])
     measured["bpe"] = {"vocab": tok["vocab_size"], "bytes_per_token": per_token, "mean_piece_bytes": piece}
     report = {"environment": environment(device, settings.threads), "settings": {
-        k: getattr(settings, k) for k in ("config", "overrides", "shapes", "reps", "gen_bytes", "vocab")},
+        k: getattr(settings, k) for k in ("config", "overrides", "shapes", "reps", "gen_bytes", "vocab", "generation_step")},
         "figures": figures, "measured": measured}
     if settings.json_out:
         Path(settings.json_out).write_text(json.dumps(report, indent=2) + "\n")
@@ -108,7 +110,7 @@ def generation_variants(settings: Settings, device: torch.device, config, tok: d
     return variants
 
 
-def generation_round(v: dict, prompts: list[bytes], device: torch.device) -> dict:
+def generation_round(v: dict, prompts: list[bytes], device: torch.device, how: dict) -> dict:
     """One timed generate_batch of variant ``v``: seconds, ids, steps (the longest row's ids), chunk starts."""
     from megatok.generate import generate_batch
 
@@ -116,7 +118,7 @@ def generation_round(v: dict, prompts: list[bytes], device: torch.device) -> dic
     t0 = timing.now()
     gens = generate_batch(v["model"], [prompts[i % len(prompts)] for i in range(v["B"])], seq_len=v["cfg"].data.seq_len,
                           max_bytes=v["max_bytes"], seeds=list(range(v["B"])), boundary_mode="sample",
-                          encoding=v["enc"], stop_at_separator=False)
+                          encoding=v["enc"], stop_at_separator=False, **how)
     sync(device)
     dt = timing.now() - t0
     ids, steps = sum(len(g.ids) for g in gens), max(len(g.ids) for g in gens)

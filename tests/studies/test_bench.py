@@ -70,6 +70,7 @@ def test_the_inference_section_writes_its_figures(tmp_path):
     assert measured["tiny/bpe/b8"]["bytes_per_id"] == measured["bpe"]["bytes_per_token"] > 1
     assert 0.05 < measured["tiny/byte/b1"]["chunks_per_byte"] < 0.5  # sampled at the target rate, 0.2
     assert "gen_byte_vs_bpe_b8/tiny" in r.stdout
+    assert report["settings"]["generation_step"] == "cached"
 
 
 def test_settings_defaults_are_the_commands_and_bad_counts_are_refused(monkeypatch):
@@ -88,5 +89,10 @@ def test_settings_defaults_are_the_commands_and_bad_counts_are_refused(monkeypat
     with pytest.raises(SystemExit) as e:
         command.main(["--reps", "0"])
     assert e.value.code == 2
+    assert command.main(["--device", "cpu", "--generation-step", "compile"]) == 0
+    assert got[2].generation_step == "compile"
+    assert study.GENERATION_STEPS[got[2].generation_step] == {"compile": True}
+    with pytest.raises(ValueError, match="--generation-step must be one of cached, static, compile, got 'jit'"):
+        study.Settings(generation_step="jit")
     with pytest.raises(ValueError, match="--reps and --steps must be >= 1"):
         study.Settings(steps=0)
