@@ -330,7 +330,7 @@ def load(path: str | Path, checkpoint: str | None = None, device: str | torch.de
     ``boundary``/``seed``: the byte model's boundary rule, "threshold" (default: p > 0.5) or "sample"
     (seeded by ``seed``). ``batch_size``: windows per forward when scoring."""
     path = Path(path)
-    device = checked_device("cuda" if torch.cuda.is_available() else "cpu") if device is None else checked_device(device)
+    device = checked_device(device if device is not None else "cuda" if torch.cuda.is_available() else "cpu")
     if isinstance(dtype, str):
         if dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)} or a torch.dtype, got {dtype!r}")

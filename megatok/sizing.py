@@ -347,8 +347,8 @@ def _number(kind, zero: bool, most: float | None = None, note: str = ""):
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r} is not {'a whole number' if kind is int else 'a number'}") from None
         if not (0 <= value if zero else 0 < value) or value == float("inf") or (most is not None and value > most):
-            raise argparse.ArgumentTypeError(f"must be {'>=' if zero else '>'} 0{f' and <= {most:g}' if most is not None else ''}"
-                                             f"{note}, got {text}")
+            bound = f"{'>=' if zero else '>'} 0{f' and <= {most:g}' if most is not None else ''}"
+            raise argparse.ArgumentTypeError(f"must be {bound}{note}, got {text}")
         return value
 
     return parse
