@@ -314,7 +314,7 @@ def test_a_device_this_torch_cannot_use_is_a_usage_error(command, device, why, c
     option, the value and why, instead of torch's traceback from inside the load."""
     monkeypatch.chdir(tmp_path)
     r = run_main(capsys, command, *DEVICE_COMMANDS[command], "--device", device)
-    assert assert_usage_error(r, "--device").endswith(f"error: argument --device: {why}")
+    assert f"error: argument --device: {why}" in assert_usage_error(r, "--device")
     assert list(tmp_path.iterdir()) == []
 
 
