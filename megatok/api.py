@@ -33,6 +33,7 @@ import torch
 
 from megatok.data.documents import Document
 from megatok.data.encoding import encoding_for
+from megatok.devices import checked_device
 from megatok.eval.bpb import Seeded, boundary_rule, document_windows, evaluate_documents, window_seed
 from megatok.boundaries.base import row_seeds
 from megatok.generate import Generation, generate_batch as _generate_batch
@@ -326,12 +327,13 @@ def load(path: str | Path, checkpoint: str | None = None, device: str | torch.de
     """A trained model from a run directory (its ``latest`` checkpoint, or ``checkpoint``, a tag such as
     "step00000300"; any ZeRO stage and world size) or from an export directory (megatok-export).
 
-    ``device``: default CUDA when available, else CPU. ``dtype``: torch.float32 (default),
+    ``device``: "cpu", "cuda" or "cuda:N" (default CUDA when available, else CPU); one this torch cannot use
+    is a ValueError that says why. ``dtype``: torch.float32 (default),
     torch.bfloat16, ... or "fp32", "bf16", "fp16"; the weights are loaded into it one tensor at a time.
     ``boundary``/``seed``: the byte model's boundary rule, "threshold" (default: p > 0.5) or "sample"
     (seeded by ``seed``). ``batch_size``: windows per forward when scoring."""
     path = Path(path)
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = checked_device(device if device is not None else "cuda" if torch.cuda.is_available() else "cpu")
     if isinstance(dtype, str):
         if dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)} or a torch.dtype, got {dtype!r}")

@@ -330,6 +330,15 @@ def quiet_deepspeed_import() -> None:
 
 def positive(kind=int, most: float | None = None):
     """An argparse type: a number > 0 (and <= ``most``), or a one-line usage error."""
+    return _number(kind, zero=False, most=most)
+
+
+def non_negative(kind=int, note: str = ""):
+    """An argparse type: a number >= 0, or a one-line usage error (``note``: what 0 means, added to it)."""
+    return _number(kind, zero=True, note=note)
+
+
+def _number(kind, zero: bool, most: float | None = None, note: str = ""):
     import argparse
 
     def parse(text: str):
@@ -337,8 +346,9 @@ def positive(kind=int, most: float | None = None):
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r} is not {'a whole number' if kind is int else 'a number'}") from None
-        if not 0 < value < float("inf") or (most is not None and value > most):
-            raise argparse.ArgumentTypeError(f"must be > 0{f' and <= {most:g}' if most is not None else ''}, got {text}")
+        if not (0 <= value if zero else 0 < value) or value == float("inf") or (most is not None and value > most):
+            bound = f"{'>=' if zero else '>'} 0{f' and <= {most:g}' if most is not None else ''}"
+            raise argparse.ArgumentTypeError(f"must be {bound}{note}, got {text}")
         return value
 
     return parse

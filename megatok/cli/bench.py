@@ -8,6 +8,7 @@ import sys
 
 import torch
 
+from megatok.devices import device_option
 from megatok.studies import bench, bench_inference
 
 
@@ -25,7 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--hot-path", action=argparse.BooleanOptionalAction, default=None,
                     help="also time document masking (FlexAttention and the dense mask) and a fixed chunk capacity "
                          "(no host sync) on the last shape (default: on a GPU)")
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--device", type=device_option, default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--threads", type=int, default=d.threads, help="CPU threads (default 1: the machine may be shared)")
     ap.add_argument("--reps", type=int, default=d.reps, help="rounds of the interleaved timings")
     ap.add_argument("--steps", type=int, default=d.steps, help="training steps per variant per round")

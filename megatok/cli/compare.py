@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from megatok.data.documents import DataError
+from megatok.devices import device_option
 from megatok.studies import compare
 
 
@@ -19,7 +20,7 @@ def main(argv=None) -> int:
                     help="boundary rule for the per-language evaluation (as megatok-evaluate)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--batch-size", type=int, default=8)
-    ap.add_argument("--device", default=None, help="default: cuda if available, else cpu")
+    ap.add_argument("--device", type=device_option, default=None, help="default: cuda if available, else cpu")
     args = ap.parse_args(argv)
     if args.tokenizer and not args.heldout:
         ap.error("--tokenizer needs --heldout (the text to measure it on)")

@@ -13,9 +13,9 @@ from megatok.studies import StudyError, estimator_variance
 
 def parse_variant(text: str) -> tuple[str, dict]:
     """NAME=KEY:VALUE,KEY:VALUE -> (NAME, {KEY: VALUE}) with JSON values (true, 2, 0.9); NAME= is the run's own."""
-    name, _, rest = text.partition("=")
-    if not name:
-        raise ValueError(f"--variant {text!r}: expected NAME=KEY:VALUE,...")
+    name, eq, rest = text.partition("=")
+    if not name or not eq:
+        raise ValueError(f"--variant {text!r}: expected NAME=KEY:VALUE,... (NAME= alone: the run's own options)")
     update = {}
     for item in filter(None, rest.split(",")):
         key, sep, value = item.partition(":")

@@ -21,6 +21,7 @@ import torch
 from megatok import sizing
 from megatok.config import ConfigError
 from megatok.data.documents import DataError
+from megatok.devices import device_option
 from megatok.eval.evaluate import evaluate_run
 
 
@@ -34,7 +35,7 @@ def main(argv=None) -> int:
     ap.add_argument("--seq-len", type=sizing.positive(int), default=None,
                     help="window length (default: the run's data.seq_len)")
     ap.add_argument("--batch-size", type=sizing.positive(int), default=8)
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--device", type=device_option, default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--max-bytes", type=float, default=None,
                     help="stop after the document that brings the total to this many bytes")
     args = ap.parse_args(argv)

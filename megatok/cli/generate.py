@@ -2,13 +2,16 @@
 
     megatok-generate --run runs/tiny --prompt "def main(" --max-bytes 300
     megatok-generate --run runs/tiny --prompt "The " --num 3 --temperature 0.8 --top-k 40 --chunks
+    megatok-generate --run runs/tiny --checkpoint step00000200 --prompt "The " --top-p 0.9
     megatok-generate --run runs/h2h/bpe --prompt-file prompt.txt --json
 
 Each sample continues the prompt (read as a new document) until --max-bytes bytes or the model's
 document separator, one byte (or token) per step of the model over its cached keys and values (the --num
 samples together, as one batch), on the CPU unless --device says otherwise; on a GPU, --cuda-graph replays
-that step as one CUDA graph. --temperature 0 is greedy. Sample i uses seed --seed + i (ids and,
-for the byte model, boundaries: sampled as in validation, or p > 0.5 with --boundary threshold).
+that step as one CUDA graph. --temperature 0 is greedy; --top-k and --top-p (nucleus) restrict the
+sampled ids as the Python API's generate(top_k=, top_p=) does (--top-k 0: no limit). Sample i uses seed
+--seed + i (ids and, for the byte model, boundaries: sampled as in validation, or p > 0.5 with
+--boundary threshold).
 --chunks marks where the byte model's chunks start ("│"; "¦" inside a UTF-8 character). Each sample
 is followed by its length, whether it stopped at a separator, and the model's bits per byte on its
 own sample. Method: megatok/generate.py.
@@ -21,25 +24,33 @@ import os
 import sys
 from pathlib import Path
 
+from megatok import sizing
+from megatok.devices import device_option
+
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--run", required=True, help="run directory (its latest checkpoint, or --tag)")
-    ap.add_argument("--tag", default=None, help="checkpoint tag, e.g. step00000200")
+    ap.add_argument("--run", required=True, help="run directory (its latest checkpoint, or --checkpoint)")
+    ap.add_argument("--checkpoint", "--tag", dest="checkpoint", default=None,
+                    help="checkpoint tag, e.g. step00000200 (default: latest)")
     prompt = ap.add_mutually_exclusive_group()
     prompt.add_argument("--prompt", default="", help="text to continue, its bytes as given (default: none, a new document)")
     prompt.add_argument("--prompt-file", default=None, help="read the prompt's bytes from a file")
-    ap.add_argument("--max-bytes", type=int, default=200,
+    ap.add_argument("--max-bytes", type=sizing.positive(int), default=200,
                     help="bytes to generate per sample (default 200; a BPE model's last token may run past it)")
-    ap.add_argument("--num", type=int, default=1, help="samples (default 1)")
-    ap.add_argument("--temperature", type=float, default=1.0, help="0: greedy (default 1)")
-    ap.add_argument("--top-k", type=int, default=None, help="sample among the k most likely ids")
+    ap.add_argument("--num", type=sizing.positive(int), default=1, help="samples (default 1)")
+    ap.add_argument("--temperature", type=sizing.non_negative(float, " (0: greedy)"), default=1.0,
+                    help="0: greedy (default 1)")
+    ap.add_argument("--top-k", type=sizing.non_negative(int, " (0: no limit)"), default=None,
+                    help="sample among the k most likely ids (default, or 0: no limit)")
+    ap.add_argument("--top-p", type=sizing.positive(float, most=1), default=None,
+                    help="sample among the most likely ids whose probabilities reach p together (default: all ids)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--boundary", choices=("sample", "threshold"), default="sample",
                     help="byte model: boundaries sampled (seeded) or p > 0.5")
     ap.add_argument("--chunks", action="store_true", help="byte model: mark chunk starts")
     ap.add_argument("--sep", default="│", help="with --chunks: the mark before each chunk")
-    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--device", type=device_option, default="cpu", help="cpu (default), cuda or cuda:N")
     ap.add_argument("--no-cache", dest="cache", action="store_false",
                     help="rerun the model over the whole window at every id (slower; a window sliding by one id)")
     ap.add_argument("--cuda-graph", action="store_true",
@@ -52,8 +63,6 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     ap = build_parser()
     args = ap.parse_args(argv)
-    if args.temperature < 0 or args.max_bytes < 1 or args.num < 1 or (args.top_k is not None and args.top_k < 1):
-        ap.error("--temperature must be >= 0, --max-bytes, --num and --top-k >= 1")
     if args.cuda_graph and not args.cache:
         ap.error("--cuda-graph captures the cached step: not with --no-cache")
     if args.cuda_graph and not args.device.startswith("cuda"):
@@ -62,7 +71,7 @@ def main(argv=None) -> int:
 
     from tqdm import tqdm
 
-    from megatok import display, sizing
+    from megatok import display
     from megatok.config import ConfigError
     from megatok.data.encoding import encoding_for
     from megatok.generate import generate_batch
@@ -71,7 +80,7 @@ def main(argv=None) -> int:
     sizing.quiet_deepspeed_import()  # stdout carries only the samples (--json stays parseable)
     try:
         data = Path(args.prompt_file).read_bytes() if args.prompt_file else os.fsencode(args.prompt)
-        model, cfg, tag = load_model(args.run, args.tag, device=args.device)
+        model, cfg, tag = load_model(args.run, args.checkpoint, device=args.device)
         encoding = encoding_for(cfg)
     except (FileNotFoundError, ConfigError) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -84,11 +93,12 @@ def main(argv=None) -> int:
         args.boundary = "threshold"
         print("note: boundary.window > 1: boundaries are p > 0.5 (--boundary threshold)", file=sys.stderr)
     print(f"# {args.run} ({cfg.model.kind}{', ' + cfg.boundary.strategy if byte_model else ''}, {tag}), "
-          f"temperature {args.temperature:g}{f', top-k {args.top_k}' if args.top_k else ''}", file=sys.stderr)
+          f"temperature {args.temperature:g}{f', top-k {args.top_k}' if args.top_k else ''}"
+          f"{f', top-p {args.top_p:g}' if args.top_p is not None else ''}", file=sys.stderr)
     with tqdm(total=args.max_bytes * args.num, unit="B", desc=f"{args.num} sample(s)", leave=False,
               disable=None) as bar:
         gens = generate_batch(model, [data] * args.num, seq_len=cfg.data.seq_len, max_bytes=args.max_bytes,
-                              temperature=args.temperature, top_k=args.top_k,
+                              temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                               seeds=[args.seed + i for i in range(args.num)], boundary_mode=args.boundary,
                               encoding=encoding, progress=bar, cache=args.cache, cuda_graph=args.cuda_graph)
     for i, g in enumerate(gens):

@@ -12,7 +12,9 @@ def build_parser() -> argparse.ArgumentParser:
     """The command line (tools/gpu_bench.sh's commands are checked against it)."""
     d = gpu_check.Settings()
     ap = argparse.ArgumentParser(description=gpu_check.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--configs", nargs="+", default=d.configs)
+    ap.add_argument("--configs", nargs="+", default=d.configs,
+                    help=f"the training section's configs (default: {' '.join(gpu_check.GPU_CONFIGS)}; not with "
+                         f"--cpu-smoke, which runs configs/tiny.json)")
     ap.add_argument("--set", dest="overrides", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
                     help="applied to every config")
     ap.add_argument("--steps", type=int, default=d.steps, help="timed steps per config")

@@ -15,6 +15,7 @@ import argparse
 import sys
 
 from megatok import sizing
+from megatok.devices import device_option
 
 
 def main(argv=None) -> int:
@@ -23,7 +24,7 @@ def main(argv=None) -> int:
     ap.add_argument("--tasks", required=True, help="comma-separated task (or group) names")
     ap.add_argument("--include-path", default=None, help="a directory of task YAML files")
     ap.add_argument("--checkpoint", default=None, help="checkpoint tag of a run (default: latest)")
-    ap.add_argument("--device", default=None, help="default: cuda when available, else cpu")
+    ap.add_argument("--device", type=device_option, default=None, help="default: cuda when available, else cpu")
     ap.add_argument("--dtype", default=None, choices=["fp32", "bf16", "fp16"])
     ap.add_argument("--boundary", default="threshold", choices=["threshold", "sample"],
                     help="byte model: chunk boundaries p > 0.5 (default) or sampled with --seed")

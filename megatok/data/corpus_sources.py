@@ -11,6 +11,7 @@ document id), then returned sorted.
 """
 from __future__ import annotations
 
+import difflib
 import hashlib
 import html.parser
 import os
@@ -18,6 +19,8 @@ import re
 import sys
 import unicodedata
 from pathlib import Path
+
+from megatok.data.documents import DataError
 
 try:
     from tqdm import tqdm
@@ -48,6 +51,8 @@ UDHR_LANGS: dict[str, tuple[str, tuple[str, ...]]] = {
     "kor": ("ko", ("HANGUL",)),                 # Korean
 }
 DEFAULT_UDHR_CODES = tuple(UDHR_LANGS)
+# The 2-letter (ISO 639-1) code of each language above -> its declaration's code: --udhr-langs en reads eng.
+UDHR_CODE_OF_LANG = {lang: code for code, (lang, _) in UDHR_LANGS.items()}
 # Held out of training by --heldout-out: every 5th of the 30 articles, so all parts of the text are sampled.
 UDHR_HELDOUT_ARTICLES = (5, 10, 15, 20, 25, 30)
 
@@ -237,6 +242,28 @@ def remove_udhr_articles(raw_html: str, numbers) -> str:
     """The HTML with the <article> elements numbered in `numbers` cut out (the rest untouched)."""
     numbers = {int(n) for n in numbers}
     return _ARTICLE.sub(lambda m: "" if int(m.group(1)) in numbers else m.group(0), raw_html)
+
+
+def udhr_codes(codes) -> list[str]:
+    """``codes`` with each 2-letter code of a UDHR_LANGS language replaced by its declaration's code."""
+    return [UDHR_CODE_OF_LANG.get(c, c) for c in codes]
+
+
+def check_udhr_codes(pkg_dir: str | os.PathLike, codes) -> None:
+    """A DataError of one line naming the first of ``codes`` with no declaration/<code>.html in the udhr
+    package, and the valid codes closest to it: its variants (deu: deu_1996), the most alike (or a few of the
+    default codes)."""
+    decl_dir = Path(pkg_dir) / "declaration"
+    if not decl_dir.is_dir():  # not a udhr package: read_udhr says so
+        return
+    valid = sorted(p.stem for p in decl_dir.glob("*.html"))
+    for code in codes:
+        if code not in valid:
+            variants = [v for v in valid if v.split("_")[0] == code]  # deu: deu_1901, deu_1996
+            alike = difflib.get_close_matches(code, valid, n=4, cutoff=0.5)
+            close = list(dict.fromkeys(variants + alike))[:4] or DEFAULT_UDHR_CODES[:4]
+            raise DataError(f"--udhr-langs {code}: no such declaration in {UDHR_PKG}@{UDHR_VERSION}: its codes are "
+                            f"ISO 639-3 based, e.g. {','.join(close)}; 2-letter codes: {','.join(UDHR_CODE_OF_LANG)}")
 
 
 def read_udhr(pkg_dir: str | os.PathLike, langs=DEFAULT_UDHR_CODES, budget: int | None = None,

@@ -86,13 +86,15 @@ SMOKE_SETS = ["model.d_model=64", "model.n_heads=2", "model.n_encoder_layers=1",
 #: on this GPU at all) first, then generation's step modes (short: its CUDA graph runs nowhere else), then
 #: the training figures (MFU, bytes/s, memory), then attention backends.
 SECTIONS = ("trainer", "generation", "training", "attention")
+#: The training section's configs on a GPU unless --configs names others.
+GPU_CONFIGS = ("configs/100m.json", "configs/1b.json")
 
 
 @dataclass
 class Settings:
     """What one megatok-gpu-check invocation runs (its command line, megatok.cli.gpu_check, in these names)."""
 
-    configs: list[str] = field(default_factory=lambda: ["configs/100m.json", "configs/1b.json"])
+    configs: list[str] | None = None  # the training section's configs (None: GPU_CONFIGS; not with cpu_smoke)
     overrides: list[str] = field(default_factory=list)  # --set items applied to every config
     steps: int = 10  # timed steps per config
     warmup: int = 3  # untimed steps first
@@ -111,6 +113,9 @@ class Settings:
     budget_s: float = 480  # wall-clock budget (work that would start past it is skipped and reported)
 
     def __post_init__(self):
+        if self.cpu_smoke and self.configs is not None:
+            raise ValueError("--configs is for the GPU run; --cpu-smoke runs configs/tiny.json, shrunk: give one "
+                             "or the other")
         if self.steps < 1 or self.attn_iters < 1 or self.warmup < 0:
             raise ValueError(f"--steps and --attn-iters must be >= 1 and --warmup >= 0, got {self.steps}, "
                              f"{self.attn_iters} and {self.warmup}")
@@ -392,7 +397,8 @@ class Check:
         else:
             self.device = torch.device("cuda", 0)
             torch.cuda.set_device(self.device)
-            self.configs, self.overrides = settings.configs, settings.overrides
+            self.configs = list(GPU_CONFIGS if settings.configs is None else settings.configs)
+            self.overrides = settings.overrides
             self.steps, self.warmup, self.micro = settings.steps, settings.warmup, settings.micro
             self.trainer_config = None if settings.trainer_config == "none" else settings.trainer_config
             self.trainer_steps = settings.trainer_steps

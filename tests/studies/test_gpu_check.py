@@ -152,12 +152,17 @@ def _plan(*args) -> tuple[int, list[dict]]:
 
 
 @pytest.mark.parametrize("mode, slot", [((), 600), (("--quick",), 300)])
-def test_the_gpu_bench_runs_the_trainer_first_and_fits_its_slot(mode, slot):
+def test_the_gpu_bench_runs_the_trainer_first_and_fits_its_slot(mode, slot, monkeypatch):
     """tools/gpu_bench.sh's plan: the trainer check first; every part's command ends its own work 20 s before
     the part's time is up (room for its report) and is killed 10 s after at most, and the last part's
     time ends with at least 5% of the budget to spare, the budget within the slot (10 minutes; --quick: 5).
-    Each command is one the tool accepts."""
+    Each command is one the tool accepts on the GPU machine it is for (--device cuda: a CUDA torch, one GPU)."""
+    import torch
+
     from megatok.cli import bench, gpu_check
+
+    monkeypatch.setattr(torch.version, "cuda", torch.version.cuda or "12.8")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
 
     budget, parts = _plan(*mode)
     assert budget <= slot and [p["part"] for p in parts][0] == "trainer"

@@ -13,6 +13,7 @@ import subprocess
 import time
 
 import pytest
+import torch
 
 from megatok.data.stream import iter_shard_documents, resolve_shards
 from megatok.metrics import read_metrics
@@ -245,13 +246,18 @@ def assert_usage_error(r: subprocess.CompletedProcess, *names) -> str:
     ("match_bpe", ["--config", "configs/tiny.json", "--vocab-size", "512", "--bytes-per-token", "3", "--rate", "2"],
      ["--rate", "must be > 0 and <= 1, got 2"]),
     ("show_boundaries", ["--strategy", "polcy", "--text", "hello world"], ["--strategy polcy", "need --run"]),
+    ("estimator_variance", ["--variant", "bad"], ["--variant 'bad': expected NAME=KEY:VALUE,... (NAME= alone: the "
+                                                  "run's own options)"]),
+    ("gpu_check", ["--cpu-smoke", "--configs", "configs/tiny.json"], ["--configs is for the GPU run; --cpu-smoke "
+                                                                     "runs configs/tiny.json, shrunk"]),
     ("config_reference", ["--check", "no-such.md"], ["no-such.md", "No such file or directory"]),
 ])
 def test_a_value_out_of_range_is_a_one_line_error(command, args, names, capsys, tmp_path, monkeypatch):
     """A count, size or rate out of range (or a file that is not there) stops the command with exit 2 and
     a line naming it, before any work: not a traceback from deep inside, nor a result from a nonsense value."""
     monkeypatch.chdir(ROOT)
-    where = {"evaluate": ["--run", tmp_path], "lm_eval": ["--model", tmp_path],
+    where = {"evaluate": ["--run", tmp_path], "estimator_variance": ["--run", tmp_path],
+             "lm_eval": ["--model", tmp_path],
              "match_bpe": ["--out", tmp_path / "bpe.json"], "config_reference": []}.get(command, [])
     if command == "config_reference":
         args = ["--check", tmp_path / "no-such.md"]
@@ -286,3 +292,41 @@ def test_data_a_study_cannot_read_is_a_one_line_error(tiny_run, capsys, tmp_path
     line = one_error_line(run_main(capsys, "lm_eval", "--model", tiny_run, "--tasks", "local_missing",
                                    "--include-path", tasks), missing)
     assert line.startswith("error: --tasks local_missing: ")
+
+
+#: The commands that load a model on --device, each with the rest of a command line it would accept.
+DEVICE_COMMANDS = {"evaluate": ["--run", "r", "--data", "x.jsonl"], "generate": ["--run", "r"],
+                   "lm_eval": ["--model", "r", "--tasks", "t"], "compare": ["r", "--out", "o"], "bench": ["--quick"]}
+WITH_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="this torch has a CUDA device")
+NO_CUDA = (f"this torch has no CUDA (torch {torch.__version__}); use --device cpu" if torch.version.cuda is None
+           else "no CUDA device is visible")
+
+
+@pytest.mark.parametrize("command", sorted(DEVICE_COMMANDS))
+@pytest.mark.parametrize("device, why", [
+    ("tpu", "tpu: not a device megatok runs models on (cpu, cuda or cuda:N)"),
+    ("gpu", "gpu: not a device megatok runs models on (cpu, cuda or cuda:N)"),
+    pytest.param("cuda", f"cuda: {NO_CUDA}", marks=WITH_CUDA),
+    pytest.param("cuda:3", f"cuda:3: {NO_CUDA}", marks=WITH_CUDA),
+])
+def test_a_device_this_torch_cannot_use_is_a_usage_error(command, device, why, capsys, tmp_path, monkeypatch):
+    """--device is checked as the command line is read (nothing loaded, no run needed): one line naming the
+    option, the value and why, instead of torch's traceback from inside the load."""
+    monkeypatch.chdir(tmp_path)
+    r = run_main(capsys, command, *DEVICE_COMMANDS[command], "--device", device)
+    assert f"error: argument --device: {why}" in assert_usage_error(r, "--device")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--top-k", "-1"], "argument --top-k: must be >= 0 (0: no limit), got -1"),
+    (["--top-p", "0"], "argument --top-p: must be > 0 and <= 1, got 0"),
+    (["--top-p", "1.5"], "argument --top-p: must be > 0 and <= 1, got 1.5"),
+    (["--temperature", "-0.5"], "argument --temperature: must be >= 0 (0: greedy), got -0.5"),
+    (["--max-bytes", "0"], "argument --max-bytes: must be > 0, got 0"),
+    (["--num", "0"], "argument --num: must be > 0, got 0"),
+])
+def test_generate_names_the_option_out_of_range(args, message, capsys, tmp_path):
+    """megatok-generate's sampling options take the Python API's ranges, each refused on its own line."""
+    r = run_main(capsys, "generate", "--run", tmp_path, *args)
+    assert assert_usage_error(r).endswith(f"error: {message}")

