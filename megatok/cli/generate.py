@@ -8,7 +8,7 @@
 Each sample continues the prompt (read as a new document) until --max-bytes bytes or the model's
 document separator, one byte (or token) per step of the model over its cached keys and values (the --num
 samples together, as one batch), on the CPU unless --device says otherwise; on a GPU, --cuda-graph replays
-that step as one CUDA graph. --temperature 0 is greedy; --top-k and --top-p (nucleus) restrict the
+that step as one CUDA graph; --compile runs it through torch.compile (CPU or GPU; it compiles first). --temperature 0 is greedy; --top-k and --top-p (nucleus) restrict the
 sampled ids as the Python API's generate(top_k=, top_p=) does (--top-k 0: no limit). Sample i uses seed
 --seed + i (ids and, for the byte model, boundaries: sampled as in validation, or p > 0.5 with
 --boundary threshold).
@@ -56,6 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--cuda-graph", action="store_true",
                     help="(a GPU, --device cuda) capture the step once as a CUDA graph and replay it: one launch a "
                          "step instead of one a kernel; the samples stay in the batch to the end")
+    ap.add_argument("--compile", action="store_true",
+                    help="run the step through torch.compile (compiles first, seconds to a minute; faster after on "
+                         "a CPU at small batches: docs/results/2026-12-inference.md)")
     ap.add_argument("--json", action="store_true", help="one JSON object per sample instead of text")
     return ap
 
@@ -63,8 +66,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     ap = build_parser()
     args = ap.parse_args(argv)
-    if args.cuda_graph and not args.cache:
-        ap.error("--cuda-graph captures the cached step: not with --no-cache")
+    for flag in ("cuda_graph", "compile"):
+        if getattr(args, flag) and not args.cache:
+            ap.error(f"--{flag.replace('_', '-')} runs the cached step: not with --no-cache")
+    if args.cuda_graph and args.compile:
+        ap.error("--cuda-graph and --compile are two ways to run the step: choose one")
     if args.cuda_graph and not args.device.startswith("cuda"):
         print(f"error: --cuda-graph needs a CUDA device (--device cuda), not {args.device}", file=sys.stderr)
         return 2
@@ -100,7 +106,8 @@ def main(argv=None) -> int:
         gens = generate_batch(model, [data] * args.num, seq_len=cfg.data.seq_len, max_bytes=args.max_bytes,
                               temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                               seeds=[args.seed + i for i in range(args.num)], boundary_mode=args.boundary,
-                              encoding=encoding, progress=bar, cache=args.cache, cuda_graph=args.cuda_graph)
+                              encoding=encoding, progress=bar, cache=args.cache, cuda_graph=args.cuda_graph,
+                              compile=args.compile)
     for i, g in enumerate(gens):
         print(display.sample(g, data, i, args.seed + i, as_json=args.json, chunks=args.chunks, sep=args.sep,
                              byte_model=byte_model))

@@ -46,7 +46,8 @@ def test_bad_input_is_one_line(tiny_run, tmp_path, capsys):
 
 def test_sampling_options_as_in_the_python_api(tiny_run, capsys):
     """--top-k 0 is no limit (as top_k=0), --top-p keeps the most likely ids (a tiny p: the argmax alone,
-    so temperature 0's samples), and --checkpoint (or --tag, as before) picks the checkpoint."""
+    so temperature 0's samples), --checkpoint (or --tag, as before) picks the checkpoint, and --compile
+    gives the same samples."""
     def json_samples(*args):
         r = run_main(capsys, "generate", "--run", tiny_run, "--prompt", "def ", "--max-bytes", "24", "--num", "2",
                      "--json", *args)
@@ -59,6 +60,11 @@ def test_sampling_options_as_in_the_python_api(tiny_run, capsys):
     assert json_samples("--top-p", "1e-6") == greedy != free
     tag = (tiny_run / "checkpoints" / "latest").read_text().strip()
     assert json_samples("--checkpoint", tag) == free == json_samples("--tag", tag)
+    assert json_samples("--compile") == free  # the step through torch.compile (a compile: seconds)
+    for flags, message in ((["--compile", "--no-cache"], "--compile runs the cached step: not with --no-cache"),
+                           (["--compile", "--cuda-graph"], "--cuda-graph and --compile are two ways to run the step")):
+        r = run_main(capsys, "generate", "--run", tiny_run, *flags)
+        assert r.returncode == 2 and message in r.stderr
 
 
 def test_a_prompt_that_is_not_utf8_is_used_byte_for_byte(tiny_run, tmp_path):
