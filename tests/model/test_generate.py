@@ -212,7 +212,7 @@ def test_the_graphs_warm_up_changes_nothing_the_next_step_reads():
         assert torch.equal(a.lengths, b.lengths) and torch.equal(a.k, b.k) and torch.equal(a.v, b.v), kv
 
 
-def test_cuda_graph_needs_a_gpu_and_the_cache_and_compile_neither_graph_nor_window():
+def test_cuda_graph_needs_a_gpu_and_the_cache_and_compile_needs_the_cache_and_no_graph():
     model = make_model("policy")
     with pytest.raises(ValueError, match="cuda_graph needs the model on a CUDA device"):
         generate(model, b"a", seq_len=SEQ, cuda_graph=True)
