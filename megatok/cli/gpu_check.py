@@ -25,7 +25,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--attn-iters", type=int, default=d.attn_iters)
     ap.add_argument("--json-out", default=None, help="also write the report as JSON here")
     ap.add_argument("--trainer-config", default=d.trainer_config,
-                    help="the config of the trainer section ('none' skips it)")
+                    help=f"the config of the trainer section (default: {gpu_check.TRAINER_CONFIG}; 'none' skips it; not "
+                         f"with --cpu-smoke, which runs configs/tiny.json)")
     ap.add_argument("--trainer-steps", type=int, default=d.trainer_steps, help="steps of the trainer check (even)")
     ap.add_argument("--gen-bytes", type=int, default=d.gen_bytes,
                     help="bytes each row generates in the generation section (--cpu-smoke: at most 16)")

@@ -88,6 +88,8 @@ SMOKE_SETS = ["model.d_model=64", "model.n_heads=2", "model.n_encoder_layers=1",
 SECTIONS = ("trainer", "generation", "training", "attention")
 #: The training section's configs on a GPU unless --configs names others.
 GPU_CONFIGS = ("configs/100m.json", "configs/1b.json")
+#: The trainer section's config on a GPU unless --trainer-config names another.
+TRAINER_CONFIG = "configs/100m.json"
 
 
 @dataclass
@@ -103,7 +105,7 @@ class Settings:
     peak_tflops: float | None = None  # the device's dense bf16 peak (None: by its name)
     attn_iters: int = 20
     json_out: str | None = None  # the report as JSON, written after every part
-    trainer_config: str = "configs/100m.json"  # the trainer section's config ("none" skips it)
+    trainer_config: str | None = None  # the trainer section's config (None: TRAINER_CONFIG; "none" skips it)
     trainer_steps: int = 6  # steps of the trainer check (even)
     gen_bytes: int = 128  # bytes each row generates in the generation section
     document_mask: bool = True  # the first config's second run with model.document_mask
@@ -113,6 +115,9 @@ class Settings:
     budget_s: float = 480  # wall-clock budget (work that would start past it is skipped and reported)
 
     def __post_init__(self):
+        if self.cpu_smoke and self.trainer_config not in (None, "none"):
+            raise ValueError("--trainer-config is for the GPU run; --cpu-smoke runs configs/tiny.json, shrunk "
+                             "('none' skips the trainer section)")
         if self.cpu_smoke and self.configs is not None:
             raise ValueError("--configs is for the GPU run; --cpu-smoke runs configs/tiny.json, shrunk: give one "
                              "or the other")
@@ -400,7 +405,8 @@ class Check:
             self.configs = list(GPU_CONFIGS if settings.configs is None else settings.configs)
             self.overrides = settings.overrides
             self.steps, self.warmup, self.micro = settings.steps, settings.warmup, settings.micro
-            self.trainer_config = None if settings.trainer_config == "none" else settings.trainer_config
+            self.trainer_config = {"none": None, None: TRAINER_CONFIG}.get(settings.trainer_config,
+                                                                             settings.trainer_config)
             self.trainer_steps = settings.trainer_steps
             self.shapes = [(8, 16, 4096, 64), (8, 16, 820, 128)]  # byte rate at seq_len 4096; main rate at rho = 0.2
             self.gen_bytes = settings.gen_bytes

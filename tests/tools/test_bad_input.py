@@ -250,6 +250,8 @@ def assert_usage_error(r: subprocess.CompletedProcess, *names) -> str:
                                                   "run's own options)"]),
     ("gpu_check", ["--cpu-smoke", "--configs", "configs/tiny.json"], ["--configs is for the GPU run; --cpu-smoke "
                                                                      "runs configs/tiny.json, shrunk"]),
+    ("gpu_check", ["--cpu-smoke", "--trainer-config", "configs/1b.json"], ["--trainer-config is for the GPU run; "
+                                                                          "--cpu-smoke runs configs/tiny.json"]),
     ("config_reference", ["--check", "no-such.md"], ["no-such.md", "No such file or directory"]),
 ])
 def test_a_value_out_of_range_is_a_one_line_error(command, args, names, capsys, tmp_path, monkeypatch):
