@@ -36,15 +36,30 @@ def missing() -> str | None:
         return (f"needs {', '.join(absent)} (Slurm, munge, MariaDB, openssh-server, pdsh), and there is no apt-get to "
                 f"install them")
     running = live_daemons()
-    if running:
-        return (f"a cluster of tools/cluster.sh is up already ({STATE}; {', '.join(running)} running); the tests make "
-                f"their own: bash {CLUSTER} down")
+    owner = alive(STATE / "owner")
+    if running and owner is not False:
+        return (f"a cluster of tools/cluster.sh is up already ({STATE}; {', '.join(running)} running"
+                f"{f', made by the tests of process {owner}' if owner else ''}); the tests make their own: bash "
+                f"{CLUSTER} down")
     return None
+
+
+def alive(pid_file: Path) -> str | None | bool:
+    """The pid in ``pid_file`` if that process still runs, False if it is gone, None without the file."""
+    try:
+        pid = pid_file.read_text().strip()
+        os.kill(int(pid), 0)
+        return pid
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        return False
 
 
 def live_daemons() -> list[str]:
     """The daemons of a cluster already made here that still run: name (pid). A state directory whose daemons
-    are all gone is what a killed run left; the fixture's `up` cleans it first, as after a crash."""
+    are all gone, or whose daemons outlived the test process that made them (its pid in ``owner``), is what a
+    killed run left; the fixture's `up` cleans it first, as after a crash."""
     running = []
     for f in sorted((STATE / "pids").glob("*")):
         try:
@@ -77,6 +92,7 @@ def cluster():
     r = subprocess.run(["bash", str(CLUSTER), "up", "2"], capture_output=True, text=True, env=env, timeout=900)
     try:
         assert r.returncode == 0, f"tools/cluster.sh up failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+        (STATE / "owner").write_text(str(os.getpid()))  # (a later session tells a leftover from a cluster in use)
         yield STATE
     finally:
         subprocess.run(["bash", str(CLUSTER), "down"], capture_output=True, env=env, timeout=300)
