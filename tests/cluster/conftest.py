@@ -35,10 +35,17 @@ def missing() -> str | None:
     if absent and shutil.which("apt-get") is None:
         return (f"needs {', '.join(absent)} (Slurm, munge, MariaDB, openssh-server, pdsh), and there is no apt-get to "
                 f"install them")
-    running = live_daemons()
-    owner = alive(STATE / "owner")
+    return in_use(STATE)
+
+
+def in_use(state: Path) -> str | None:
+    """Why the cluster of the state directory ``state`` is in use, or None: none there, or a leftover that
+    the fixture's `up` cleans first, as after a crash (its daemons all gone, or outliving the test process
+    that made them, whose pid is in ``owner``). A cluster made by hand, or by tests still running, is in use."""
+    running = live_daemons(state)
+    owner = alive(state / "owner")
     if running and owner is not False:
-        return (f"a cluster of tools/cluster.sh is up already ({STATE}; {', '.join(running)} running"
+        return (f"a cluster of tools/cluster.sh is up already ({state}; {', '.join(running)} running"
                 f"{f', made by the tests of process {owner}' if owner else ''}); the tests make their own: bash "
                 f"{CLUSTER} down")
     return None
@@ -56,12 +63,10 @@ def alive(pid_file: Path) -> str | None | bool:
         return False
 
 
-def live_daemons() -> list[str]:
-    """The daemons of a cluster already made here that still run: name (pid). A state directory whose daemons
-    are all gone, or whose daemons outlived the test process that made them (its pid in ``owner``), is what a
-    killed run left; the fixture's `up` cleans it first, as after a crash."""
+def live_daemons(state: Path) -> list[str]:
+    """The daemons of the cluster of ``state`` that still run: name (pid), by the pids tools/cluster.sh keeps."""
     running = []
-    for f in sorted((STATE / "pids").glob("*")):
+    for f in sorted((state / "pids").glob("*")):
         try:
             # /proc/PID/stat: "pid (comm) state ..."; a zombie is gone, a pid reused by another program is not ours
             stat = Path(f"/proc/{int(f.read_text())}/stat").read_text()
