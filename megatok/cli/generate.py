@@ -8,8 +8,9 @@
 Each sample continues the prompt (read as a new document) until --max-bytes bytes or the model's
 document separator, one byte (or token) per step of the model over its cached keys and values (the --num
 samples together, as one batch), on the CPU unless --device says otherwise; on a GPU, --cuda-graph replays
-that step as one CUDA graph; --compile runs it through torch.compile (CPU or GPU; it compiles first). --temperature 0 is greedy; --top-k and --top-p (nucleus) restrict the
-sampled ids as the Python API's generate(top_k=, top_p=) does (--top-k 0: no limit). Sample i uses seed
+that step as one CUDA graph; --compile runs it through torch.compile (CPU or GPU; it compiles first).
+--temperature 0 is greedy; --top-k and --top-p (nucleus) restrict the sampled ids as the Python API's
+generate(top_k=, top_p=) does (--top-k 0: no limit). Sample i uses seed
 --seed + i (ids and, for the byte model, boundaries: sampled as in validation, or p > 0.5 with
 --boundary threshold).
 --chunks marks where the byte model's chunks start ("│"; "¦" inside a UTF-8 character). Each sample

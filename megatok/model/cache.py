@@ -33,6 +33,7 @@ class _Layer:
 
     def __init__(self, cache: "KVCache", i: int):
         self.cache, self.i = cache, i
+        self.index = torch.tensor(i, device=cache.k.device)  # (an index tensor, made once: no host read)
 
     def __call__(self, k: torch.Tensor, v: torch.Tensor, mask):
         c, p = self.cache, self.cache.plan
@@ -47,7 +48,7 @@ class _Layer:
             raise ValueError("a filled cache takes one position per row at a time")
         # one write per tensor, into the buffer itself (not a view of it: a compiled step then writes in
         # place instead of copying the buffer): layer i, row b, head h at the row's position (extend's index)
-        at = (c._layer[self.i], *p.at)
+        at = (self.index, *p.at)
         c.k.index_put_(at, k[:, :, 0])
         c.v.index_put_(at, v[:, :, 0])
         if p.rows is None:
@@ -70,7 +71,6 @@ class KVCache:
         self._arange = torch.arange(capacity, device=device)
         self._heads = torch.arange(heads, device=device)
         self._all = torch.arange(batch, device=device)
-        self._layer = torch.arange(n_layers, device=device)[:, None, None]  # (index tensors: no host read)
 
     def __getitem__(self, i: int) -> _Layer:
         return self.layers[i]

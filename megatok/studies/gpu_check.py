@@ -115,12 +115,11 @@ class Settings:
     budget_s: float = 480  # wall-clock budget (work that would start past it is skipped and reported)
 
     def __post_init__(self):
-        if self.cpu_smoke and self.trainer_config not in (None, "none"):
-            raise ValueError("--trainer-config is for the GPU run; --cpu-smoke runs configs/tiny.json, shrunk "
-                             "('none' skips the trainer section)")
-        if self.cpu_smoke and self.configs is not None:
-            raise ValueError("--configs is for the GPU run; --cpu-smoke runs configs/tiny.json, shrunk: give one "
-                             "or the other")
+        for option, given in (("--configs", self.configs is not None),
+                              ("--trainer-config", self.trainer_config not in (None, "none"))):
+            if self.cpu_smoke and given:
+                raise ValueError(f"{option} is for the GPU run; --cpu-smoke runs configs/tiny.json, shrunk: give one "
+                                 f"or the other (--trainer-config none still skips the trainer section)")
         if self.steps < 1 or self.attn_iters < 1 or self.warmup < 0:
             raise ValueError(f"--steps and --attn-iters must be >= 1 and --warmup >= 0, got {self.steps}, "
                              f"{self.attn_iters} and {self.warmup}")
