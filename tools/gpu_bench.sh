@@ -92,7 +92,7 @@ if [ "$PLAN" = 1 ]; then plan; exit 0; fi
 
 mkdir -p "$OUT"
 plan | tee "$OUT/plan.txt"
-if compgen -G ".whl/*.whl" > /dev/null; then
+if [ "$SMOKE" = 0 ] && compgen -G ".whl/*.whl" > /dev/null; then  # the smoke runs here, on this machine's packages
   "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     || { echo "gpu_bench: installing .whl/ failed" >&2; exit 1; }
   export PYTHONPATH=/tmp/site
