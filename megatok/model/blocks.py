@@ -13,7 +13,9 @@ boolean one would be converted, and kept for the backward, in every layer) for S
 
 from __future__ import annotations
 
+import inspect
 import math
+import types
 import warnings
 
 import torch
@@ -44,22 +46,43 @@ RECOMPILE_LIMIT = 32
 COMPILE_BACKEND = "inductor"
 #: "model" or "check" -> flex_attention compiled in a region of its own; "mask" -> create_block_mask (its own)
 _compiled_flex: dict = {}
+_flex_regions: dict = {}  # the same keys -> the function compiled there, whose code holds its variants
 _flex_fallback_warned = False
+
+
+def compile_limited(fn, **kwargs):
+    """torch.compile of ``fn`` with COMPILE_BACKEND and up to RECOMPILE_LIMIT variants. Where torch.compile
+    takes no per-function limit (torch 2.11, the GPU image's), dynamo's process-wide recompile_limit is
+    raised to it instead."""
+    if "recompile_limit" in inspect.signature(torch.compile).parameters:
+        kwargs["recompile_limit"] = RECOMPILE_LIMIT
+    else:
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
+    return torch.compile(fn, backend=COMPILE_BACKEND, **kwargs)
+
+
+def _region(use: str, fn):
+    """``fn`` called through a function whose code object is ``use``'s alone: dynamo keeps a compiled
+    function's variants, and counts them against the limit, per code object, so each use has its own
+    (the check's fp32 variant costs the model's stacks none)."""
+    def call(*args, **kwargs):
+        return fn(*args, **kwargs)
+    code = call.__code__.replace(co_name=f"{fn.__name__}_{use}")
+    region = _flex_regions[use] = types.FunctionType(code, call.__globals__, code.co_name, None, call.__closure__)
+    return region
 
 
 def _flex(q, k, v, block_mask, use: str = "model"):
     """flex_attention compiled for ``use`` (the model's stacks, or the one-time check), each in a recompile
-    region of its own (torch.compile's isolate_recompiles: the check's fp32 variant costs the stacks
-    none). Past RECOMPILE_LIMIT variants the call is SDPA with the block mask made dense ([B, 1, T, T]
-    booleans: SDPA's memory-efficient kernel, no score matrix), said once. Inside a compiled block
-    (train.compile) flex_attention is compiled as part of the block."""
+    region of its own (:func:`_region`). Past RECOMPILE_LIMIT variants the call is SDPA with the block
+    mask made dense ([B, 1, T, T] booleans: SDPA's memory-efficient kernel, no score matrix), said once.
+    Inside a compiled block (train.compile) flex_attention is compiled as part of the block."""
     global _flex_fallback_warned
     if torch.compiler.is_compiling():  # traced into a compiled block (train.compile): compiled with it
         return flex_attention(q, k, v, block_mask=block_mask)
     fn = _compiled_flex.get(use)
     if fn is None:
-        fn = _compiled_flex[use] = torch.compile(flex_attention, fullgraph=True, backend=COMPILE_BACKEND,
-                                                 recompile_limit=RECOMPILE_LIMIT, isolate_recompiles=True)
+        fn = _compiled_flex[use] = compile_limited(_region(use, flex_attention), fullgraph=True)
     try:
         return fn(q, k, v, block_mask=block_mask)
     except torch._dynamo.exc.FailOnRecompileLimitHit:
@@ -80,10 +103,10 @@ def dense_flex(q, k, v, block_mask):
 
 def flex_compiled_variants(use: str = "model") -> int:
     """How many variants the compiled flex_attention of ``use`` holds (of RECOMPILE_LIMIT)."""
-    from torch._dynamo.eval_frame import _get_cache_entries_for_region
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 
-    fn = _compiled_flex.get(use)
-    return 0 if fn is None else len(_get_cache_entries_for_region(flex_attention, fn._isolate_recompiles_id))
+    region = _flex_regions.get(use)
+    return 0 if region is None else len(_debug_get_cache_entry_list(region.__code__))
 
 
 def flex_check_difference(device: torch.device, flex=None) -> float:
@@ -144,8 +167,7 @@ def document_block_mask(segments: torch.Tensor | None, compile: bool = False, wi
     if compile:  # (create_block_mask's own _compile flag is deprecated for this)
         make = _compiled_flex.get("mask")
         if make is None:
-            make = _compiled_flex["mask"] = torch.compile(create_block_mask, backend=COMPILE_BACKEND,
-                                                          recompile_limit=RECOMPILE_LIMIT, isolate_recompiles=True)
+            make = _compiled_flex["mask"] = compile_limited(_region("mask", create_block_mask))
     return make(allowed, B, None, T, T, device=device)
 
 
@@ -302,8 +324,7 @@ def compile_blocks(model: nn.Module) -> int:
     Returns how many blocks."""
     blocks = [m for m in model.modules() if isinstance(m, Block)]
     for block in blocks:
-        block.forward = torch.compile(block.forward, dynamic=True, backend=COMPILE_BACKEND,
-                                      recompile_limit=RECOMPILE_LIMIT)
+        block.forward = compile_limited(block.forward, dynamic=True)
     return len(blocks)
 
 

@@ -94,6 +94,7 @@ def test_the_compiled_flex_keeps_its_variants_apart_from_the_check_and_past_its_
     tracing and caching are real here; only its compiler is "eager" (inductor would take minutes on a CPU)."""
     monkeypatch.setattr(blocks, "COMPILE_BACKEND", "eager")
     monkeypatch.setattr(blocks, "RECOMPILE_LIMIT", 2)
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 2)  # the limit where torch has no per-function one
     monkeypatch.setattr(blocks, "_compiled_flex", {})
     monkeypatch.setattr(blocks, "_flex_fallback_warned", False)
     segments = torch.tensor([[0] * 40 + [1] * 88, [0] * 128])
@@ -143,7 +144,7 @@ def test_the_compiled_blocks_keep_every_variant_of_a_train_eval_generate_cycle(m
     sizes), byte and chunk rate, document masks and generation's cache each add variants, and a tiny
     model's cycle fills torch's default limit of 8 (past which the blocks would run uncompiled); the
     next variant still compiles, up to RECOMPILE_LIMIT."""
-    from torch._dynamo.eval_frame import _get_cache_entries_for_region
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 
     from megatok.config import load_config
     from megatok.data.stream import pack_documents
@@ -167,7 +168,7 @@ def test_the_compiled_blocks_keep_every_variant_of_a_train_eval_generate_cycle(m
     for prompt in (b"def main(", b"import os\n"):
         generate(model, prompt, seq_len=128, max_bytes=24, seed=0, stop_at_separator=False)
     def variants():
-        return len(_get_cache_entries_for_region(blocks.Block.forward, -1))
+        return len(_debug_get_cache_entry_list(blocks.Block.forward))
 
     cycle = variants()
     assert cycle >= 8  # torch's default limit, filled
@@ -175,6 +176,22 @@ def test_the_compiled_blocks_keep_every_variant_of_a_train_eval_generate_cycle(m
         model(x[:2, :-1], x[:2, 1:])
     assert cycle < variants() <= blocks.RECOMPILE_LIMIT  # compiled, not run as it is
     torch._dynamo.reset()
+
+
+def test_compile_limited_raises_the_process_wide_limit_where_torch_compile_takes_no_per_function_one(monkeypatch):
+    """torch 2.11 (the GPU image's) has no ``recompile_limit`` argument to torch.compile: passing one was a
+    TypeError that stopped every compiled run there; the process-wide limit is raised instead."""
+    seen = {}
+
+    def old_compile(fn, *, fullgraph=False, dynamic=None, backend="inductor"):
+        seen.update(fullgraph=fullgraph, dynamic=dynamic, backend=backend)
+        return fn
+
+    monkeypatch.setattr(torch, "compile", old_compile)
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 8)
+    assert blocks.compile_limited(len, dynamic=True) is len
+    assert seen == {"fullgraph": False, "dynamic": True, "backend": blocks.COMPILE_BACKEND}
+    assert torch._dynamo.config.recompile_limit == blocks.RECOMPILE_LIMIT
 
 
 def test_the_compiled_block_mask_equals_the_eager_one_without_the_deprecated_flag(monkeypatch):
