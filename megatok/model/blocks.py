@@ -50,10 +50,20 @@ _flex_regions: dict = {}  # the same keys -> the function compiled there, whose 
 _flex_fallback_warned = False
 
 
-def compile_limited(fn, **kwargs):
-    """torch.compile of ``fn`` with COMPILE_BACKEND and up to RECOMPILE_LIMIT variants. Where torch.compile
-    takes no per-function limit (torch 2.11, the GPU image's), dynamo's process-wide recompile_limit is
-    raised to it instead."""
+#: Inductor's settings for the blocks' dynamic-shape code. Its Triton kernels are specialised on the sizes
+#: and pointers divisible by 16 that the first call saw; with torch 2.11 on an H200 a later size made the
+#: fused RMSNorm of the decoder's first block fail with "CUDA error: misaligned address" (configs/100m.json
+#: and 1b.json, train.compile on, in the first steps), and without the specialisation both trained (1b:
+#: 36% MFU, against 30% uncompiled). docs/results/2026-12-gpu.md.
+BLOCK_INDUCTOR_OPTIONS = {"triton.divisible_by_16": False}
+
+
+def compile_limited(fn, inductor_options: dict | None = None, **kwargs):
+    """torch.compile of ``fn`` with COMPILE_BACKEND (and ``inductor_options`` when that is inductor) and up to
+    RECOMPILE_LIMIT variants. Where torch.compile takes no per-function limit (torch 2.11, the GPU image's),
+    dynamo's process-wide recompile_limit is raised to it instead."""
+    if inductor_options and COMPILE_BACKEND == "inductor":
+        kwargs["options"] = inductor_options
     if "recompile_limit" in inspect.signature(torch.compile).parameters:
         kwargs["recompile_limit"] = RECOMPILE_LIMIT
     else:
@@ -324,7 +334,7 @@ def compile_blocks(model: nn.Module) -> int:
     Returns how many blocks."""
     blocks = [m for m in model.modules() if isinstance(m, Block)]
     for block in blocks:
-        block.forward = compile_limited(block.forward, dynamic=True)
+        block.forward = compile_limited(block.forward, BLOCK_INDUCTOR_OPTIONS, dynamic=True)
     return len(blocks)
 
 

@@ -484,18 +484,23 @@ def flex_check(tr: Trainee, device: torch.device) -> dict:
 
     x = tr.data[0].to(device)
     runs = []
-    for flex in (True, False):
-        blocks.FLEX_ATTENTION = flex
-        tr.model.zero_grad(set_to_none=True)
-        torch.manual_seed(0)
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=tr.bf16):
-            out = tr.model(x[:, :-1], x[:, 1:])
-        out.loss.backward()
-        runs.append((float(out.loss.detach()), [p.grad.float().clone() for p in tr.model.parameters() if p.grad is not None]))
+    usable = blocks.flex_usable(device)
+    try:
+        for flex in (True, False):
+            blocks.FLEX_ATTENTION = flex
+            tr.model.zero_grad(set_to_none=True)
+            torch.manual_seed(0)
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=tr.bf16):
+                out = tr.model(x[:, :-1], x[:, 1:])
+            out.loss.backward()
+            runs.append((float(out.loss.detach()),
+                         [p.grad.float().clone() for p in tr.model.parameters() if p.grad is not None]))
+    finally:
+        blocks.FLEX_ATTENTION = True
     tr.model.zero_grad(set_to_none=True)
     (a, ga), (b, gb) = runs
     rel = max(float((x - y).norm() / y.norm().clamp(min=1e-12)) for x, y in zip(ga, gb))
-    return {"flex_usable": blocks.flex_usable(device), "loss_flex": a, "loss_dense": b,
+    return {"flex_usable": usable, "loss_flex": a, "loss_dense": b,
             "loss_abs_diff": abs(a - b), "grad_max_rel_diff": rel}
 
 

@@ -194,6 +194,26 @@ def test_compile_limited_raises_the_process_wide_limit_where_torch_compile_takes
     assert torch._dynamo.config.recompile_limit == blocks.RECOMPILE_LIMIT
 
 
+def test_the_blocks_compile_without_inductors_divisible_by_16_specialisation(monkeypatch):
+    """The blocks' dynamic-shape code is compiled without Triton's divisible-by-16 specialisation (a
+    misaligned address on an H200 with it, docs/results/2026-12-gpu.md); other backends get no inductor
+    options, and the flex_attention regions keep inductor's defaults."""
+    from megatok.config import load_config
+    from megatok.model import build_model
+
+    calls = []
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: calls.append(kw) or fn)
+    model = build_model(load_config("configs/tiny.json", world_size=1))
+    for backend, options in (("inductor", {"triton.divisible_by_16": False}), ("eager", None)):
+        calls.clear()
+        monkeypatch.setattr(blocks, "COMPILE_BACKEND", backend)
+        assert blocks.compile_blocks(model) == len(calls) > 0
+        assert all(kw.get("options") == options and kw["dynamic"] is True for kw in calls)
+    calls.clear()
+    blocks.compile_limited(blocks.flex_attention, fullgraph=True)
+    assert "options" not in calls[0]
+
+
 def test_the_compiled_block_mask_equals_the_eager_one_without_the_deprecated_flag(monkeypatch):
     """What a GPU builds (compile=True: create_block_mask compiled once, in a region of its own, not through
     its deprecated ``_compile`` flag) is the eager block mask, block for block, with and without a window."""
