@@ -50,11 +50,11 @@ _flex_regions: dict = {}  # the same keys -> the function compiled there, whose 
 _flex_fallback_warned = False
 
 
-#: Inductor's settings for the blocks' dynamic-shape code. Its Triton kernels are specialised on the sizes
-#: and pointers divisible by 16 that the first call saw; with torch 2.11 on an H200 a later size made the
-#: fused RMSNorm of the decoder's first block fail with "CUDA error: misaligned address" (configs/100m.json
-#: and 1b.json, train.compile on, in the first steps), and without the specialisation both trained (1b:
-#: 36% MFU, against 30% uncompiled). docs/results/2026-12-gpu.md.
+#: Inductor's settings for the blocks' dynamic-shape code. By default Triton kernels are compiled assuming
+#: the pointers and sizes that were multiples of 16 at compile time stay so; with torch 2.11 on an H200 the
+#: decoder's fused RMSNorm then failed with "CUDA error: misaligned address" in the first steps of
+#: configs/100m.json and 1b.json (train.compile on), and with the assumption off both trained (1b: 36% MFU,
+#: against 30% uncompiled). docs/results/2026-12-gpu.md.
 BLOCK_INDUCTOR_OPTIONS = {"triton.divisible_by_16": False}
 
 
