@@ -250,6 +250,17 @@ def train_check(config: str, overrides: list[str], *, device: torch.device, engi
     return row
 
 
+def isolated_train_check(timeout: float, config: str, overrides: list[str], **kwargs) -> dict:
+    """:func:`train_check` in a process of its own (spawned: a CUDA context of its own), so that a fault
+    which breaks the CUDA context for good (the first H200 run met a misaligned address in a compiled
+    kernel, and every row after it failed with it) costs its own row alone. Its exception is raised
+    here (multiprocessing.TimeoutError past ``timeout`` seconds, the process ended)."""
+    import multiprocessing
+
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        return pool.apply_async(train_check, (config, overrides), kwargs).get(timeout=max(1.0, timeout))
+
+
 def _stepper(model, cfg, engine: str, device: torch.device):
     """(one training step on a [B, T+1] batch, returning the model's output; what ends the engine): the
     trainer's own engine (megatok.train.engine.Engine: DeepSpeed, the config's ZeRO stage and bf16, the
@@ -469,8 +480,9 @@ class Check:
             rows.append({"config": label, "engine": self.engine, "error": "skipped: --budget-s spent"})
             return False
         try:
-            rows.append(train_check(config, sets, device=self.device, engine=self.engine, steps=self.steps,
-                                    warmup=self.warmup, micro=self.micro, peak=self.peak))
+            rows.append(isolated_train_check(self.deadline - time.monotonic(), config, sets, device=self.device,
+                                             engine=self.engine, steps=self.steps, warmup=self.warmup,
+                                             micro=self.micro, peak=self.peak))
             rows[-1]["config"] = label
         except torch.cuda.OutOfMemoryError as e:  # report and go on with the next config
             rows.append({"config": label, "engine": self.engine, "error": f"out of memory: {e}"[:300]})

@@ -218,3 +218,24 @@ def test_sigterm_to_the_gpu_bench_reaches_the_running_part_and_starts_no_other(t
     assert (out / "plan.txt").read_text().startswith("gpu_bench: budget 270 s")
     left = subprocess.run(["pgrep", "-s", str(pid)], capture_output=True, text=True).stdout.split()
     assert left == [], left  # no trainer process outlives it
+
+
+def test_a_training_row_runs_in_a_process_of_its_own_whose_failure_or_time_limit_is_reported_here():
+    """Each training row is measured in a spawned process (a CUDA context of its own on a GPU, where one
+    row's misaligned address broke every row after it): its row comes back, its exception is raised in
+    the check's process, and past its time the process is ended."""
+    import multiprocessing
+
+    import torch
+
+    from megatok.errors import ConfigError
+    from megatok.studies.gpu_check import SMOKE_SETS, isolated_train_check
+
+    kw = dict(device=torch.device("cpu"), engine="torch", steps=1, warmup=0, micro=2, peak=None)
+    row = isolated_train_check(120, "configs/tiny.json", SMOKE_SETS, **kw)
+    assert row["steps_timed"] == 1 and math.isfinite(row["loss_last"])
+    with pytest.raises(ConfigError, match="no_such_key"):
+        isolated_train_check(120, "configs/tiny.json", SMOKE_SETS + ["model.no_such_key=1"], **kw)
+    with pytest.raises(multiprocessing.TimeoutError):  # a spawned process needs more than a second to import
+        isolated_train_check(0, "configs/tiny.json", SMOKE_SETS, **kw)
+    assert not multiprocessing.active_children()
