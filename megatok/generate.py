@@ -342,10 +342,13 @@ _COMPILED: dict[type, object] = {}
 
 def compiled_step(model):
     """``model.step`` through torch.compile (fixed shapes: one variant per model and batch size, compiled on
-    its first step; the compiled function is made once per model class and holds no model)."""
+    its first step, up to megatok.model.blocks.RECOMPILE_LIMIT per process where torch's default is 8; the
+    compiled function is made once per model class and holds no model)."""
+    from megatok.model.blocks import compile_limited
+
     step = type(model).step
     if step not in _COMPILED:
-        _COMPILED[step] = torch.compile(step, dynamic=False)
+        _COMPILED[step] = compile_limited(step, dynamic=False)
     return functools.partial(_COMPILED[step], model)
 
 

@@ -214,6 +214,25 @@ def test_the_blocks_compile_without_inductors_divisible_by_16_specialisation(mon
     assert "options" not in calls[0]
 
 
+def test_generations_compiled_step_keeps_as_many_variants_as_the_blocks(monkeypatch):
+    """megatok.generate.compiled_step compiles one variant per model and batch size: through compile_limited,
+    up to RECOMPILE_LIMIT of them (torch's default of 8 would send the ninth to eager code, unsaid)."""
+    from megatok import generate
+    from megatok.config import load_config
+    from megatok.model import build_model
+
+    calls = []
+
+    def compile(fn, recompile_limit=8, **kw):  # a torch.compile that takes the limit (2.13)
+        calls.append({**kw, "recompile_limit": recompile_limit})
+        return fn
+
+    monkeypatch.setattr(torch, "compile", compile)
+    monkeypatch.setattr(generate, "_COMPILED", {})
+    generate.compiled_step(build_model(load_config("configs/tiny.json", world_size=1)))
+    assert calls == [{"dynamic": False, "recompile_limit": blocks.RECOMPILE_LIMIT, "backend": blocks.COMPILE_BACKEND}]
+
+
 def test_the_compiled_block_mask_equals_the_eager_one_without_the_deprecated_flag(monkeypatch):
     """What a GPU builds (compile=True: create_block_mask compiled once, in a region of its own, not through
     its deprecated ``_compile`` flag) is the eager block mask, block for block, with and without a window."""
