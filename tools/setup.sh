@@ -12,6 +12,7 @@ if [ ! -f "$stamp" ] || ! cat requirements.txt pyproject.toml | cmp -s - "$stamp
   echo "setup: installing requirements into .venv (about a minute the first time)" >&2
   .venv/bin/python -m pip install -q --upgrade pip >/dev/null
   .venv/bin/python -m pip install -q -r requirements.txt
-  .venv/bin/python -m pip install -q --no-deps -e . >/dev/null
+  # (setuptools prints a notice about editable installs through pip on every fresh setup: silenced)
+  PYTHONWARNINGS="ignore:Editable installation" .venv/bin/python -m pip install -q --no-deps -e . >/dev/null
   cat requirements.txt pyproject.toml > "$stamp"  # a new command in pyproject.toml is installed too
 fi
