@@ -78,8 +78,8 @@ def _region(use: str, fn):
     def call(*args, **kwargs):
         return fn(*args, **kwargs)
     code = call.__code__.replace(co_name=f"{fn.__name__}_{use}")
-    region = _flex_regions[use] = types.FunctionType(code, call.__globals__, code.co_name, None, call.__closure__)
-    return region
+    _flex_regions[use] = types.FunctionType(code, call.__globals__, code.co_name, None, call.__closure__)
+    return _flex_regions[use]
 
 
 def _flex(q, k, v, block_mask, use: str = "model"):

@@ -36,7 +36,8 @@ It runs four sections, by default in this order (--sections picks and orders the
    --engine picks one. Then the first config once more with model.document_mask (attention through
    FlexAttention's block mask): its cost in bytes/s and memory; and once more with train.compile the
    other way (the GPU configs compile; the untimed warm-up steps compile): what compiling the blocks
-   gains (not in --cpu-smoke unless --compile is given).
+   gains (not in --cpu-smoke unless --compile is given). Each row in a spawned process of its own
+   (megatok/studies/gpu_training.py).
 4. attention: flash-attn against torch SDPA (if flash_attn is importable): largest difference of
    outputs and input gradients on the same bf16 inputs, and forward+backward time of each, at
    megatok's byte-rate shape (T = seq_len) and main-network shape (T = rho x seq_len). Without
@@ -51,10 +52,8 @@ import gc
 import json
 import os
 import platform
-import resource
 import signal
 import sys
-import sysconfig
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -63,18 +62,14 @@ from pathlib import Path
 import torch
 
 from megatok import flops, sizing
-from megatok.config import ConfigError, load_config, lr_lambda
-from megatok.data.stream import pack_documents
-from megatok.dsconfig import deepspeed_config, uses_bf16, zero_stage
-from megatok.model import blocks, build_model
+from megatok.config import ConfigError, load_config
+from megatok.model import blocks
 from megatok.studies.timing import sync
 from megatok.studies.gpu_generation import generation_check, show_generation
 from megatok.studies.gpu_trainer import show_trainer, trainer_check
-from megatok.studies.plain_step import adamw, plain_step
+from megatok.studies.gpu_training import GIB, isolated_train_check, show_training
 from megatok.train import dist
-from megatok.train.engine import Engine, compile_model
 
-GIB = 2**30
 #: The generation section's byte model (its BPE model: the same widths; megatok.studies.gpu_generation).
 GENERATION_CONFIG = "configs/tiny.json"
 SMOKE_SETS = ["model.d_model=64", "model.n_heads=2", "model.n_encoder_layers=1", "model.n_main_layers=2",
@@ -144,14 +139,6 @@ def environment(device: torch.device) -> dict:
     return env
 
 
-def text_sequences(seq_len: int, n: int) -> torch.Tensor:
-    """[n, seq_len + 1] packed byte sequences of real text (stdlib sources, cycled if short)."""
-    docs = [p.read_bytes() for p in sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py"))]
-    seqs = pack_documents(docs, seq_len)[:-1]  # the last row is padded
-    reps = -(-n // max(1, len(seqs)))
-    return seqs.repeat(reps, 1)[:n]
-
-
 # ----------------------------------------------------------------------------- attention
 
 def attention_check(device: torch.device, shapes: list[tuple[int, int, int, int]], iters: int) -> list[dict]:
@@ -192,124 +179,12 @@ def attention_check(device: torch.device, shapes: list[tuple[int, int, int, int]
     return rows
 
 
-# ----------------------------------------------------------------------------- training
-
-def build(cfg, device: torch.device):
-    """The config's model (megatok.model.build_model), built on the device, compiled as the trainer
-    compiles it when train.compile is set."""
-    torch.manual_seed(cfg.train.seed)
-    with torch.device(device):
-        model = build_model(cfg)
-    if cfg.train.compile:
-        compile_model(model, cfg)
-    return model
-
-
-def train_check(config: str, overrides: list[str], *, device: torch.device, engine: str, steps: int, warmup: int,
-                micro: int | None, peak: float | None) -> dict:
-    sets = list(overrides) + ["logging.wandb_mode=disabled"]
-    if micro:
-        sets.append(f"train.micro_batch_size={micro}")
-    base = load_config(config, sets, world_size=1)
-    mb = base.train.micro_batch_size
-    cfg = load_config(config, sets + ["train.grad_accum=1", f"train.global_batch_size={mb}"], world_size=1)
-    T = cfg.data.seq_len
-    data = text_sequences(T, mb * (steps + warmup)).view(steps + warmup, mb, T + 1)
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats(device)
-    rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    model = build(cfg, device)
-    n_params = sum(p.numel() for p in model.parameters())
-    step, close = _stepper(model, cfg, engine, device)
-    times, rates, losses = [], [], []
-    for i in range(warmup + steps):
-        x = data[i].to(device, non_blocking=True)
-        torch.manual_seed(i)
-        sync(device)
-        t = time.perf_counter()
-        out = step(x)
-        sync(device)
-        if i >= warmup:
-            times.append(time.perf_counter() - t)
-        real = x[:, :-1] != 257
-        rates.append(float(out.boundaries.starts[real].float().mean()))
-        losses.append(float(out.loss.detach()))
-    row = _training_row(cfg, config, engine, n_params, times, sum(rates[warmup:]) / max(1, len(rates[warmup:])),
-                        losses, peak)
-    if device.type == "cuda":
-        row["peak_memory_gib"] = round(torch.cuda.max_memory_allocated(device) / GIB, 2)
-        row["peak_reserved_gib"] = round(torch.cuda.max_memory_reserved(device) / GIB, 2)
-    else:
-        row["peak_rss_growth_gib"] = round((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - rss0) / GIB, 3)
-    close()
-    del model, step, out, close
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-    return row
-
-
-def isolated_train_check(timeout: float, config: str, overrides: list[str], **kwargs) -> dict:
-    """:func:`train_check` in a process of its own (spawned: a CUDA context of its own), so that a fault
-    which breaks the CUDA context for good (the first H200 run met a misaligned address in a compiled
-    kernel, and every row after it failed with it) costs its own row alone. Its exception is raised
-    here (multiprocessing.TimeoutError past ``timeout`` seconds, the process ended)."""
-    import multiprocessing
-
-    with multiprocessing.get_context("spawn").Pool(1) as pool:
-        return pool.apply_async(train_check, (config, overrides), kwargs).get(timeout=max(1.0, timeout))
-
-
-def _stepper(model, cfg, engine: str, device: torch.device):
-    """(one training step on a [B, T+1] batch, returning the model's output; what ends the engine): the
-    trainer's own engine (megatok.train.engine.Engine: DeepSpeed, the config's ZeRO stage and bf16, the
-    trainer's schedule), or the same step in plain torch (megatok.studies.plain_step)."""
-    if engine == "deepspeed":
-        if not torch.distributed.is_initialized():
-            dist.init(cfg.train.collective_timeout_s)
-        runner = Engine(model, deepspeed_config(cfg, 1), cfg.train, lr_lambda(cfg))
-
-        def step(x):
-            out = runner.forward(x)
-            runner.backward(out.loss)
-            return out
-
-        return step, runner.ds.destroy
-    opt = adamw(model, cfg.train, device)
-    model.train()
-    return (lambda x: plain_step(model, opt, x, grad_clip=cfg.train.grad_clip, bf16=uses_bf16(cfg))), lambda: None
-
-
-def _training_row(cfg, config: str, engine: str, n_params: int, times: list[float], rate: float,
-                  losses: list[float], peak: float | None) -> dict:
-    """The figures of the timed steps: speed, model FLOPs and MFU at the realised rate, and for DeepSpeed
-    megatok.sizing's memory estimate."""
-    mb, T, bf16 = cfg.train.micro_batch_size, cfg.data.seq_len, uses_bf16(cfg)
-    step_s = sorted(times)[len(times) // 2]  # median
-    fpb = flops.flops_per_byte(cfg, rate=rate)["training"]
-    bytes_per_s = mb * T / step_s
-    achieved = fpb * bytes_per_s
-    row = {"config": config, "engine": engine, "params": n_params, "micro_batch": mb, "seq_len": T,
-           "precision": "bf16" if bf16 else "fp32", "zero_stage": zero_stage(cfg) if engine == "deepspeed" else None,
-           "activation_checkpointing": cfg.model.activation_checkpointing, "compile": cfg.train.compile,
-           "steps_timed": len(times), "step_s_median": round(step_s, 4), "bytes_per_s": round(bytes_per_s),
-           "realised_rate": round(rate, 4), "train_flops_per_byte": fpb, "achieved_tflops": round(achieved / 1e12, 2),
-           "mfu": round(achieved / (peak * 1e12), 4) if peak else None, "peak_tflops": peak,
-           "loss_first": round(losses[0], 4), "loss_last": round(losses[-1], 4)}
-    if engine == "deepspeed":
-        est = sizing.model_state_bytes(n_params, stage=zero_stage(cfg), world=1, bf16=bf16, **sizing.zero_kwargs(cfg))
-        act = sizing.activation_bytes(cfg, rate=rate)["total"]
-        row["estimate_gib"] = round((est["device"] + act) / GIB, 2)
-    return row
-
-
 # ----------------------------------------------------------------------------- report
 
 def show(report: dict) -> str:
     """The report as text: its sections in the order they ran."""
     lines = ["environment: " + ", ".join(f"{k}={v}" for k, v in report["environment"].items())]
-    shown = {"trainer": show_trainer, "generation": show_generation, "training": _show_training,
+    shown = {"trainer": show_trainer, "generation": show_generation, "training": show_training,
              "attention": _show_attention}
     for name in report.get("sections", SECTIONS):
         lines += ["", *shown[name](report)]
@@ -331,24 +206,6 @@ def _show_attention(report: dict) -> list[str]:
                      f"{r.get('max_abs_diff', {}).get('out', '-')} |")
         if "note" in r:
             lines.append(f"  ({r['note']})")
-    return lines
-
-
-def _show_training(report: dict) -> list[str]:
-    lines = ["training (one micro-batch per step, median step time)",
-             "| config | engine | params | micro x seq | step s | bytes/s | rate | TFLOP/s | MFU | peak mem GiB | "
-             "estimate GiB | loss first -> last |",
-             "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---|"]
-    for r in report["training"]:
-        if "error" in r:
-            lines.append(f"| {r['config']} | {r.get('engine', '-')} | error: {r['error']} |")
-            continue
-        mem = r.get("peak_memory_gib", r.get("peak_rss_growth_gib"))
-        mfu = f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "n/a"
-        lines.append(f"| {r['config']} | {r['engine']} ({r['precision']}) | {r['params'] / 1e6:.1f}M | "
-                     f"{r['micro_batch']} x {r['seq_len']} | {r['step_s_median']} | {r['bytes_per_s']:,} | "
-                     f"{r['realised_rate']} | {r['achieved_tflops']} | {mfu} | {mem} | {r.get('estimate_gib', '-')} | "
-                     f"{r['loss_first']} -> {r['loss_last']} |")
     return lines
 
 
