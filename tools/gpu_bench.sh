@@ -19,6 +19,8 @@
 #       bash tools/gpu_bench.sh [--quick] --plan     # the parts and their time, nothing run
 #   --budget-s N: another total; --cpu-smoke: the same parts on a CPU with a tiny config (the tests)
 #   what it writes: $OUT/environment.txt, plan.txt, and per part <part>.json and <part>.log
+#   exit status: 0 when every part ended or used up its time (its JSON holds what it finished); 1 when a part
+#   failed (the later parts still run; the last lines name it); 143 on SIGTERM
 #
 # The budget: 20 s for start-up (installing .whl/, the environment), 10 s per part for a part that must be
 # killed after its SIGTERM, 5% margin; the rest is shared out (trainer 50%, training 35%, bench 15%; --quick:
@@ -63,13 +65,13 @@ command_for() {  # CMD: the part's command, given its own budget in seconds
   if [ "$SMOKE" = 1 ]; then CMD+=(--cpu-smoke); fi
   case "$part" in
     trainer) CMD+=(--sections trainer --trainer-steps "$([ "$QUICK" = 1 ] && echo 2 || echo 4)") ;;
-    training)
+    training)  # (--cpu-smoke: gpu_check's own tiny config in place of --configs)
       if [ "$QUICK" = 1 ]; then
-        CMD+=(--sections training generation --configs configs/1b.json --steps 4 --warmup 2 --no-document-mask
-              --no-compile)
+        CMD+=(--sections training generation --steps 4 --warmup 2 --no-document-mask --no-compile)
+        if [ "$SMOKE" = 0 ]; then CMD+=(--configs configs/1b.json); fi
       else
-        CMD+=(--sections generation training attention --configs configs/1b.json configs/100m.json --steps 8
-              --warmup 3)
+        CMD+=(--sections generation training attention --steps 8 --warmup 3)
+        if [ "$SMOKE" = 0 ]; then CMD+=(--configs configs/1b.json configs/100m.json); fi
       fi ;;
     bench)
       CMD=("$PYTHON" -m megatok.cli.bench --quick)
@@ -108,7 +110,7 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 WANDB_MODE=
 } > "$OUT/environment.txt" 2>&1
 cat "$OUT/environment.txt"
 
-child=""
+child="" FAILED=()
 trap 'echo "gpu_bench: SIGTERM: ending the running part (it writes what it measured)" >&2;
       [ -n "$child" ] && kill -TERM "$child" 2>/dev/null && wait "$child"; exit 143' TERM
 for i in "${!PARTS[@]}"; do
@@ -125,5 +127,10 @@ for i in "${!PARTS[@]}"; do
   rc=$? child=""
   echo "$part exit $rc$([ "$rc" = 124 ] && echo ' (its time ran out: the JSON holds what it finished)') at $SECONDS s"
   tail -n 25 "$OUT/$part.log"
+  case "$rc" in 0|124) ;; *) FAILED+=("$part (exit $rc)") ;; esac
 done
 echo "gpu_bench: done in $SECONDS s of $BUDGET; results in $OUT"
+if [ "${#FAILED[@]}" -gt 0 ]; then  # every part ran that could; the status says some failed
+  echo "gpu_bench: failed: ${FAILED[*]} (their logs: $OUT/PART.log)" >&2
+  exit 1
+fi

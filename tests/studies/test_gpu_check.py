@@ -151,29 +151,36 @@ def _plan(*args) -> tuple[int, list[dict]]:
     return budget, parts
 
 
+@pytest.mark.parametrize("smoke", [False, True], ids=["gpu", "cpu-smoke"])
 @pytest.mark.parametrize("mode, slot", [((), 600), (("--quick",), 300)])
-def test_the_gpu_bench_runs_the_trainer_first_and_fits_its_slot(mode, slot, monkeypatch):
+def test_the_gpu_bench_runs_the_trainer_first_and_fits_its_slot(mode, slot, smoke, monkeypatch):
     """tools/gpu_bench.sh's plan: the trainer check first; every part's command ends its own work 20 s before
     the part's time is up (room for its report) and is killed 10 s after at most, and the last part's
     time ends with at least 5% of the budget to spare, the budget within the slot (10 minutes; --quick: 5).
-    Each command is one the tool accepts on the GPU machine it is for (--device cuda: a CUDA torch, one GPU)."""
+    Each command is one the tool accepts, its settings included, on the machine it is for (--device cuda: a
+    CUDA torch, one GPU; --cpu-smoke: this one, where a training part once passed --configs and failed)."""
     import torch
 
     from megatok.cli import bench, gpu_check
+    from megatok.studies import bench as bench_study, gpu_check as gpu_check_study
 
-    monkeypatch.setattr(torch.version, "cuda", torch.version.cuda or "12.8")
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    if not smoke:
+        monkeypatch.setattr(torch.version, "cuda", torch.version.cuda or "12.8")
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
 
-    budget, parts = _plan(*mode)
+    budget, parts = _plan(*mode, *(["--cpu-smoke"] if smoke else []))
     assert budget <= slot and [p["part"] for p in parts][0] == "trainer"
     assert [p["part"] for p in parts] == (["trainer", "training"] if mode else ["trainer", "training", "bench"])
     assert parts[-1]["end"] + 10 <= budget * 0.95 and sum(p["share"] for p in parts) == parts[-1]["end"] - 20
     for p in parts:
         command = p["command"]
         assert command[:2] == ["python3", "-m"] and command[command.index("--budget-s") + 1] == str(p["share"] - 20)
-        tool = {"megatok.cli.gpu_check": gpu_check, "megatok.cli.bench": bench}[command[2]]
+        tool, study = {"megatok.cli.gpu_check": (gpu_check, gpu_check_study),
+                       "megatok.cli.bench": (bench, bench_study)}[command[2]]
         args = tool.build_parser().parse_args(command[3:])
         assert args.json_out == f"out/{p['part']}.json"
+        assert (str(args.device).startswith("cpu") if tool is bench else args.cpu_smoke) == smoke
+        study.Settings(**vars(args))  # what main() checks before it runs anything
     first = parts[0]["command"]
     assert first[first.index("--sections") + 1:first.index("--sections") + 3] == ["trainer", "--trainer-steps"]
     second = gpu_check.build_parser().parse_args(parts[1]["command"][3:])  # generation's step modes there
@@ -188,6 +195,24 @@ def test_the_gpu_bench_refuses_a_budget_too_small_for_its_parts():
     r = subprocess.run(["bash", str(ROOT / "tools/gpu_bench.sh"), "--quick", "--budget-s", "100", "--plan"],
                        capture_output=True, text=True, timeout=30)
     assert r.returncode == 2 and r.stderr.strip().startswith("gpu_bench: --budget-s 100 leaves")
+
+
+def test_the_gpu_bench_runs_every_part_and_exits_1_when_one_failed(tmp_path):
+    """A part that fails (here every part: a Python that exits 3) leaves the later parts their turn, and the
+    script's status and its last line say which failed."""
+    import subprocess
+
+    from tests.conftest import ROOT
+
+    python = tmp_path / "python"
+    python.write_text("#!/bin/sh\necho failing on purpose >&2\nexit 3\n")
+    python.chmod(0o755)
+    r = subprocess.run(["bash", str(ROOT / "tools/gpu_bench.sh"), "--cpu-smoke", "--quick"], capture_output=True,
+                       text=True, timeout=60, env={"PATH": "/usr/bin:/bin", "OUT": str(tmp_path / "out"),
+                                                   "PYTHON": str(python)})
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "trainer exit 3" in r.stdout and "training exit 3" in r.stdout
+    assert r.stderr.strip().splitlines()[-1].startswith("gpu_bench: failed: trainer (exit 3) training (exit 3)")
 
 
 @pytest.mark.dist
