@@ -3,6 +3,8 @@ second invocation resumes (finished runs are not trained again; a new method is 
 
 import json
 import shutil
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -207,3 +209,52 @@ def test_a_failed_step_is_one_error_naming_its_command(tmp_path, capsys):
     with pytest.raises(RuntimeError, match=r"^megatok-boundary-value --run x failed \(exit 2; its error is above\)$"):
         step("megatok-boundary-value --run x", probe_run, str(tmp_path / "no-run"))
     assert "no-run/config.json" in capsys.readouterr().err
+
+
+def test_the_prose_data_step_builds_corpus_parallel_set_and_shards_once(tmp_path, monkeypatch):
+    """cpu-small's data step without --shards: the prose corpus (megatok-make-corpus --preset prose --strict)
+    and the parallel UDHR set built under WORK/data with the cache beside WORK, shards from the corpus, an
+    evaluation file with every domain of the held-out prose; a second call builds nothing again; a corpus
+    that cannot be built is one error naming its command."""
+    from megatok.data import corpus
+    from megatok.studies import replicate as rep
+    from tests.conftest import stdlib_texts
+
+    texts, calls = stdlib_texts(12, 4000), []
+
+    def docs(domain_of):
+        return [{"text": t, "lang": "en", "domain": domain_of(i), "source": f"s/{i}"} for i, t in enumerate(texts)]
+
+    def make_prose(out, *, heldout_out, cache, strict):
+        calls.append(("prose", Path(cache), strict))
+        corpus.write_jsonl_gz(out, docs(lambda i: ("docs", "speech", "fiction")[i % 3]))
+        corpus.write_jsonl_gz(heldout_out, docs(lambda i: ("docs", "speech", "fiction")[i % 3]))
+        return 0
+
+    def make_default(out, *, sources, heldout_out, cache):
+        calls.append(("udhr", Path(cache), sources))
+        corpus.write_jsonl_gz(heldout_out, docs(lambda i: "legal")[:2], compress=False)
+        return 0
+
+    monkeypatch.setattr(corpus, "make_prose", make_prose)
+    monkeypatch.setattr(corpus, "make_default", make_default)
+    preset, work = PRESETS["cpu-small"], tmp_path / "study" / "work"
+    given = {"shards": None, "heldout": None, "parallel": None}
+    data = rep.prepare_data(preset, work, given)
+    assert calls == [("prose", tmp_path / "study" / ".cache", True), ("udhr", tmp_path / "study" / ".cache", ["udhr"])]
+    assert data == {"shards": str(work / "data/prose_shards"), "heldout": [str(work / "data/eval_prose.jsonl")],
+                    "parallel": [str(work / "data/heldout_udhr.jsonl")]}
+    manifest = json.loads((work / "data/prose_shards/manifest.json").read_text())
+    assert manifest["documents"]["train"] + manifest["documents"]["val"] == len(texts)
+    scored = [json.loads(line) for line in (work / "data/eval_prose.jsonl").read_text().splitlines()]
+    assert {d["domain"] for d in scored} == {"docs", "speech", "fiction"}
+    assert rep.prepare_data(preset, work, given) == data and len(calls) == 2  # built once
+
+    def fails(out, **kw):
+        print("error: --preset prose --strict: no text from source(s) pydocs", file=sys.stderr)
+        return 2
+
+    monkeypatch.setattr(corpus, "make_prose", fails)
+    with pytest.raises(RuntimeError, match=r"^megatok-make-corpus --preset prose --strict --out \S+prose.jsonl.gz "
+                                           r"failed \(exit 2; its error is above\)$"):
+        rep.prepare_data(preset, tmp_path / "other" / "work", given)
