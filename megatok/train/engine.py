@@ -40,11 +40,18 @@ def compile_model(model: torch.nn.Module, cfg: Config) -> int:
     Under ZeRO-3 each block is first made a ZeRO-3 leaf module, before the engine puts its hooks on
     the model: its parameters are gathered in one hook around the block instead of one per layer
     inside it, where every hook would split the compiled block into per-layer graphs. Returns how
-    many blocks."""
+    many blocks.
+
+    Under ZeRO-3 dynamo also takes integer attributes of modules as unspecialised: DeepSpeed's ZeRO-3 linear
+    reads each parameter's ``ds_id`` (through ``hasattr``), and torch 2.11 (the GPU image's) guards on its
+    value, so every block of a stack compiled a variant of its own (one per block, past the recompile limit
+    at 100m's 20 blocks); with the setting every block shares one, as under torch 2.13
+    (tests/train/test_distributed.py counts them)."""
     if zero_stage(cfg) == 3:
         from deepspeed.utils import set_z3_leaf_modules
 
         set_z3_leaf_modules(model, [Block])
+        torch._dynamo.config.allow_unspec_int_on_nn_module = True
     return compile_blocks(model)
 
 
