@@ -109,12 +109,18 @@ class ModelConfig(_Section):
                 raise ValueError(f"model.{given[0]} is only for model.kind 'bpe'")
         if self.static_chunks and self.chunk_capacity is None:
             raise ValueError("model.static_chunks needs model.chunk_capacity (the length it fixes)")
+        main = (f"the main network's width {self.main_width} (model.d_main{', default model.d_model' * (not self.d_main)})",
+                f"its {self.main_heads} heads (model.n_main_heads{', default model.n_heads' * (not self.n_main_heads)})")
         if self.d_model % self.n_heads:
-            raise ValueError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
+            raise ValueError(f"model.d_model={self.d_model} is not divisible by model.n_heads={self.n_heads}")
         if self.main_width % self.main_heads:
-            raise ValueError(f"main width {self.main_width} is not divisible by {self.main_heads} heads")
-        if (self.d_model // self.n_heads) % 2 or (self.main_width // self.main_heads) % 2:
-            raise ValueError("head dimension must be even for rotary embeddings")
+            raise ValueError(f"{main[0]} is not divisible by {main[1]}")
+        if (self.d_model // self.n_heads) % 2:
+            raise ValueError(f"model.d_model={self.d_model} / model.n_heads={self.n_heads} = {self.d_model // self.n_heads}:"
+                             f" rotary embeddings need an even head dimension")
+        if (self.main_width // self.main_heads) % 2:
+            raise ValueError(f"{main[0]} / {main[1]} = {self.main_width // self.main_heads}: rotary embeddings need an "
+                             f"even head dimension")
         return self
 
     @property
@@ -469,8 +475,11 @@ def _first_error(errors: list[dict]) -> dict:
 
 
 def _message(err: dict) -> str:
-    """A pydantic error's message and the value it got."""
+    """A pydantic error's message and the value it got (a section's own check, given the whole section, names
+    its keys and values itself)."""
     given = err.get("input")
+    if isinstance(given, dict) and err["type"] == "value_error":
+        return err["msg"].removeprefix("Value error, ")
     shown = (json.dumps(given, default=str) if isinstance(given, (int, float, str, bool, type(None))) or (
         isinstance(given, (list, tuple)) and len(json.dumps(given, default=str)) <= 80) else type(given).__name__)
     return f"{err['msg'].removeprefix('Value error, ')} (got {shown})"
@@ -486,7 +495,8 @@ def _explain(err: dict, where: str) -> ConfigError:
         valid = config_keys(parent) if parent else []
         section = ".".join(str(p) for p in loc[:-1])
         return ConfigError(f"{where}: {path}: unknown key{suggest(loc[-1], valid, section + '.' if section else '')}")
-    return ConfigError(f"{where}: {path}: {_message(err)}")
+    message = _message(err)
+    return ConfigError(f"{where}: {message}" if f"{path}." in message else f"{where}: {path}: {message}")
 
 
 # megatok's own configs: configs/ next to the package in a checkout, inside it when installed (pyproject.toml

@@ -339,3 +339,21 @@ def test_keep_every_is_a_multiple_of_save_every():
         load_config(None, ["train.save_every=50", "train.keep_every=120"], world_size=1)
     with pytest.raises(ConfigError, match="train.keep_every"):
         load_config(None, ["train.keep_every=0"], world_size=1)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["model.n_heads=3"], "config (with --set model.n_heads=3): model.d_model=256 is not divisible by model.n_heads=3"),
+    (["model.d_model=100"], "config (with --set model.d_model=100): model.d_model=100 / model.n_heads=4 = 25: rotary "
+                            "embeddings need an even head dimension"),
+    (["model.d_main=100"], "config (with --set model.d_main=100): the main network's width 100 (model.d_main) / its 4 "
+                           "heads (model.n_main_heads, default model.n_heads) = 25: rotary embeddings need an even head "
+                           "dimension"),
+    (["model.d_main=96", "model.n_main_heads=5"], "the main network's width 96 (model.d_main) is not divisible by its 5 "
+                                                  "heads (model.n_main_heads)"),
+])
+def test_a_sections_own_check_names_its_keys_and_values_once(overrides, message):
+    """The model section's checks (given the whole section, not one key) name the keys and values they read,
+    with no section prefix repeated and no "(got dict)" from the validation library."""
+    with pytest.raises(ConfigError) as e:
+        load_config(None, overrides, world_size=1)
+    assert str(e.value).endswith(message) and "got dict" not in str(e.value) and "model: model" not in str(e.value)
