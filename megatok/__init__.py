@@ -9,8 +9,21 @@
 """
 
 import importlib
+import logging
 
 __all__ = ["load", "Model", "Score", "Completion"]
+
+
+class _NoCpuFallbackWarning(logging.Filter):
+    """DeepSpeed's "Setting accelerator to CPU. If you have GPU ..." warning, which every command printed on a
+    machine without a GPU (the trainer's first line names the device it runs on; --device cuda without CUDA
+    is an error that says why)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Setting accelerator to CPU")
+
+
+logging.getLogger("DeepSpeed").addFilter(_NoCpuFallbackWarning())  # the logger DeepSpeed creates on import
 
 
 def __getattr__(name: str):

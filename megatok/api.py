@@ -37,8 +37,7 @@ from megatok.devices import checked_device
 from megatok.eval.bpb import Seeded, boundary_rule, document_windows, evaluate_documents, window_seed
 from megatok.boundaries.base import row_seeds
 from megatok.generate import Generation, generate_batch as _generate_batch
-from megatok.run.export import is_export, load_exported
-from megatok.run.reader import load_model
+from megatok.run.export import load_model_or_export
 
 RULES = ("threshold", "sample")
 DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
@@ -338,15 +337,6 @@ def load(path: str | Path, checkpoint: str | None = None, device: str | torch.de
         if dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)} or a torch.dtype, got {dtype!r}")
         dtype = DTYPES[dtype]
-    if is_export(path):
-        if checkpoint is not None:
-            raise ValueError(f"{path}: an export holds one checkpoint; checkpoint= is for a run directory")
-        module, cfg = load_exported(path, device, dtype)
-        tag = None
-    elif (path / "config.json").is_file() and (path / "checkpoints").is_dir():
-        module, cfg, tag = load_model(path, checkpoint, device, dtype)
-    else:
-        raise FileNotFoundError(f"{path}: neither a megatok run directory (config.json and checkpoints/) nor an "
-                                f"export (export.json and model.safetensors)")
+    module, cfg, tag = load_model_or_export(path, checkpoint, device, dtype)
     return Model(module, cfg, source=str(path), checkpoint=tag, device=device, boundary=boundary, seed=seed,
                  batch_size=batch_size)

@@ -1,6 +1,7 @@
-"""Evaluate a run's latest checkpoint on text: prints one JSON object.
+"""Evaluate a run's latest checkpoint (or an export) on text: prints one JSON object.
 
     megatok-evaluate --run runs/tiny --data held_out.jsonl [more files or a shard directory]
+    megatok-evaluate --run exports/tiny --data held_out.jsonl      # a megatok-export directory ("checkpoint": null)
 
 Inputs are what build_shards reads (.txt, .txt.gz, .jsonl, .jsonl.gz, directories of them), or a
 build_shards output directory (its validation split). Figures: bpb (corpus: total NLL over total
@@ -27,9 +28,10 @@ from megatok.eval.evaluate import evaluate_run
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--run", required=True, help="run directory (holds config.json and checkpoints/)")
+    ap.add_argument("--run", required=True, help="run directory (holds config.json and checkpoints/) or an export "
+                                                 "(megatok-export)")
     ap.add_argument("--data", required=True, nargs="+", help="files, directories, or a shard directory")
-    ap.add_argument("--checkpoint", default=None, help="checkpoint tag (default: latest)")
+    ap.add_argument("--checkpoint", default=None, help="checkpoint tag of a run (default: latest)")
     ap.add_argument("--boundary", choices=["sample", "threshold"], default="sample")
     ap.add_argument("--seed", type=int, default=0, help="sampling seed for --boundary sample")
     ap.add_argument("--seq-len", type=sizing.positive(int), default=None,
@@ -45,7 +47,7 @@ def main(argv=None) -> int:
         out = evaluate_run(args.run, args.data, checkpoint=args.checkpoint, boundary=args.boundary, seed=args.seed,
                            seq_len=args.seq_len, batch_size=args.batch_size, device=args.device,
                            max_bytes=args.max_bytes)
-    except (DataError, FileNotFoundError, ConfigError) as e:
+    except (DataError, FileNotFoundError, ConfigError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     finally:

@@ -1,9 +1,10 @@
-"""Sample text from a run's checkpoint: megatok's byte model or the BPE token model.
+"""Sample text from a run's checkpoint (or an export): megatok's byte model or the BPE token model.
 
     megatok-generate --run runs/tiny --prompt "def main(" --max-bytes 300
     megatok-generate --run runs/tiny --prompt "The " --num 3 --temperature 0.8 --top-k 40 --chunks
     megatok-generate --run runs/tiny --checkpoint step00000200 --prompt "The " --top-p 0.9
     megatok-generate --run runs/h2h/bpe --prompt-file prompt.txt --json
+    megatok-generate --run exports/tiny --prompt "The "             # a megatok-export directory
 
 Each sample continues the prompt (read as a new document) until --max-bytes bytes or the model's
 document separator, one byte (or token) per step of the model over its cached keys and values (the --num
@@ -31,7 +32,8 @@ from megatok.devices import device_option
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--run", required=True, help="run directory (its latest checkpoint, or --checkpoint)")
+    ap.add_argument("--run", required=True, help="run directory (its latest checkpoint, or --checkpoint) or an "
+                                                 "export (megatok-export)")
     ap.add_argument("--checkpoint", "--tag", dest="checkpoint", default=None,
                     help="checkpoint tag, e.g. step00000200 (default: latest)")
     prompt = ap.add_mutually_exclusive_group()
@@ -82,14 +84,14 @@ def main(argv=None) -> int:
     from megatok.config import ConfigError
     from megatok.data.encoding import encoding_for
     from megatok.generate import generate_batch
-    from megatok.run.reader import load_model
+    from megatok.run.export import load_model_or_export
 
     sizing.quiet_deepspeed_import()  # stdout carries only the samples (--json stays parseable)
     try:
         data = Path(args.prompt_file).read_bytes() if args.prompt_file else os.fsencode(args.prompt)
-        model, cfg, tag = load_model(args.run, args.checkpoint, device=args.device)
+        model, cfg, tag = load_model_or_export(args.run, args.checkpoint, device=args.device)
         encoding = encoding_for(cfg)
-    except (FileNotFoundError, ConfigError) as e:
+    except (FileNotFoundError, ConfigError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     byte_model = cfg.model.kind != "bpe"
@@ -99,7 +101,7 @@ def main(argv=None) -> int:
     if byte_model and args.boundary == "sample" and model.boundary.reads_earlier_decisions:
         args.boundary = "threshold"
         print("note: boundary.window > 1: boundaries are p > 0.5 (--boundary threshold)", file=sys.stderr)
-    print(f"# {args.run} ({cfg.model.kind}{', ' + cfg.boundary.strategy if byte_model else ''}, {tag}), "
+    print(f"# {args.run} ({cfg.model.kind}{', ' + cfg.boundary.strategy if byte_model else ''}, {tag or 'export'}), "
           f"temperature {args.temperature:g}{f', top-k {args.top_k}' if args.top_k else ''}"
           f"{f', top-p {args.top_p:g}' if args.top_p is not None else ''}", file=sys.stderr)
     with tqdm(total=args.max_bytes * args.num, unit="B", desc=f"{args.num} sample(s)", leave=False,

@@ -17,14 +17,14 @@ from megatok.metrics import finite_or_none
 def evaluate_run(run: str, data: list[str], *, checkpoint: str | None = None, boundary: str = "sample",
                  seed: int = 0, seq_len: int | None = None, batch_size: int = 8, device: str = "cpu",
                  max_bytes: float | None = None, progress: bool = True) -> dict:
-    """The run's checkpoint (default: latest) scored on ``data`` (files, directories or a shard directory's
-    validation split). Raises DataError, FileNotFoundError or ConfigError on bad input, DataError when
-    there are no documents."""
+    """The run's checkpoint (default: latest), or an export's model, scored on ``data`` (files, directories or
+    a shard directory's validation split). Raises DataError, FileNotFoundError, ValueError or ConfigError on
+    bad input, DataError when there are no documents."""
     from megatok.data.encoding import encoding_for
-    from megatok.run.reader import load_model
+    from megatok.run.export import load_model_or_export
 
     list_input_files([p for p in data if not Path(p, "manifest.json").is_file()])  # fail before loading
-    model, cfg, tag = load_model(run, checkpoint, device)
+    model, cfg, tag = load_model_or_export(run, checkpoint, device)
     docs = read_documents(data, "val")
     if max_bytes:
         docs = _limit(docs, int(max_bytes))

@@ -35,8 +35,8 @@ from safetensors.torch import save_file
 from megatok.config import Config
 from megatok.run.checkpoints import read_meta
 from megatok.run.merge import LazyTensor
-from megatok.run.reader import (MODEL_FILES, checkpoint_to_read, checkpoint_weights, materialise, run_config,
-                                written_config)
+from megatok.run.reader import (MODEL_FILES, checkpoint_to_read, checkpoint_weights, load_model, materialise,
+                                run_config, written_config)
 
 WEIGHTS, INDEX, CONFIG, INFO, HF_CONFIG = ("model.safetensors", "model.safetensors.index.json", "megatok.json",
                                            "export.json", "config.json")
@@ -265,6 +265,22 @@ def load_exported(path: str | Path, device: str | torch.device = "cpu", dtype: t
     cfg = exported_config(path)
     model = materialise(cfg, exported_weights(path, cfg), device, dtype, where=str(path))
     return model, cfg
+
+
+def load_model_or_export(path: str | Path, checkpoint: str | None = None, device: str | torch.device = "cpu",
+                         dtype: torch.dtype | None = None):
+    """(model, config, tag) from a run directory (its checkpoint ``checkpoint``, default latest; any ZeRO stage)
+    or from an export (tag None), in eval mode: what megatok.load, megatok-evaluate and megatok-generate read.
+    Raises FileNotFoundError for a path that is neither, ValueError for a checkpoint tag given with an export."""
+    path = Path(path)
+    if is_export(path):
+        if checkpoint is not None:
+            raise ValueError(f"{path}: an export holds one checkpoint; a checkpoint tag is for a run directory")
+        return (*load_exported(path, device, dtype), None)
+    if (path / "config.json").is_file() and (path / "checkpoints").is_dir():
+        return load_model(path, checkpoint, device, dtype)
+    raise FileNotFoundError(f"{path}: neither a megatok run directory (config.json and checkpoints/) nor an export "
+                            f"(export.json and model.safetensors)")
 
 
 def shard_size(text: str) -> int | str:

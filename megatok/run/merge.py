@@ -68,9 +68,19 @@ def _assemble(pieces: list[torch.Tensor], numel: int, dtype: torch.dtype) -> tor
     return out
 
 
+@contextlib.contextmanager
 def _quiet():
-    """DeepSpeed prints progress on stdout; the tools keep stdout for their own output."""
-    return contextlib.redirect_stdout(sys.stderr)
+    """DeepSpeed prints progress on stdout (the tools keep stdout for their own output) and draws a "Loading
+    checkpoint shards" bar on every merge (a moment's work, and "shards" there are not data shards): the
+    one goes to stderr, the other is not drawn."""
+    from functools import partial
+    from unittest import mock
+
+    from deepspeed.utils import zero_to_fp32
+
+    with contextlib.redirect_stdout(sys.stderr), mock.patch.object(zero_to_fp32, "tqdm",
+                                                                   partial(zero_to_fp32.tqdm, disable=True)):
+        yield
 
 
 def zero_stage_of(ckpt: Path) -> int:

@@ -123,3 +123,56 @@ def test_the_merge_holds_one_copy_of_the_weights_in_the_output_dtype(wide_run):
     assert old["anon_peak"] > 1.5 * fp32, old
     exported = merge_memory(wide_run, "export", "bf16")
     assert exported["anon_peak"] < 0.5 * fp32 + 16, exported  # one shard at a time (here, the whole model)
+
+
+@pytest.mark.parametrize("kind", ["unet", "bpe"])
+def test_evaluate_and_generate_read_an_export_as_they_read_its_run(kind, tiny_run, bpe_run, tmp_path, capsys):
+    """megatok-evaluate and megatok-generate take an export where they take a run: the same figures and the
+    same samples; a checkpoint tag given with an export, or a directory that is neither, is one line."""
+    from megatok.cli import evaluate, generate
+    from megatok.sizing import quiet_deepspeed_import
+
+    quiet_deepspeed_import()  # its log line, were this the process's first import, would go to capsys's stdout
+    run = {"unet": tiny_run, "bpe": bpe_run}[kind]
+    out = tmp_path / "export"
+    export(run, out)
+    data = tmp_path / "held.jsonl"
+    data.write_text("".join(json.dumps({"text": t}) + "\n" for t in TEXTS))
+
+    def printed(command, *args) -> tuple[int, str, str]:
+        rc = command.main([*args])
+        got = capsys.readouterr()
+        return rc, got.out, got.err
+
+    rc, from_run, _ = printed(evaluate, "--run", str(run), "--data", str(data))
+    rc2, from_export, _ = printed(evaluate, "--run", str(out), "--data", str(data))
+    assert rc == rc2 == 0
+    a, b = json.loads(from_run), json.loads(from_export)
+    assert b["checkpoint"] is None and a["checkpoint"] == latest_tag(run)
+    assert {k: v for k, v in a.items() if k not in ("run", "checkpoint")} == \
+        {k: v for k, v in b.items() if k not in ("run", "checkpoint")}
+    sample = ["--prompt", "The ", "--max-bytes", "24", "--num", "2", "--seed", "5", "--json"]
+    rc, from_run, _ = printed(generate, "--run", str(run), *sample)
+    rc2, from_export, err = printed(generate, "--run", str(out), *sample)
+    assert rc == rc2 == 0 and from_run == from_export and "export)" in err
+    for command in (evaluate, generate):
+        extra = ["--data", str(data)] if command is evaluate else ["--prompt", "x"]
+        rc, _, err = printed(command, "--run", str(out), "--checkpoint", "step00000001", *extra)
+        assert rc == 2 and err.strip() == (f"error: {out}: an export holds one checkpoint; a checkpoint tag is for "
+                                           f"a run directory")
+        rc, _, err = printed(command, "--run", str(tmp_path), *extra)
+        assert rc == 2 and err.strip().splitlines()[-1] == (
+            f"error: {tmp_path}: neither a megatok run directory (config.json and checkpoints/) nor an export "
+            f"(export.json and model.safetensors)")
+
+
+def test_reading_a_checkpoint_prints_nothing_of_deepspeeds(tiny_run, tmp_path):
+    """A command that merges a checkpoint, in a fresh interpreter on a machine without a GPU (no DS_ACCELERATOR
+    set): no "Setting accelerator to CPU" warning and no "Loading checkpoint shards" bar, on either stream."""
+    data = tmp_path / "held.jsonl"
+    data.write_text(json.dumps({"text": TEXTS[0]}) + "\n")
+    env = {k: v for k, v in TOOL_ENV.items() if k != "DS_ACCELERATOR"}
+    r = subprocess.run([sys.executable, "-m", "megatok.cli.evaluate", "--run", str(tiny_run), "--data", str(data)],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0 and json.loads(r.stdout)["documents"] == 1, r.stderr[-2000:]
+    assert "Setting accelerator" not in r.stderr and "Loading checkpoint shards" not in r.stderr, r.stderr[-2000:]
