@@ -47,7 +47,7 @@ def check_data(cfg) -> list[str]:
     from megatok.data.encoding import encoding_for
     from megatok.data.stream import check_readers, resolve_sources, validation_sources
 
-    sources, weights = resolve_sources(cfg.data.shards, "train")
+    sources, weights = resolve_sources(cfg.data.shards, "train", key="data.shards")
     validation_sources(cfg.data.shards, cfg.data.val_shards)
     names = list(cfg.data.shards) if weights else [""]
     for urls, name in zip(sources, names):

@@ -50,12 +50,18 @@ def is_local(spec: str) -> bool:
     return ":" not in spec.split("/")[0]
 
 
-def resolve_sources(spec: str | list[str] | dict[str, float], split: str = "train"
+def resolve_sources(spec: str | list[str] | dict[str, float], split: str = "train", key: str | None = None
                     ) -> tuple[list[list[str]], list[float] | None]:
-    """(shard URLs per source, weights): one source and no weights unless spec is a {spec: weight} mixture."""
-    if isinstance(spec, dict):
-        return [resolve_shards(s, split) for s in spec], [float(w) for w in spec.values()]
-    return [resolve_shards(spec, split)], None
+    """(shard URLs per source, weights): one source and no weights unless spec is a {spec: weight} mixture.
+    ``key``: the config key that gave ``spec`` (data.shards, data.val_shards), named first in an error."""
+    try:
+        if isinstance(spec, dict):
+            return [resolve_shards(s, split) for s in spec], [float(w) for w in spec.values()]
+        return [resolve_shards(spec, split)], None
+    except DataError as e:
+        if key is None:
+            raise
+        raise DataError(f"{key}: {e}") from None
 
 
 def validation_sources(shards, val_shards) -> tuple[list[list[str]], list[float] | None]:
@@ -63,12 +69,12 @@ def validation_sources(shards, val_shards) -> tuple[list[list[str]], list[float]
     ``data.shards`` source, which only a shard directory (megatok-build-shards) has. A URL pattern or
     list has none: validating on its training shards would be silent and wrong, so it is an error."""
     if val_shards is not None:
-        return resolve_sources(val_shards, "val")
+        return resolve_sources(val_shards, "val", key="data.val_shards")
     for source in shards if isinstance(shards, dict) else [shards]:
         if not (isinstance(source, str) and os.path.isdir(source)):
             raise DataError(f"data.shards {source}: URLs and shard lists have no val split; set data.val_shards "
                             f"to the validation shards")
-    return resolve_sources(shards, "val")
+    return resolve_sources(shards, "val", key="data.shards")
 
 
 def resolve_shards(spec: str | list[str] | dict[str, float], split: str = "train") -> list[str]:

@@ -40,7 +40,7 @@ def data_digests(cfg: Config) -> dict[str, str]:
     ``./data/shards/`` and the absolute path are the same data), ``data_digest_spelled`` as the config
     spells them (the same data when a project moves with its relative paths)."""
     shards = [[u, os.path.getsize(u) if os.path.isfile(u) else None]
-              for urls in resolve_sources(cfg.data.shards, "train")[0] for u in urls]
+              for urls in resolve_sources(cfg.data.shards, "train", key="data.shards")[0] for u in urls]
     tokenizer = cfg.model.tokenizer if cfg.model.kind == "bpe" else None
 
     def digest(key) -> str:
@@ -171,7 +171,7 @@ class DataStream:
 
     def __init__(self, cfg: Config, encoding, rank: int, world: int, device: torch.device):
         self.cfg, self.encoding, self.rank, self.world, self.device = cfg, encoding, rank, world, device
-        self.sources, self.weights = resolve_sources(cfg.data.shards, "train")
+        self.sources, self.weights = resolve_sources(cfg.data.shards, "train", key="data.shards")
         self.digests = data_digests(cfg)
         self.start_batch, self.start_epochs, self.origin = data_position(None, cfg, world)
         self.resumed_cursors: dict[int, dict] = {}

@@ -87,13 +87,19 @@ def tree(path) -> dict[str, tuple[int, int, str]]:
 
 def test_launch_shards_missing_directory(tmp_path):
     missing = tmp_path / "no-such-shards"
-    launch_fails_as_a_process(tmp_path, f"data.shards={missing}", names=[missing])
+    launch_fails_as_a_process(tmp_path, f"data.shards={missing}", names=["data.shards", missing])
 
 
 def test_launch_shards_empty_directory(tmp_path, launch_fails):
     empty = tmp_path / "empty"
     empty.mkdir()
-    launch_fails(tmp_path, f"data.shards={empty}", names=[empty])
+    launch_fails(tmp_path, f"data.shards={empty}", names=["data.shards", empty])
+
+
+def test_launch_val_shards_missing_names_its_key(shards, tmp_path, launch_fails):
+    missing = tmp_path / "val-typo"
+    line = launch_fails(tmp_path, f"data.shards={shards}", f"data.val_shards={missing}", names=[missing])
+    assert line.startswith(f"error: data.val_shards: {missing}: no such shard directory or file")
 
 
 def test_launch_shard_listed_in_manifest_deleted(shards, tmp_path, launch_fails):
@@ -103,7 +109,7 @@ def test_launch_shard_listed_in_manifest_deleted(shards, tmp_path, launch_fails)
         (copy / f.name).symlink_to(f)
     gone = copy / json.loads((shards / "manifest.json").read_text())["train"][1]["name"]
     gone.unlink()
-    launch_fails(tmp_path, f"data.shards={copy}", names=[gone])
+    launch_fails(tmp_path, f"data.shards={copy}", names=["data.shards", gone])
 
 
 def test_launch_config_not_json(shards, tmp_path, launch_fails):
