@@ -226,11 +226,15 @@ def _passes(inputs, units: list[Unit], tmp, run, *, estimate, val_fraction, num_
             val_shards, seed, lang, domain, max_doc_bytes, progress, weights, fields) -> dict:
     # pass 1: read every unit once (``run``: map, or a pool's map, which returns results in order)
     docs = _Documents()
-    with tqdm(total=estimate, unit="B", unit_scale=True, desc="reading", disable=not progress) as bar:
+    with tqdm(total=estimate, unit="B", unit_scale=True, desc="reading", disable=None if progress else True) as bar:
         jobs = ((k, unit, tmp, fields, lang, domain, max_doc_bytes) for k, unit in enumerate(units))
         for k, part in enumerate(run(_read_unit, jobs)):
             docs.add(k, part)
             bar.update(int(part["text_lens"].sum()))
+            if bar.n > bar.total:  # the estimate (from file sizes) was short: compressed input
+                bar.total = bar.n
+        bar.total = bar.n  # and ends at 100% where it was long (markup, skipped documents)
+        bar.refresh()
     lens = docs.column("text_lens")
     n = len(lens)
     if n == 0:
@@ -287,7 +291,8 @@ def _passes(inputs, units: list[Unit], tmp, run, *, estimate, val_fraction, num_
                           for s, c in splits.items()},
     }
     units_of_doc, offsets, meta_lens = docs.column("unit"), docs.column("offset"), docs.column("meta_lens")
-    with tqdm(total=int(lens.sum()), unit="B", unit_scale=True, desc="writing", disable=not progress) as bar:
+    with tqdm(total=int(lens.sum()), unit="B", unit_scale=True, desc="writing",
+              disable=None if progress else True) as bar:  # None: drawn on a terminal only, not into a log
         for split, chunks in splits.items():
             jobs = ((os.path.join(tmp, f"{split}-{k:05d}.tar"), tmp, chunk, repeat[split][k], units_of_doc[chunk],
                      offsets[chunk], lens[chunk], meta_lens[chunk]) for k, chunk in enumerate(chunks))

@@ -294,3 +294,29 @@ def test_the_val_split_follows_the_seed_and_a_small_corpus_still_gets_min_shards
     m, zero = val_texts(0, "a")
     assert val_texts(0, "b")[1] == zero != val_texts(1, "c")[1]
     assert len(m["train"]) == 8  # min_shards: a corpus far below shard_bytes is still cut into 8 shards
+
+
+def test_the_command_draws_no_progress_bar_into_a_log(tmp_path, capsys, monkeypatch):
+    """megatok-build-shards draws its bars on a terminal only: written to a file or a pipe, its output holds its
+    summary and no carriage-return bar (as the trainer's and megatok-make-corpus's); on a terminal it draws them,
+    the reading bar ending at 100% whether the size estimate was short or long."""
+    import io
+
+    from megatok.cli import build_shards as command
+
+    inputs = make_inputs(tmp_path / "in")
+    assert command.main([*inputs, "--out", str(tmp_path / "piped")]) == 0
+    out, err = capsys.readouterr()
+    assert "\r" not in out + err and "reading" not in err and out.startswith(f"wrote {tmp_path / 'piped'}")
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    terminal = Terminal()
+    monkeypatch.setattr("sys.stderr", terminal)
+    assert command.main([*inputs, "--out", str(tmp_path / "tty")]) == 0
+    drawn = terminal.getvalue()
+    assert "reading" in drawn and "writing" in drawn
+    done, total = re.search(r"([\d.]+[kMG]?)/([\d.]+[kMG]?)", drawn.split("writing")[0].split("reading")[-1]).groups()
+    assert done == total, drawn[:2000]  # the reading bar ends at its total, whatever the estimate was
