@@ -109,15 +109,17 @@ class ModelConfig(_Section):
                 raise ValueError(f"model.{given[0]} is only for model.kind 'bpe'")
         if self.static_chunks and self.chunk_capacity is None:
             raise ValueError("model.static_chunks needs model.chunk_capacity (the length it fixes)")
-        main = (f"the main network's width {self.main_width} (model.d_main{', default model.d_model' * (not self.d_main)})",
-                f"its {self.main_heads} heads (model.n_main_heads{', default model.n_heads' * (not self.n_main_heads)})")
+        width_default = "" if self.d_main else ", default model.d_model"
+        heads_default = "" if self.n_main_heads else ", default model.n_heads"
+        main = (f"the main network's width {self.main_width} (model.d_main{width_default})",
+                f"its {self.main_heads} heads (model.n_main_heads{heads_default})")
         if self.d_model % self.n_heads:
             raise ValueError(f"model.d_model={self.d_model} is not divisible by model.n_heads={self.n_heads}")
         if self.main_width % self.main_heads:
             raise ValueError(f"{main[0]} is not divisible by {main[1]}")
         if (self.d_model // self.n_heads) % 2:
-            raise ValueError(f"model.d_model={self.d_model} / model.n_heads={self.n_heads} = {self.d_model // self.n_heads}:"
-                             f" rotary embeddings need an even head dimension")
+            raise ValueError(f"model.d_model={self.d_model} / model.n_heads={self.n_heads} = "
+                             f"{self.d_model // self.n_heads}: rotary embeddings need an even head dimension")
         if (self.main_width // self.main_heads) % 2:
             raise ValueError(f"{main[0]} / {main[1]} = {self.main_width // self.main_heads}: rotary embeddings need an "
                              f"even head dimension")

@@ -84,3 +84,16 @@ def test_bad_input_is_one_error_line(tmp_path):
     r = train_bpe("--data", good, "--vocab-size", 300, "--out", tmp_path / "o.model")  # a file name, not a directory
     assert r.returncode == 2 and "--out" in r.stderr and "give the output directory" in r.stderr
     assert not (tmp_path / "o.model").exists() and "Traceback" not in r.stderr
+
+
+def test_a_vocabulary_smaller_than_the_texts_characters_is_one_line_in_the_commands_terms(tmp_path):
+    """sentencepiece's refusal (its C++ location, its --character_coverage) becomes megatok-train-bpe's line:
+    which flag, which sizes, what to change."""
+    import pytest
+
+    text = "".join(chr(0x4E00 + i) + " " for i in range(900)).encode()
+    with pytest.raises(ValueError) as e:
+        bpe.train_bpe([text] * 4, tmp_path / "o", 700)
+    assert str(e.value) == ("--vocab-size 700 is below the 1160 pieces it must hold (the text's characters at "
+                            "--character-coverage 0.99995, the 256 byte pieces and the special ones): raise "
+                            "--vocab-size, or lower --character-coverage (rarer characters then fall back to bytes)")
