@@ -520,8 +520,9 @@ def find_config(path: str | os.PathLike) -> Path:
 
 
 def load_config(path: str | os.PathLike | None = None, overrides: list[str] = (), *,
-                world_size: int | None = None) -> Config:
-    """Read, merge, override, validate. ``world_size`` defaults to $WORLD_SIZE (set by launchers) or 1."""
+                world_size: int | None = None, world_from: str | None = None) -> Config:
+    """Read, merge, override, validate. ``world_size`` defaults to $WORLD_SIZE (set by launchers) or 1;
+    ``world_from``: where a tool took it from (e.g. "--gpus 8, the default"), named where it matters."""
     where = str(path) if path is not None else "config"
     raw = _read_json(find_config(path).resolve()) if path is not None else {}
     for item in overrides:
@@ -534,7 +535,8 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] = ()
     except ValidationError as e:
         raise _explain(_first_error(e.errors()), where) from None
     check_deepspeed(cfg.deepspeed, where)
-    _check_derived(cfg, where, world_size if world_size is not None else int(os.environ.get("WORLD_SIZE", "1")))
+    _check_derived(cfg, where, world_size if world_size is not None else int(os.environ.get("WORLD_SIZE", "1")),
+                   world_from)
     return cfg
 
 
@@ -565,14 +567,15 @@ def warnings_for(cfg: Config) -> list[str]:
     return out
 
 
-def _check_derived(cfg: Config, where: str, world_size: int) -> None:
+def _check_derived(cfg: Config, where: str, world_size: int, world_from: str | None = None) -> None:
     t = cfg.train
+    world = f"world size ({world_size}{', from ' + world_from if world_from else ''})"
     per_step = t.micro_batch_size * world_size
     if t.grad_accum is None:
         if t.global_batch_size is not None and t.global_batch_size % per_step:
             raise ConfigError(
                 f"{where}: train.global_batch_size={t.global_batch_size} is not a multiple of train.micro_batch_size"
-                f" ({t.micro_batch_size}) x world size ({world_size}); for this many ranks lower train.micro_batch_size "
+                f" ({t.micro_batch_size}) x {world}; for this many ranks lower train.micro_batch_size "
                 f"or raise train.global_batch_size")
         t.grad_accum = t.global_batch_size // per_step if t.global_batch_size is not None else 1
     total = per_step * t.grad_accum
@@ -583,7 +586,7 @@ def _check_derived(cfg: Config, where: str, world_size: int) -> None:
                     f"({t.global_batch_size // per_step})")
         raise ConfigError(
             f"{where}: train.global_batch_size={t.global_batch_size} but train.micro_batch_size ({t.micro_batch_size})"
-            f" x train.grad_accum ({t.grad_accum}) x world size ({world_size}) = {total}{hint}")
+            f" x train.grad_accum ({t.grad_accum}) x {world} = {total}{hint}")
     if t.lr_schedule == "wsd" and wsd_decay_steps(t) > t.max_steps - t.warmup_steps:
         given = "" if t.decay_steps is not None else " (the default, 20% of max_steps)"
         raise ConfigError(f"{where}: train.decay_steps={wsd_decay_steps(t)}{given} is more than train.max_steps "

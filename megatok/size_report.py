@@ -137,7 +137,8 @@ def print_config_sizes(paths: list[str], overrides: list[str] = (), *, gpus: int
     reports = []
     for path in paths:
         try:
-            cfg = load_config(path, list(overrides), world_size=gpus * nodes)
+            cfg = load_config(path, list(overrides), world_size=gpus * nodes,
+                              world_from=f"--gpus {gpus} x --nodes {nodes}; give the ranks you will train on")
         except ConfigError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
@@ -202,14 +203,16 @@ def dry_run(config: str, overrides: list[str] = (), world: int | None = None, ou
 
     out = out or sys.stdout
     quiet_deepspeed_import()
+    world_from = f"--dry-run {world}"
     if world is None:
+        world_from = "$WORLD_SIZE" if "WORLD_SIZE" in os.environ else "--dry-run's default 8; --dry-run N for N ranks"
         try:
             world = positive(int)(os.environ.get("WORLD_SIZE", "8"))
         except Exception as e:  # noqa: BLE001 - argparse's error type
             print(f"error: WORLD_SIZE: {e}", file=sys.stderr)
             return 2
     try:
-        cfg = load_config(config, list(overrides), world_size=world)
+        cfg = load_config(config, list(overrides), world_size=world, world_from=world_from)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

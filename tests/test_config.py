@@ -357,3 +357,18 @@ def test_a_sections_own_check_names_its_keys_and_values_once(overrides, message)
     with pytest.raises(ConfigError) as e:
         load_config(None, overrides, world_size=1)
     assert str(e.value).endswith(message) and "got dict" not in str(e.value) and "model: model" not in str(e.value)
+
+
+def test_a_batch_that_does_not_fit_the_world_size_names_where_that_came_from(capsys):
+    """A world size a tool chose (megatok-model-size's --gpus, --dry-run's default) is named in the error, so a
+    config that fits the ranks it will run on is not edited for ranks nobody asked for."""
+    from megatok.size_report import dry_run, print_config_sizes
+
+    with pytest.raises(ConfigError, match=r"x world size \(8, from --gpus 8\); for this many ranks"):
+        load_config(None, ["train.micro_batch_size=8", "train.global_batch_size=16"], world_size=8,
+                    world_from="--gpus 8")
+    assert print_config_sizes(["configs/tiny.json"]) == 2
+    assert "world size (8, from --gpus 8 x --nodes 1; give the ranks you will train on)" in capsys.readouterr().err
+    assert print_config_sizes(["configs/tiny.json"], gpus=2) == 0
+    assert dry_run("configs/tiny.json") == 2
+    assert "world size (8, from --dry-run's default 8; --dry-run N for N ranks)" in capsys.readouterr().err
