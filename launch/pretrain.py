@@ -29,7 +29,9 @@ def parse_args(argv=None):
     p.add_argument("--set", dest="overrides", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
                    help="override config values by dotted key, e.g. train.max_steps=20 data.shards=data/shards")
     p.add_argument("--resume", default="auto",
-                   help="'auto' (latest checkpoint in the run directory, if any), 'none', or a checkpoint tag")
+                   help="'auto' (the latest usable checkpoint in the run directory, if any), 'latest' (the one "
+                        "checkpoints/latest names: an error if there is none or it is damaged), 'none', or a "
+                        "checkpoint tag")
     p.add_argument("--wait-for-lock", type=float, default=0.0, metavar="SECONDS",
                    help="if another run holds train.run_dir, wait up to SECONDS for it to end (default: fail at "
                         "once, naming it)")

@@ -139,9 +139,15 @@ def damage(run_dir: str | Path, tag: str) -> str | None:
 
 
 def resume_tag(run_dir: str | Path, requested: str, warn: bool = True) -> str | None:
-    """The checkpoint to resume: ``requested`` (a tag) if it is usable, else a CheckpointError; for
-    "auto", ``latest`` or, when that is damaged, the newest usable checkpoint before it (rank 0 warns:
-    the damaged ones are set aside with the abandoned trajectory, not deleted), with ``warn``."""
+    """The checkpoint to resume: ``requested`` (a tag, or "latest": the one checkpoints/latest names) if it is
+    usable, else a CheckpointError; for "auto", ``latest`` or, when that is damaged, the newest usable
+    checkpoint before it (rank 0 warns: the damaged ones are set aside with the abandoned trajectory, not
+    deleted), with ``warn``, and None (a fresh start) when there is none."""
+    if requested == "latest":
+        requested = latest_tag(run_dir)
+        if requested is None:
+            raise CheckpointError(f"{checkpoint_dir(run_dir)}: --resume latest: no checkpoint yet (--resume auto "
+                                  f"starts from step 0 when there is none)")
     if requested != "auto":
         if not restorable(run_dir, requested).is_dir():
             tags = published_tags(run_dir)

@@ -115,6 +115,11 @@ def test_damaged_checkpoints_are_named_and_auto_resume_falls_back_past_them(tmp_
     assert "step00000004 (zero_pp_rank_1" in warning and "resuming from step00000002" in warning
     assert checkpoints.resume_tag(tmp_path, "auto", warn=False) == "step00000002" and not capsys.readouterr().out
     assert checkpoints.resume_tag(tmp_path, "step00000002") == "step00000002"
+    with pytest.raises(checkpoints.CheckpointError, match="step00000006: cannot be resumed: 1 optimizer partitions"):
+        checkpoints.resume_tag(tmp_path, "latest")  # what checkpoints/latest names, damaged: no fallback
+    checkpointer.set_latest(tmp_path, "step00000002")
+    assert checkpoints.resume_tag(tmp_path, "latest") == "step00000002"
+    checkpointer.set_latest(tmp_path, "step00000006")
     with pytest.raises(checkpoints.CheckpointError, match=f"{bad}: cannot be resumed: zero_pp_rank_1"):
         checkpoints.resume_tag(tmp_path, "step00000004")
     truncate(good / "mp_rank_00_model_states.pt")
@@ -122,6 +127,8 @@ def test_damaged_checkpoints_are_named_and_auto_resume_falls_back_past_them(tmp_
         checkpoints.resume_tag(tmp_path, "auto")
     checkpointer.set_latest(tmp_path, None)
     assert checkpoints.resume_tag(tmp_path, "auto") is None  # nothing to resume: a fresh start
+    with pytest.raises(checkpoints.CheckpointError, match="--resume latest: no checkpoint yet"):
+        checkpoints.resume_tag(tmp_path, "latest")
 
 
 def test_what_else_counts_as_damage_and_what_does_not(tmp_path):
