@@ -91,9 +91,11 @@ class MetricsLogger:
             try:
                 import wandb
 
+                # quiet: wandb's where-the-run-is lines, not its history and summary block at the end (34 of
+                # a 50-step run's 61 lines of output; the metrics file and megatok-summarize hold the same)
                 self.wandb = wandb.init(project=wandb_project, entity=wandb_entity, name=wandb_name or Path(run_dir).name,
                                         dir=str(run_dir), mode=wandb_mode, config=config, resume="allow",
-                                        id=wandb_run_id(run_dir, wandb_name))
+                                        id=wandb_run_id(run_dir, wandb_name), settings=wandb.Settings(quiet=True))
             except Exception as e:  # wandb is a convenience, never a reason to stop training
                 warnings.warn(f"wandb disabled: {type(e).__name__}: {e}")
 

@@ -65,10 +65,11 @@ def run(shards, tmp_path_factory):
     wandb_dir = tmp / "wandb-home"
     env = {"WANDB_MODE": "offline", "WANDB_DIR": str(wandb_dir), "WANDB_CONFIG_DIR": str(wandb_dir / "config"),
            "WANDB_CACHE_DIR": str(wandb_dir / "cache"), "WANDB_DATA_DIR": str(wandb_dir / "data")}
-    pretrain(["--config", "configs/tiny.json", "--set", *TINY, "logging.wandb_mode=offline",
-              f"train.peak_tflops={PEAK_TFLOPS}",
-              f"data.shards={shards}", f"train.run_dir={run_dir}", f"train.max_steps={STEPS}",
-              "train.micro_batch_size=2", "train.global_batch_size=2"], env=env)
+    r = pretrain(["--config", "configs/tiny.json", "--set", *TINY, "logging.wandb_mode=offline",
+                  f"train.peak_tflops={PEAK_TFLOPS}",
+                  f"data.shards={shards}", f"train.run_dir={run_dir}", f"train.max_steps={STEPS}",
+                  "train.micro_batch_size=2", "train.global_batch_size=2"], env=env)
+    (run_dir.parent / "output.txt").write_text(r.stdout + r.stderr)  # read by the wandb test below
     return run_dir
 
 
@@ -172,6 +173,8 @@ def test_run_dir_holds_resolved_config_metrics_checkpoint_and_wandb(run, shards)
     assert (run / "checkpoints" / "latest").read_text().strip() == f"step{STEPS:08d}"
     assert (run / "checkpoints" / f"step{STEPS:08d}").is_dir()
 
+    wandb_lines = [line for line in (run.parent / "output.txt").read_text().splitlines() if line.startswith("wandb:")]
+    assert len(wandb_lines) <= 4 and not any("Run history" in line for line in wandb_lines), wandb_lines  # quiet
     offline = list((run / "wandb").glob("offline-run-*"))
     assert len(offline) == 1, list((run / "wandb").iterdir()) if (run / "wandb").exists() else "no wandb dir"
     assert list(offline[0].glob("*.wandb")), list(offline[0].iterdir())
