@@ -334,7 +334,6 @@ def training_sentences(text: bytes, max_bytes: int = SENTENCE_BYTES) -> Iterator
             yield "".join(cur)
 
 
-
 def _sentencepiece_error(text: str, opts: dict) -> str:
     """sentencepiece's error as one line in megatok's terms: its C++ location dropped, its option names
     (``--character_coverage``) given as megatok-train-bpe spells them, the common case explained."""
@@ -342,9 +341,11 @@ def _sentencepiece_error(text: str, opts: dict) -> str:
     small = re.match(r"Vocabulary size is smaller than required_chars\. (\d+) vs (\d+)\.", first)
     if small:
         return (f"--vocab-size {small.group(1)} is below the {small.group(2)} pieces it must hold (the text's "
-                f"characters at --character-coverage {opts['character_coverage']:g}, the 256 byte pieces and the special ones): "
-                f"raise --vocab-size, or lower --character-coverage (rarer characters then fall back to bytes)")
+                f"characters at --character-coverage {opts['character_coverage']:g}, the 256 byte pieces and the "
+                f"special ones): raise --vocab-size, or lower --character-coverage (rarer characters then fall back "
+                f"to bytes)")
     return "sentencepiece training failed: " + re.sub(r"--(\w+)", lambda m: "--" + m.group(1).replace("_", "-"), first)
+
 
 def train_bpe(docs: Iterable, out: str | os.PathLike, vocab_size: int, *, max_bytes: int | None = None,
               progress: bool = False, **options) -> dict:

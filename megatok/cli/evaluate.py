@@ -47,7 +47,7 @@ def main(argv=None) -> int:
         out = evaluate_run(args.run, args.data, checkpoint=args.checkpoint, boundary=args.boundary, seed=args.seed,
                            seq_len=args.seq_len, batch_size=args.batch_size, device=args.device,
                            max_bytes=args.max_bytes)
-    except (DataError, FileNotFoundError, ConfigError, ValueError) as e:
+    except (DataError, FileNotFoundError, ConfigError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     finally:

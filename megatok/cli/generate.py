@@ -91,7 +91,7 @@ def main(argv=None) -> int:
         data = Path(args.prompt_file).read_bytes() if args.prompt_file else os.fsencode(args.prompt)
         model, cfg, tag = load_model_or_export(args.run, args.checkpoint, device=args.device)
         encoding = encoding_for(cfg)
-    except (FileNotFoundError, ConfigError, ValueError) as e:
+    except (FileNotFoundError, ConfigError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     byte_model = cfg.model.kind != "bpe"

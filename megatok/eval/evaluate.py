@@ -18,8 +18,8 @@ def evaluate_run(run: str, data: list[str], *, checkpoint: str | None = None, bo
                  seed: int = 0, seq_len: int | None = None, batch_size: int = 8, device: str = "cpu",
                  max_bytes: float | None = None, progress: bool = True) -> dict:
     """The run's checkpoint (default: latest), or an export's model, scored on ``data`` (files, directories or
-    a shard directory's validation split). Raises DataError, FileNotFoundError, ValueError or ConfigError on
-    bad input, DataError when there are no documents."""
+    a shard directory's validation split). Raises DataError, FileNotFoundError or ConfigError on bad input,
+    DataError when there are no documents."""
     from megatok.data.encoding import encoding_for
     from megatok.run.export import load_model_or_export
 

@@ -33,7 +33,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from megatok.config import Config
-from megatok.run.checkpoints import read_meta
+from megatok.run.checkpoints import CheckpointError, read_meta
 from megatok.run.merge import LazyTensor
 from megatok.run.reader import (MODEL_FILES, checkpoint_to_read, checkpoint_weights, load_model, materialise,
                                 run_config, written_config)
@@ -271,11 +271,12 @@ def load_model_or_export(path: str | Path, checkpoint: str | None = None, device
                          dtype: torch.dtype | None = None):
     """(model, config, tag) from a run directory (its checkpoint ``checkpoint``, default latest; any ZeRO stage)
     or from an export (tag None), in eval mode: what megatok.load, megatok-evaluate and megatok-generate read.
-    Raises FileNotFoundError for a path that is neither, ValueError for a checkpoint tag given with an export."""
+    Raises FileNotFoundError for a path that is neither, CheckpointError (one) for a checkpoint tag given with an
+    export."""
     path = Path(path)
     if is_export(path):
         if checkpoint is not None:
-            raise ValueError(f"{path}: an export holds one checkpoint; a checkpoint tag is for a run directory")
+            raise CheckpointError(f"{path}: an export holds one checkpoint; a checkpoint tag is for a run directory")
         return (*load_exported(path, device, dtype), None)
     if (path / "config.json").is_file() and (path / "checkpoints").is_dir():
         return load_model(path, checkpoint, device, dtype)
