@@ -67,6 +67,9 @@ def run_config(run_dir: str | Path) -> Config:
     """The resolved config a run wrote. A relative tokenizer path that does not exist from here is
     looked up from the directory the run was started from."""
     path = Path(run_dir) / "config.json"
+    if (Path(run_dir) / "export.json").is_file() and not (Path(run_dir) / "checkpoints").is_dir():
+        raise FileNotFoundError(f"{run_dir}: an export (megatok-export), not a run directory: this command reads runs; "
+                                f"megatok.load, megatok-evaluate, megatok-generate and megatok-lm-eval read exports")
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no config.json here; is {run_dir} a megatok run directory?")
     recorded = _read(path).get("train", {}).get("run_dir", "")

@@ -128,8 +128,9 @@ def test_the_merge_holds_one_copy_of_the_weights_in_the_output_dtype(wide_run):
 @pytest.mark.parametrize("kind", ["unet", "bpe"])
 def test_evaluate_and_generate_read_an_export_as_they_read_its_run(kind, tiny_run, bpe_run, tmp_path, capsys):
     """megatok-evaluate and megatok-generate take an export where they take a run: the same figures and the
-    same samples; a checkpoint tag given with an export, or a directory that is neither, is one line."""
-    from megatok.cli import evaluate, generate
+    same samples; a checkpoint tag given with an export, or a directory that is neither, is one line, and a
+    command that reads runs only says that it was given an export."""
+    from megatok.cli import evaluate, generate, show_boundaries
     from megatok.sizing import quiet_deepspeed_import
 
     quiet_deepspeed_import()  # its log line, were this the process's first import, would go to capsys's stdout
@@ -160,10 +161,14 @@ def test_evaluate_and_generate_read_an_export_as_they_read_its_run(kind, tiny_ru
         rc, _, err = printed(command, "--run", str(out), "--checkpoint", "step00000001", *extra)
         assert rc == 2 and err.strip() == (f"error: {out}: an export holds one checkpoint; a checkpoint tag is for "
                                            f"a run directory")
-        rc, _, err = printed(command, "--run", str(tmp_path), *extra)
+        rc, _, err = printed(command, "--run", str(tmp_path), *extra)  # neither a run nor an export
         assert rc == 2 and err.strip().splitlines()[-1] == (
             f"error: {tmp_path}: neither a megatok run directory (config.json and checkpoints/) nor an export "
             f"(export.json and model.safetensors)")
+    rc, _, err = printed(show_boundaries, "--run", str(out), "--text", "The quick brown fox")  # reads runs only
+    assert rc == 2 and err.strip().splitlines()[-1] == (
+        f"error: {out}: an export (megatok-export), not a run directory: this command reads runs; megatok.load, "
+        f"megatok-evaluate, megatok-generate and megatok-lm-eval read exports")
 
 
 def test_reading_a_checkpoint_prints_nothing_of_deepspeeds(tiny_run, tmp_path):
