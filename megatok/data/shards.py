@@ -222,19 +222,25 @@ def _build(inputs, files, tmp, *, val_fraction, num_shards, shard_bytes, min_sha
             pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _passes(inputs, units: list[Unit], tmp, run, *, estimate, val_fraction, num_shards, shard_bytes, min_shards,
-            val_shards, seed, lang, domain, max_doc_bytes, progress, weights, fields) -> dict:
-    # pass 1: read every unit once (``run``: map, or a pool's map, which returns results in order)
+def _read_pass(units: list[Unit], tmp, run, *, estimate, lang, domain, max_doc_bytes, progress, fields) -> _Documents:
+    """Pass 1: every unit read once (``run``: map, or a pool's map, which returns results in order). Its bar
+    (on a terminal only) grows past a short estimate (compressed input) and ends at 100% after a long one."""
     docs = _Documents()
     with tqdm(total=estimate, unit="B", unit_scale=True, desc="reading", disable=None if progress else True) as bar:
         jobs = ((k, unit, tmp, fields, lang, domain, max_doc_bytes) for k, unit in enumerate(units))
         for k, part in enumerate(run(_read_unit, jobs)):
             docs.add(k, part)
             bar.update(int(part["text_lens"].sum()))
-            if bar.n > bar.total:  # the estimate (from file sizes) was short: compressed input
-                bar.total = bar.n
-        bar.total = bar.n  # and ends at 100% where it was long (markup, skipped documents)
+            bar.total = max(bar.total, bar.n)
+        bar.total = bar.n
         bar.refresh()
+    return docs
+
+
+def _passes(inputs, units: list[Unit], tmp, run, *, estimate, val_fraction, num_shards, shard_bytes, min_shards,
+            val_shards, seed, lang, domain, max_doc_bytes, progress, weights, fields) -> dict:
+    docs = _read_pass(units, tmp, run, estimate=estimate, lang=lang, domain=domain, max_doc_bytes=max_doc_bytes,
+                      progress=progress, fields=fields)
     lens = docs.column("text_lens")
     n = len(lens)
     if n == 0:
