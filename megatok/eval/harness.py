@@ -145,8 +145,15 @@ def run_tasks(model: str, tasks: list[str], *, include_path: str | None = None, 
 
     from megatok.config import ConfigError
 
+    from megatok.run.export import model_source
+
     if include_path and not Path(include_path).is_dir():
         print(f"error: --include-path {include_path}: not a directory", file=sys.stderr)
+        return 2
+    try:
+        model_source(model)  # before the harness indexes its tasks (seconds): a mistyped path is told at once
+    except FileNotFoundError as e:
+        print(f"error: --model {e}", file=sys.stderr)
         return 2
     manager = TaskManager(include_path=include_path)
     unknown = [t for t in tasks if not manager.match_tasks([t])]

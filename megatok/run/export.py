@@ -274,12 +274,21 @@ def load_model_or_export(path: str | Path, checkpoint: str | None = None, device
     Raises FileNotFoundError for a path that is neither, CheckpointError (one) for a checkpoint tag given with an
     export."""
     path = Path(path)
-    if is_export(path):
+    if model_source(path) == "export":
         if checkpoint is not None:
             raise CheckpointError(f"{path}: an export holds one checkpoint; a checkpoint tag is for a run directory")
         return (*load_exported(path, device, dtype), None)
+    return load_model(path, checkpoint, device, dtype)
+
+
+def model_source(path: str | Path) -> str:
+    """"run" or "export": what ``path`` holds, from its files alone (nothing loaded); FileNotFoundError, one
+    line, for neither."""
+    path = Path(path)
+    if is_export(path):
+        return "export"
     if (path / "config.json").is_file() and (path / "checkpoints").is_dir():
-        return load_model(path, checkpoint, device, dtype)
+        return "run"
     raise FileNotFoundError(f"{path}: neither a megatok run directory (config.json and checkpoints/) nor an export "
                             f"(export.json and model.safetensors)")
 
