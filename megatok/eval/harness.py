@@ -144,7 +144,6 @@ def run_tasks(model: str, tasks: list[str], *, include_path: str | None = None, 
     from lm_eval.utils import make_table
 
     from megatok.config import ConfigError
-
     from megatok.run.export import model_source
 
     if include_path and not Path(include_path).is_dir():
