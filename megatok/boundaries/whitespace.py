@@ -9,6 +9,11 @@ between packed documents. b_t = 1 when x_{t-1} is a separator, except
   source gets a chunk every 2.3 bytes (rate 0.43 on the default corpus's code, 0.26 overall); with
   it 0.24 on code, 0.20 overall.
 
+With ``position: "at"`` the separator itself starts the chunk instead (b_t = 1 when x_t is a
+separator, the first of a merged run): " world" rather than "world", where a policy that aligns with
+words puts its starts (the space before a word). The two differ by one byte per word; which one a
+model trains on is what the replication study's prose runs compare (docs/replication/).
+
 The decision at t reads x_{t-1} and x_t only, so it is causal. Nothing is learned and the rate is
 the text's own (it is not held at ``target_rate``; this is the word-aligned reference point).
 """
@@ -16,6 +21,8 @@ the text's own (it is not held at ``target_rate``; this is the word-aligned refe
 from __future__ import annotations
 
 import torch
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
 
 from megatok.boundaries.base import Boundaries, BoundaryStrategy, finalize_starts
@@ -26,6 +33,8 @@ from megatok.vocab import SEP, VOCAB_SIZE
 class Options(BaseModel):
     model_config = ConfigDict(extra="forbid")
     merge_space_runs: bool = Field(True, description="whitespace: a run of identical space or tab bytes is one separator (no chunk per indentation space)")
+    position: Literal["after", "at"] = Field("after", description="whitespace: a chunk starts at the byte after a separator "
+                                             "(a word's first byte), or at the separator itself (the space before a word)")
 
 
 _TABLES: dict = {}
@@ -40,14 +49,20 @@ def separator_table(device) -> torch.Tensor:
     return _TABLES[device]
 
 
-def whitespace_starts(x: torch.Tensor, mask: torch.Tensor, merge_space_runs: bool = True) -> torch.Tensor:
-    """bool [B, T] chunk starts for byte ids ``x`` (t = 0 forced, none on padding)."""
+def whitespace_starts(x: torch.Tensor, mask: torch.Tensor, merge_space_runs: bool = True,
+                      position: str = "after") -> torch.Tensor:
+    """bool [B, T] chunk starts for byte ids ``x`` (t = 0 forced, none on padding): after each separator,
+    or with ``position="at"`` at it."""
     sep = separator_table(x.device)[x]
     starts = torch.zeros_like(sep)
     prev, cur = x[:, :-1], x[:, 1:]
-    s = sep[:, :-1] & ~((cur >= 0x80) & (cur < 0xC0))
-    if merge_space_runs:
-        s &= ~((cur == prev) & ((cur == 0x20) | (cur == 0x09)))
+    repeat = (cur == prev) & ((cur == 0x20) | (cur == 0x09))  # inside a run of one space or tab byte
+    if position == "at":
+        s = sep[:, 1:] & ~repeat if merge_space_runs else sep[:, 1:]
+    else:
+        s = sep[:, :-1] & ~((cur >= 0x80) & (cur < 0xC0))
+        if merge_space_runs:
+            s &= ~repeat
     starts[:, 1:] = s
     return finalize_starts(starts, mask)
 
@@ -55,5 +70,5 @@ def whitespace_starts(x: torch.Tensor, mask: torch.Tensor, merge_space_runs: boo
 class Strategy(BoundaryStrategy):
     reach = 1  # b_t reads x_{t-1} and x_t
     def forward(self, h, x, mask, forced) -> Boundaries:
-        starts = whitespace_starts(x, mask, self.options.merge_space_runs)
+        starts = whitespace_starts(x, mask, self.options.merge_space_runs, self.options.position)
         return Boundaries(starts=finalize_starts(starts, mask, forced))

@@ -7,6 +7,7 @@ import torch
 from megatok.boundaries import build_strategy
 from megatok.boundaries.bpe import build_trie, causal_starts, exact_starts, tokenizer_and_trie
 from megatok.boundaries.uniform import uniform_starts
+from megatok.boundaries import build_strategy
 from megatok.boundaries.whitespace import whitespace_starts
 from megatok.config import ConfigError, load_config
 from megatok.vocab import PAD, SEP
@@ -97,6 +98,32 @@ def test_whitespace_segments_hand_checked(text, want):
     x, mask = batch(data)
     got = segments(data, whitespace_starts(x, mask)[0].tolist())
     assert [s.decode() for s in got] == want
+
+
+@pytest.mark.parametrize("text,want", [
+    ("Hello, world!", ["Hello", ",", " world", "!"]),
+    ("a b\nc\td", ["a", " b", "\nc", "\td"]),
+    ("naïve café", ["naïve", " café"]),
+    ("def f(x):\n        return x", ["def", " f", "(x", ")", ":", "\n", "        return", " x"]),
+    ("a  b", ["a", "  b"]),                                  # a run of spaces starts one chunk, at its first
+])
+def test_whitespace_at_the_separator_hand_checked(text, want):
+    """position "at": the separator starts the chunk (the space before a word, not the word's first byte)."""
+    data = text.encode()
+    x, mask = batch(data)
+    got = segments(data, whitespace_starts(x, mask, position="at")[0].tolist())
+    assert [s.decode() for s in got] == want
+
+
+def test_whitespace_position_from_the_config():
+    from megatok.config import ConfigError, load_config
+
+    cfg = load_config("configs/tiny.json", ["boundary.strategy=whitespace", "boundary.position=at"], world_size=1)
+    strategy = build_strategy("whitespace", d_model=8, target_rate=0.2, options=cfg.boundary.options)
+    x, mask = batch(b"one two")
+    assert strategy(None, x, mask, None).starts[0].tolist() == [True, False, False, True, False, False, False]
+    with pytest.raises(ConfigError, match="position"):
+        load_config("configs/tiny.json", ["boundary.strategy=whitespace", "boundary.position=before"], world_size=1)
 
 
 def test_whitespace_never_splits_a_character_even_after_a_separator():
