@@ -150,18 +150,31 @@ def return_noise(model, x, y, forced, gamma: float, seed: int) -> float:
 def whole_chunkings(ce, x, byte_targets, real, forced, sampled, probs, gen) -> dict:
     """bpb of the same bytes under whole alternative chunkings: the run's own sample, chunks at every
     space before a word (plus the forced starts), and uniform random starts at that same rate; for a
-    strategy with probabilities also its threshold rule (p > 0.5). Does placement matter to this model?"""
+    strategy with probabilities also its threshold rule (p > 0.5); and the forced starts only (one chunk
+    per window, or per document with document masking: every byte then gets the main network's output
+    for the window's first byte). Does placement matter to this model, and does its main network carry
+    any context at all (``forced_only`` against ``sampled``: see :func:`main_context`)?"""
     sbw = finalize_starts(space_before_word(x) | forced, real, forced)
     rate = float(sbw[real].float().mean())
     uniform = finalize_starts(torch.rand(x.shape, generator=gen) < rate, real, forced)
     alts = {"sampled": sampled, "space_before_word": sbw, "uniform_same_rate": uniform}
     if probs is not None:
         alts["threshold"] = finalize_starts(probs > 0.5, real, forced)
+    alts["forced_only"] = forced & real
     out = {}
     for name, starts in alts.items():  # bits per byte over byte targets, as everywhere (no SEP targets)
         out[name] = {"bpb": float((ce(starts) * byte_targets).sum() / byte_targets.sum() / math.log(2)),
                      "rate": float(starts[real].float().mean())}
     return out
+
+
+def main_context(result: dict) -> float:
+    """Bits per byte the main network's context is worth to the model: its loss with one chunk per window
+    (the forced starts only) minus its loss with the run's own chunks. About zero when the main network
+    has learned to add the same vector whatever it reads, as on cpu-small's prose runs (docs/replication/):
+    then no placement can matter to that model."""
+    c = result["chunkings"]
+    return c["forced_only"]["bpb"] - c["sampled"]["bpb"]
 
 
 def probe_checkpoint(run_dir, tag: str | None, *, data: str | None, batch_size: int, seq_len: int | None,
@@ -184,27 +197,30 @@ def probe_checkpoint(run_dir, tag: str | None, *, data: str | None, batch_size: 
 
 def trend(results: list[dict], cls: str = "space_before_word") -> list[dict]:
     """One row per probed checkpoint (in training order): step, training bytes, the value of a start at
-    ``cls`` with its standard error, the return noise, their ratio (the learnability map's axis) and the
-    fraction of ``cls`` positions the run's own sample starts a chunk at."""
+    ``cls`` with its standard error, the return noise, their ratio (the learnability map's axis), the
+    fraction of ``cls`` positions the run's own sample starts a chunk at, and :func:`main_context` (None
+    for a result from before it was measured)."""
     rows = []
     for r in sorted(results, key=lambda r: (r.get("step") or 0)):
         c = r["classes"][cls]
         rows.append({"checkpoint": r["checkpoint"], "step": r.get("step"), "bytes_seen": r.get("bytes_seen"),
                      "value": c["value"], "stderr": c["stderr"], "return_std": r["return_std"],
                      "ratio": c["value"] / r["return_std"] if r["return_std"] else float("nan"),
-                     "started": c.get("started")})
+                     "started": c.get("started"),
+                     "context": main_context(r) if "forced_only" in r.get("chunkings", {}) else None})
     return rows
 
 
 def format_trend(rows: list[dict], cls: str = "space_before_word") -> str:
     lines = [f"the value of a chunk start at {cls} against training:",
              f"{'checkpoint':<14} {'bytes':>12} {'value (nats)':>13} {'stderr':>8} {'noise':>7} {'value/noise':>12}"
-             f" {'started':>8}"]
+             f" {'started':>8} {'context':>8}"]
     for r in rows:
         b = "" if r["bytes_seen"] is None else f"{r['bytes_seen']:,.0f}"
         s = "" if r["started"] is None else f"{r['started']:.3f}"
+        ctx = "" if r.get("context") is None else f"{r['context']:+.4f}"
         lines.append(f"{r['checkpoint']:<14} {b:>12} {r['value']:>13.4f} {r['stderr']:>8.4f} {r['return_std']:>7.3f}"
-                     f" {r['ratio']:>12.4f} {s:>8}")
+                     f" {r['ratio']:>12.4f} {s:>8} {ctx:>8}")
     return "\n".join(lines)
 
 
@@ -238,6 +254,7 @@ def format_table(result: dict) -> str:
         lines.append(f"{c:<18} {r['n']:>6} {r['value']:>13.4f} {r['stderr']:>9.4f} {p:>7}")
     lines.append("whole chunkings of the batch: " + ", ".join(
         f"{k} {v['bpb']:.4f} bpb (rate {v['rate']:.3f})" for k, v in result["chunkings"].items()))
+    lines.append(f"the main network's context (forced_only - sampled): {main_context(result):+.4f} bits per byte")
     if "return_std" in result:
         lines.append(f"estimator return noise (std of G_t over decisions, gamma {result['gamma']}): "
                      f"{result['return_std']:.3f} nats")

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from megatok.config import load_config
-from megatok.eval.policy_probe import CLASSES, boundary_values, byte_classes, discounted_future
+from megatok.eval.policy_probe import CLASSES, boundary_values, byte_classes, discounted_future, main_context
 from megatok.model import build_model
 from tests.conftest import run_tool
 
@@ -52,14 +52,17 @@ def test_values_are_zero_when_the_main_network_contributes_nothing_and_match_a_r
     assert all(r["n"] > 0 for r in res["classes"].values())
     assert any(abs(r["value"]) > 1e-6 for r in res["classes"].values())
     assert res["return_std"] > 0
-    assert set(res["chunkings"]) == {"sampled", "space_before_word", "uniform_same_rate", "threshold"}
+    assert set(res["chunkings"]) == {"sampled", "space_before_word", "uniform_same_rate", "threshold", "forced_only"}
     rates = {k: v["rate"] for k, v in res["chunkings"].items()}
     assert rates["space_before_word"] == pytest.approx(rates["uniform_same_rate"], abs=0.08)
+    assert rates["forced_only"] == pytest.approx(1 / 48)  # one chunk per window: t = 0
+    assert abs(main_context(res)) > 1e-4  # an untrained main network's output still depends on what it reads
     with torch.no_grad():
         model.main_norm.weight.zero_()  # the main network's output is 0 whatever the chunks
     res = boundary_values(model, x, gamma=0.9, rounds=2, seed=0)
     assert all(r["value"] == pytest.approx(0, abs=1e-9) for r in res["classes"].values())
     assert len({round(v["bpb"], 9) for v in res["chunkings"].values()}) == 1  # every chunking alike
+    assert main_context(res) == pytest.approx(0, abs=1e-9)
 
 
 @pytest.mark.dist
