@@ -8,7 +8,9 @@ Draws the run's own boundaries on a fixed held-out batch, adds one chunk start a
 has none, and reports the discounted loss each saves (nats; > 0: that boundary helps), per class (a space
 before a word, a word's first byte, inside a word, other), with standard errors; and the standard deviation
 of the estimator's return on the same batch, the noise each decision's credit carries in training (for any
-strategy: the return a policy would meet on this model) (megatok/eval/policy_probe.py). Prints a table;
+strategy: the return a policy would meet on this model); and the main network's context: the batch's bits per
+byte with one chunk per window minus with the run's own chunks (about zero: the main network adds the same
+vector whatever it reads, and no placement can matter) (megatok/eval/policy_probe.py). Prints a table;
 --out writes JSON. With ``--checkpoint all`` (every kept checkpoint) or a list of tags it also prints the
 trend: the value of a start at a space before a word over its noise, and how often the run starts a chunk
 there, against the checkpoint's training bytes (``--plot`` draws it).

@@ -122,6 +122,12 @@ def boundary_values(model, tokens: torch.Tensor, *, gamma: float, rounds: int, s
             "started": float(base_starts[classes[c]].float().mean()) if classes[c].any() else None,
         }
     out["chunkings"] = whole_chunkings(ce, x, y < 256, real, forced, base_starts, probs, gen)
+    # the main network's output removed altogether (the decoder reads the byte layers' state alone)
+    hook = model.up_proj.register_forward_hook(lambda module, inputs, output: torch.zeros_like(output))
+    try:
+        out["main_off_bpb"] = float((ce(base_starts) * (y < 256)).sum() / (y < 256).sum() / math.log(2))
+    finally:
+        hook.remove()
     out["return_std"] = return_noise(model, x, y, forced, gamma, seed)
     return out
 
@@ -254,7 +260,9 @@ def format_table(result: dict) -> str:
         lines.append(f"{c:<18} {r['n']:>6} {r['value']:>13.4f} {r['stderr']:>9.4f} {p:>7}")
     lines.append("whole chunkings of the batch: " + ", ".join(
         f"{k} {v['bpb']:.4f} bpb (rate {v['rate']:.3f})" for k, v in result["chunkings"].items()))
-    lines.append(f"the main network's context (forced_only - sampled): {main_context(result):+.4f} bits per byte")
+    lines.append(f"the main network's context (forced_only - sampled): {main_context(result):+.4f} bits per byte"
+                 + ("" if "main_off_bpb" not in result else "; its output altogether (output zeroed - sampled): "
+                    f"{result['main_off_bpb'] - result['chunkings']['sampled']['bpb']:+.4f}"))
     if "return_std" in result:
         lines.append(f"estimator return noise (std of G_t over decisions, gamma {result['gamma']}): "
                      f"{result['return_std']:.3f} nats")

@@ -57,12 +57,14 @@ def test_values_are_zero_when_the_main_network_contributes_nothing_and_match_a_r
     assert rates["space_before_word"] == pytest.approx(rates["uniform_same_rate"], abs=0.08)
     assert rates["forced_only"] == pytest.approx(1 / 48)  # one chunk per window: t = 0
     assert abs(main_context(res)) > 1e-4  # an untrained main network's output still depends on what it reads
+    assert abs(res["main_off_bpb"] - res["chunkings"]["sampled"]["bpb"]) > 1e-4
     with torch.no_grad():
         model.main_norm.weight.zero_()  # the main network's output is 0 whatever the chunks
     res = boundary_values(model, x, gamma=0.9, rounds=2, seed=0)
     assert all(r["value"] == pytest.approx(0, abs=1e-9) for r in res["classes"].values())
     assert len({round(v["bpb"], 9) for v in res["chunkings"].values()}) == 1  # every chunking alike
     assert main_context(res) == pytest.approx(0, abs=1e-9)
+    assert res["main_off_bpb"] == pytest.approx(res["chunkings"]["sampled"]["bpb"], abs=1e-9)
 
 
 @pytest.mark.dist
