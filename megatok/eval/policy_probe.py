@@ -231,15 +231,18 @@ def format_trend(rows: list[dict], cls: str = "space_before_word") -> str:
 
 
 def plot_trend(rows: list[dict], path, title: str, cls: str = "space_before_word") -> None:
-    """value / noise of a start at ``cls`` (with +- 2 standard errors) and the fraction of ``cls``
-    positions that start a chunk, against training bytes."""
+    """value / noise of a start at ``cls`` (with +- 2 standard errors), the fraction of ``cls`` positions
+    that start a chunk, and (where measured) the main network's context, against training bytes."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     x = [(r["bytes_seen"] or 0) / 1e6 for r in rows]
-    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.8))
+    context = [r.get("context") for r in rows]
+    panels = 3 if any(c is not None for c in context) else 2
+    fig, axes = plt.subplots(1, panels, figsize=(5 * panels, 3.8))
+    a, b = axes[0], axes[1]
     a.errorbar(x, [r["ratio"] for r in rows], yerr=[2 * r["stderr"] / r["return_std"] for r in rows],
                marker="o", capsize=3)
     a.axhline(0, color="grey", lw=0.8)
@@ -247,6 +250,11 @@ def plot_trend(rows: list[dict], path, title: str, cls: str = "space_before_word
     b.plot(x, [r["started"] for r in rows], marker="o")
     b.set(xlabel="training bytes (millions)", ylabel="fraction that start a chunk", ylim=(0, 1),
           title="the run's own boundaries there")
+    if panels == 3:
+        axes[2].plot(x, [float("nan") if c is None else c for c in context], marker="o")
+        axes[2].axhline(0, color="grey", lw=0.8)
+        axes[2].set(xlabel="training bytes (millions)", ylabel="bits per byte",
+                    title="the main network's context (one chunk - own)")
     fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -103,7 +103,9 @@ def test_the_trend_over_every_kept_checkpoint(tiny_run, tmp_path):
     assert first["bytes_seen"] == 10.0 and last["bytes_seen"] > 10
     assert first["value"] == pytest.approx(last["value"])  # same weights, same batch, same seed
     assert last["ratio"] == pytest.approx(last["value"] / last["return_std"])
-    assert "value/noise" in r.stdout and plot.stat().st_size > 1000
+    assert first["context"] == pytest.approx(last["context"])  # same weights: the same context
+    assert last["context"] == pytest.approx(main_context(doc["checkpoints"][-1]))
+    assert "value/noise" in r.stdout and "main network's context" in r.stdout and plot.stat().st_size > 1000
     one = run_tool("boundary_value", "--run", run, "--checkpoint", "step00000001", "--rounds", "1", "--batch-size",
                    "2", "--seq-len", "64", "--out", out)
     assert one.returncode == 0, one.stderr[-2000:]
