@@ -20,9 +20,9 @@ the text's own (it is not held at ``target_rate``; this is the word-aligned refe
 
 from __future__ import annotations
 
-import torch
 from typing import Literal
 
+import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from megatok.boundaries.base import Boundaries, BoundaryStrategy, finalize_starts
