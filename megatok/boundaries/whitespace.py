@@ -56,13 +56,12 @@ def whitespace_starts(x: torch.Tensor, mask: torch.Tensor, merge_space_runs: boo
     sep = separator_table(x.device)[x]
     starts = torch.zeros_like(sep)
     prev, cur = x[:, :-1], x[:, 1:]
-    repeat = (cur == prev) & ((cur == 0x20) | (cur == 0x09))  # inside a run of one space or tab byte
     if position == "at":
-        s = sep[:, 1:] & ~repeat if merge_space_runs else sep[:, 1:]
+        s = sep[:, 1:]
     else:
         s = sep[:, :-1] & ~((cur >= 0x80) & (cur < 0xC0))
-        if merge_space_runs:
-            s &= ~repeat
+    if merge_space_runs:  # inside a run of one space or tab byte: no start
+        s &= ~((cur == prev) & ((cur == 0x20) | (cur == 0x09)))
     starts[:, 1:] = s
     return finalize_starts(starts, mask)
 

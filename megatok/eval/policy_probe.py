@@ -125,7 +125,7 @@ def boundary_values(model, tokens: torch.Tensor, *, gamma: float, rounds: int, s
     # the main network's output removed altogether (the decoder reads the byte layers' state alone)
     hook = model.up_proj.register_forward_hook(lambda module, inputs, output: torch.zeros_like(output))
     try:
-        out["main_off_bpb"] = float((ce(base_starts) * (y < 256)).sum() / (y < 256).sum() / math.log(2))
+        out["main_off_bpb"] = bits_per_byte(ce(base_starts), y < 256)
     finally:
         hook.remove()
     out["return_std"] = return_noise(model, x, y, forced, gamma, seed)
@@ -153,6 +153,11 @@ def return_noise(model, x, y, forced, gamma: float, seed: int) -> float:
     return float(G[(y != PAD) & ~forced].std())
 
 
+def bits_per_byte(loss: torch.Tensor, byte_targets: torch.Tensor) -> float:
+    """Mean loss (nats) over byte targets, in bits (SEP targets left out, as everywhere)."""
+    return float((loss * byte_targets).sum() / byte_targets.sum() / math.log(2))
+
+
 def whole_chunkings(ce, x, byte_targets, real, forced, sampled, probs, gen) -> dict:
     """bpb of the same bytes under whole alternative chunkings: the run's own sample, chunks at every
     space before a word (plus the forced starts), and uniform random starts at that same rate; for a
@@ -168,8 +173,8 @@ def whole_chunkings(ce, x, byte_targets, real, forced, sampled, probs, gen) -> d
         alts["threshold"] = finalize_starts(probs > 0.5, real, forced)
     alts["forced_only"] = forced & real
     out = {}
-    for name, starts in alts.items():  # bits per byte over byte targets, as everywhere (no SEP targets)
-        out[name] = {"bpb": float((ce(starts) * byte_targets).sum() / byte_targets.sum() / math.log(2)),
+    for name, starts in alts.items():
+        out[name] = {"bpb": bits_per_byte(ce(starts), byte_targets),
                      "rate": float(starts[real].float().mean())}
     return out
 
