@@ -15,6 +15,10 @@ states (megatok/boundaries/_scan.py; a loop over positions for wide windows on a
 log-probabilities of the decisions taken are recomputed in one vectorised pass afterwards. The policy stays causal: b_t
 reads h_t and b_{<t}.
 
+``lag`` k reads h_{t-k} instead of h_t for the decision at t (zeros before the sequence and within k
+bytes of a forced start): with k = 1 the decision taken on seeing a space places the start at the word's
+first byte. The decision index, its log-probability and its credit stay at t.
+
 Forced starts (t = 0; with document masking every SEP) are no decisions: no policy term, and a
 window never reads decisions from before the latest forced start (they count as 0, like positions
 before the sequence). Returns stop at a forced start too: a document's decisions are not credited
@@ -49,6 +53,9 @@ class Options(BaseModel):
                                    "micro-batches of all data-parallel ranks (the published batch at accumulation 1)")
     early_exit_reward: bool = Field(True, description="reward CE_early - CE_full; off: reward -CE_full")
     window: int = Field(1, ge=1, le=64, description="condition each decision on the previous window-1 decisions (1: independent per byte)")
+    lag: int = Field(0, ge=0, le=8, description="decide whether a chunk starts at t from the encoder state at "
+                     "t - lag (1: the decision made at a byte places a start at the next one, so a policy that "
+                     "reacts to a space starts its chunk at the word's first byte; 0: at t itself, published)")
     rate_scope: Literal["batch", "sequence"] = Field("batch", description="hold the rate at target over the micro-batch (published), or in every sequence")
     # Variance reduction and schedules beyond the published estimator; every one is off by default.
     estimator: Literal["reinforce", "disarm"] = Field(
@@ -115,7 +122,8 @@ class Strategy(BoundaryStrategy):
             initialise(self.value_head, lambda m: (nn.init.zeros_(m.weight), nn.init.zeros_(m.bias)))
         if options.start_margin is not None:
             self.register_buffer("started", torch.zeros((), dtype=torch.bool))
-        self.reach = 0 if options.window == 1 else None  # window 1: b_t reads h_t and its noise
+        # window 1: b_t reads h_{t-lag} and its noise
+        self.reach = options.lag if options.window == 1 else None
 
     @classmethod
     def check_config(cls, options: Options, cfg, world_size: int) -> None:
@@ -202,8 +210,17 @@ class Strategy(BoundaryStrategy):
             noise = uniform_noise(base, self.window)  # drawn at once: the same random stream as w = 1
             return scan.draw(base, weights, noise, mask, forced, self.options.logit_cap, mode)
 
+    @staticmethod
+    def lagged(h: torch.Tensor, lag: int, forced: torch.Tensor) -> torch.Tensor:
+        """h_{t-lag} at t: zeros where that is before the sequence or before the latest forced start at or
+        before t (a decision never reads another document's bytes), so there the head gives its bias."""
+        shifted = F.pad(h, (0, 0, lag, 0))[:, :h.shape[1]]
+        return shifted * (since_forced(forced) >= lag)[..., None].to(h.dtype)
+
     def forward(self, h, x, mask, forced) -> Boundaries:
         mode = "sample" if self.training else self.eval_mode
+        if self.options.lag:
+            h = self.lagged(h, self.options.lag, forced)
         if self.window_head is None:
             logits = self.logits(h)
             probs = torch.sigmoid(logits)

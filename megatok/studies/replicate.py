@@ -194,7 +194,8 @@ def write_configs(preset: Preset, work: Path, data: dict, seeds: list[int], meth
 #: Config keys added after studies were recorded: left out of the digest while they hold these values (what
 #: the recorded runs trained with), so a new key never makes a finished run a new experiment.
 ADDED_KEYS = {("model", "byte_window"): None, ("model", "chunk_capacity"): None, ("model", "static_chunks"): False,
-              ("boundary", "estimator"): "reinforce", ("boundary", "position"): "after"}
+              ("boundary", "estimator"): "reinforce", ("boundary", "position"): "after",
+              ("boundary", "lag"): 0}
 
 
 def config_digest(cfg) -> str:

@@ -23,6 +23,7 @@ CASES = {
     "policy-window3": {"window": 3},
     "policy-value": {"value_baseline": True},
     "policy-window3-value": {"window": 3, "value_baseline": True},
+    "policy-lag1-window3": {"lag": 1, "window": 3},
     "policy-samples2": {"samples": 2, "logit_cap": 50.0},  # (cap: see below)
     "policy-samples4": {"samples": 4, "logit_cap": 50.0},
     "policy-disarm": {"estimator": "disarm", "samples": 2, "logit_cap": 50.0},

@@ -11,13 +11,15 @@ from megatok.model.unet import ByteUNet
 from megatok.vocab import PAD
 from tests.conftest import decisive
 
-STRATEGIES = ["policy", "policy-window3", "fixed", "hnet", "gumbel", "uniform", "whitespace", "bpe"]
+STRATEGIES = ["policy", "policy-window3", "policy-lag1", "fixed", "hnet", "gumbel", "uniform", "whitespace", "bpe"]
 
 
 def strategy_sets(strategy: str) -> list[str]:
     """--set items for a strategy name; "name-variant" selects options."""
     if strategy == "policy-window3":
         return ["boundary.strategy=policy", "boundary.window=3"]
+    if strategy == "policy-lag1":
+        return ["boundary.strategy=policy", "boundary.lag=1"]
     if strategy == "bpe":
         from tests.boundaries.tokenizer import tiny_bpe_model
 

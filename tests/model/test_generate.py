@@ -84,7 +84,8 @@ def test_generation_slides_past_seq_len_and_stops_at_a_separator():
 
 @pytest.mark.parametrize("strategy, mode", [("policy", "sample"), ("hnet", "threshold"), ("gumbel", "sample"),
                                             ("whitespace", "sample"), ("policy-window3", "threshold"),
-                                            ("fixed", "sample"), ("uniform", "sample"), ("bpe", "sample")])
+                                            ("fixed", "sample"), ("uniform", "sample"), ("bpe", "sample"),
+                                            ("policy-lag1", "sample")])
 @pytest.mark.parametrize("document_mask", [False, True])
 def test_the_cache_changes_nothing_within_seq_len(strategy, mode, document_mask):
     """With the cache (encoder and decoder one byte at a time, the main network once per chunk) the
