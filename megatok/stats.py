@@ -84,7 +84,8 @@ def row_stats(x: torch.Tensor, y: torch.Tensor, starts: torch.Tensor, ce_full: t
     is no decision), word_starts, word_starts_hit and aligned_boundaries (see
     :func:`word_start_alignment`): precision = aligned_boundaries / decisions, recall =
     word_starts_hit / word_starts; sbw_positions / sbw_boundaries: spaces before a word
-    (:func:`space_before_word`) and those that start a chunk. With ``probs`` (a strategy's boundary
+    (:func:`space_before_word`) and those that start a chunk; wfb_positions / wfb_boundaries: the first
+    bytes of the same words (the byte after each such space) and those that start a chunk. With ``probs`` (a strategy's boundary
     probabilities p_t), also p_sbw (p summed over spaces before a word) and p_other (over the other
     positions t >= 1), and other_positions: the earliest sign of a policy learning where words start."""
     # real: an input with a target. A padded row's last input (its target is PAD) is left out, as in an
@@ -96,6 +97,9 @@ def row_stats(x: torch.Tensor, y: torch.Tensor, starts: torch.Tensor, ce_full: t
     free = starts.clone()
     free[:, 0] = False
     sbw = space_before_word(x) & real
+    wfb = torch.zeros_like(sbw)
+    wfb[:, 1:] = sbw[:, :-1]
+    wfb &= real
     cols = {
         "nll": (ce_full * tmask).sum(1),
         "nll_early": (ce_early * tmask).sum(1),
@@ -110,6 +114,8 @@ def row_stats(x: torch.Tensor, y: torch.Tensor, starts: torch.Tensor, ce_full: t
         "aligned_boundaries": (aligned & real).sum(1),
         "sbw_positions": sbw.sum(1),
         "sbw_boundaries": (sbw & starts).sum(1),
+        "wfb_positions": wfb.sum(1),
+        "wfb_boundaries": (wfb & starts).sum(1),
     }
     if probs is not None:
         other = real.clone()
@@ -138,6 +144,8 @@ def ratios(s: dict[str, float]) -> dict[str, float]:
         out["word_start_recall"] = div(s["word_starts_hit"], s["word_starts"])
     if "sbw_positions" in s:
         out["sbw_boundary_fraction"] = div(s["sbw_boundaries"], s["sbw_positions"])
+    if "wfb_positions" in s:
+        out["wfb_boundary_fraction"] = div(s["wfb_boundaries"], s["wfb_positions"])
     if "p_sbw" in s:
         out["p_sbw"] = div(s["p_sbw"], s["sbw_positions"])
         out["p_other"] = div(s["p_other"], s["other_positions"])

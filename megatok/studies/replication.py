@@ -32,6 +32,8 @@ METHODS: dict[str, tuple[list[str], str]] = {
                       "antithetic DisARM over 2 samples of each sequence (u and 1 - u)"),
     "policy-value": (["boundary.strategy=policy", "boundary.value_baseline=true"],
                      "score function with a learned value baseline on top of the batch baseline"),
+    "policy-lag1": (["boundary.strategy=policy", "boundary.lag=1"],
+                    "score function, each decision read from the byte before the start it places (lag 1)"),
     "hnet": (["boundary.strategy=hnet"], "H-Net cosine router, straight-through, ratio loss"),
     "gumbel": (["boundary.strategy=gumbel"], "Gumbel-sigmoid, straight-through, binomial prior"),
     "uniform": (["boundary.strategy=uniform"], "uniform random positions at the target rate"),
@@ -39,7 +41,15 @@ METHODS: dict[str, tuple[list[str], str]] = {
     "whitespace": (["boundary.strategy=whitespace"], "a chunk after whitespace or punctuation"),
     "bpe": ([], "BPE token model (sentencepiece) at matched FLOPs per byte"),
 }
-POLICY_METHODS = ("policy", "policy-vr", "policy-gamma1", "policy-rloo4", "policy-disarm", "policy-value")
+POLICY_METHODS = ("policy", "policy-vr", "policy-gamma1", "policy-rloo4", "policy-disarm", "policy-value",
+                  "policy-lag1")
+#: Where a method's chunks start when it aligns with words, if not at the space before a word (sbw): wfb, the
+#: word's first byte (a lag-1 policy reacting to the space). Its alignment figures are read there.
+ALIGNS_AT = {"policy-lag1": "wfb"}
+
+
+def aligned_fraction_key(method: str) -> str:
+    return f"{ALIGNS_AT.get(method, 'sbw')}_boundary_fraction"
 #: The sentences every method's boundaries are drawn on (boundaries.png).
 SENTENCES = ("The committee will report on the state of the economy before the end of the year.\n"
              "Enter the king, attended by his lords, and a messenger with letters from France.")
@@ -98,7 +108,7 @@ def _mean_range(values: list[float]) -> dict:
 
 def alignment_curve(run_dir: Path) -> list[dict]:
     """The training rows' boundary figures: step, sbw fraction, p at spaces before words and elsewhere, SNR."""
-    keys = ("sbw_boundary_fraction", "p_sbw", "p_other", "snr_sbw", "boundary_rate", "bpb", "bpb_early")
+    keys = ("sbw_boundary_fraction", "wfb_boundary_fraction", "p_sbw", "p_other", "snr_sbw", "boundary_rate", "bpb", "bpb_early")
     return [{"step": r["step"], **{k: r.get(k) for k in keys}}
             for r in read_metrics(run_dir) if r.get("split") == "train"]
 
@@ -159,7 +169,8 @@ def run_summary(run_dir: Path, method: str, seed: int, level: float | None = Non
         curve = alignment_curve(run_dir)
         out["curve"] = curve
         out["first_sign_step"] = first_step(curve, lambda r: (r["p_sbw"] or 0) - (r["p_other"] or 0) >= 0.05)
-        out["aligned_step"] = first_step(curve, lambda r: (r["sbw_boundary_fraction"] or 0) >= 0.6)
+        key = aligned_fraction_key(method)
+        out["aligned_step"] = first_step(curve, lambda r: (r.get(key) or 0) >= 0.6)
     return out
 
 
@@ -183,6 +194,7 @@ def aggregate(summaries: list[dict], methods: list[str]) -> dict:
             "bpb_by_seed": {str(s["seed"]): p.get("bpb") for s, p in zip(runs, prose) if p.get("bpb") is not None},
             "bytes_per_unit": _mean_range([p.get(unit) for p in prose]),
             "sbw_boundary_fraction": _mean_range([p.get("sbw_boundary_fraction") for p in prose]),
+            "wfb_boundary_fraction": _mean_range([p.get("wfb_boundary_fraction") for p in prose]),
             "word_start_precision": _mean_range([p.get("word_start_precision") for p in prose]),
             "word_start_recall": _mean_range([p.get("word_start_recall") for p in prose]),
             "realised_rate": _mean_range([s.get("realised_rate") for s in runs]),
@@ -229,10 +241,12 @@ def verdict(agg: dict) -> list[str]:
     for m in POLICY_METHODS:
         if m not in agg:
             continue
-        frac = agg[m]["sbw_boundary_fraction"]["mean"]
-        uniform = agg.get("uniform", {}).get("sbw_boundary_fraction", {}).get("mean")
+        key = aligned_fraction_key(m)
+        frac = agg[m].get(key, {}).get("mean")
+        uniform = agg.get("uniform", {}).get(key, {}).get("mean")
+        where = "the first bytes of words after a space" if key.startswith("wfb") else "the spaces before a word"
         if frac is not None:
-            lines.append(f"- {m}: {frac:.2f} of the spaces before a word start a chunk on held-out prose (goal: at "
+            lines.append(f"- {m}: {frac:.2f} of {where} start a chunk on held-out prose (goal: at "
                          f"least 0.60{f'; uniform: {uniform:.2f}' if uniform is not None else ''}): "
                          f"{'reached' if frac >= 0.6 else 'not reached'}.")
         for base in ("uniform", "fixed"):
@@ -283,13 +297,14 @@ def markdown(agg: dict, preset: Preset, header: str) -> str:
     lines = [header, "", "## Held-out prose", "",
              "bpb: bits per byte on held-out prose documents (sampled boundaries, seed 0), mean and (min-max) over "
              "seeds. unit: bytes per chunk (bytes per token for bpe). sbw: fraction of spaces before a word that "
-             "start a chunk. P/R: precision and recall of chunk starts against word starts. rate: realised boundary "
+             "start a chunk; wfb: of the words' first bytes after them. P/R: precision and recall of chunk starts against word starts. rate: realised boundary "
              "rate in training. FLOPs: training FLOPs. wall: training wall time.", "",
-             "| method | bpb | unit | sbw | P | R | rate | FLOPs | wall (min) |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| method | bpb | unit | sbw | wfb | P | R | rate | FLOPs | wall (min) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for m, e in agg.items():
         lines.append(f"| {m} | {_cell(e['bpb'], '.4f')} | {_cell(e['bytes_per_unit'], '.2f')} | "
-                     f"{_cell(e['sbw_boundary_fraction'], '.3f')} | {_cell(e['word_start_precision'], '.3f')} | "
+                     f"{_cell(e['sbw_boundary_fraction'], '.3f')} | {_cell(e.get('wfb_boundary_fraction'), '.3f')} | "
+                     f"{_cell(e['word_start_precision'], '.3f')} | "
                      f"{_cell(e['word_start_recall'], '.3f')} | {_cell(e['realised_rate'], '.3f')} | "
                      f"{_cell(e['flops'], '.2e')} | {_cell(e['wall_s'], '.1f', 1 / 60)} |")
     lines += ["", "## Verdict", "", *verdict(agg)]
@@ -303,7 +318,8 @@ def markdown(agg: dict, preset: Preset, header: str) -> str:
     if pol:
         lines += ["", "## Time to alignment (training rows)", "",
                   "first sign: first logged step where p at spaces before words exceeds p elsewhere by 0.05; "
-                  "aligned: first step where 60% of the spaces before words start a chunk (per seed; - never).", "",
+                  "aligned: first step where 60% of the spaces before words start a chunk (policy-lag1: of the words' first "
+                  "bytes after them; per seed; - never).", "",
                   "| method | first sign | aligned |", "|---|---|---|"]
         lines += [f"| {m} | {', '.join('-' if s is None else str(s) for s in e['first_sign_step'])} | "
                   f"{', '.join('-' if s is None else str(s) for s in e['aligned_step'])} |" for m, e in pol.items()]

@@ -53,6 +53,14 @@ def test_precision_recall_hand_checked_in_both_conventions():
     assert (s["word_starts_hit"], s["aligned_boundaries"]) == (1, 2)
 
 
+def test_spaces_before_a_word_and_the_words_first_bytes_are_counted_apart():
+    text = "one two  three(x)"  # spaces before a word: 3, 8 (not 7); their words' first bytes: 4, 9
+    s = stats_for(text, [0, 3, 9, 15])
+    assert (s["sbw_positions"], s["sbw_boundaries"], s["wfb_positions"], s["wfb_boundaries"]) == (2, 1, 2, 1)
+    r = ratios(stats_for(text, [0, 4, 9]))
+    assert (r["sbw_boundary_fraction"], r["wfb_boundary_fraction"]) == (0.0, 1.0)
+
+
 def test_precision_recall_sums_and_ratios():
     text = "one two three"  # word starts at 4 and 8 (t = 0 excluded)
     s = stats_for(text, [0, 1, 4, 10, 14], pad=2)  # 14 is padding: ignored

@@ -153,6 +153,11 @@ def test_the_verdict_says_what_the_figures_say():
     vr = verdict({"policy-vr": agg(0.1, [3.29]), "uniform": agg(0.2, [3.30, 3.39, 3.45])})
     assert "(policy-vr lower by 0.0900; on seed 0, the one both ran: 3.2900 against 3.3000, policy-vr lower by 0.0100)" \
         in vr[1] and "one seed, so no spread" in vr[1]
+    # a lag-1 policy starts its chunks at the word's first byte: its alignment is read there
+    lag = verdict({"policy-lag1": {**agg(0.05, [3.3]), "wfb_boundary_fraction": {"mean": 0.9}},
+                   "uniform": {**agg(0.2, [3.4]), "wfb_boundary_fraction": {"mean": 0.21}}})
+    assert "0.90 of the first bytes of words after a space" in lag[0] and "uniform: 0.21" in lag[0]
+    assert "not reached" not in lag[0]
     assert markdown(aggregate([], ["policy"]), PRESETS["toy"], "# t").startswith("# t")
     assert set(PRESETS["cpu-small"].methods) < set(METHODS)
 
