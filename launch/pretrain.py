@@ -56,6 +56,10 @@ def check_data(cfg) -> list[str]:
         check_readers(len(urls), int(os.environ.get("WORLD_SIZE", "1")), max(1, cfg.data.num_workers),
                       f"data.shards source {name}" if name else "")
     encoding_for(cfg)  # the tokenizer of a bpe model exists, keeps the contract and fits model.vocab_size
+    if cfg.train.init_from is not None:
+        from megatok.train.warm_start import source
+
+        source(cfg)  # names a readable checkpoint
     e = cfg.eval
     if e.heldout is not None:
         for p in [e.heldout] if isinstance(e.heldout, str) else e.heldout:

@@ -250,6 +250,10 @@ class TrainConfig(_Section):
     eps: float = Field(1e-8, gt=0, description="AdamW epsilon")
     grad_clip: float = Field(1.0, ge=0, description="clip the global gradient norm (0: off)")
     seed: int = Field(0, ge=0, description="init, data order and boundary sampling")
+    init_from: str | None = Field(None, description="a run directory (its latest checkpoint) or RUN/checkpoints/TAG "
+                                  "whose weights start this run at step 0 (new optimizer, schedule and data order): "
+                                  "parameters of the same name are copied, the others keep their initial values "
+                                  "(docs/training.md#starting-from-another-runs-weights); a resume ignores it")
     log_every: int = Field(10, gt=0, description="steps between metrics rows (checkpoint and evaluation steps get one too)")
     save_every: int = Field(100, gt=0, description="steps between checkpoints (and one at the end)")
     keep_checkpoints: int = Field(3, ge=1, description="newest checkpoints kept in RUN_DIR/checkpoints")

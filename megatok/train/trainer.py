@@ -33,6 +33,7 @@ from megatok.train.data_stream import DataStream
 from megatok.train.engine import Engine, build
 from megatok.train.evaluation import Evaluation
 from megatok.train.metrics import TrainMetrics
+from megatok.train.warm_start import warm_start
 
 
 def step_seed(seed: int, step: int, index: int) -> int:
@@ -58,7 +59,12 @@ class Trainer:
         self.start = self.checkpointer.start(cfg, resume, ds_config, lock_wait_s)  # collective; may convert
         torch.manual_seed(t.seed)  # identical initial weights on every rank
         encoding = encoding_for(cfg)
-        self.engine = Engine(build(cfg, ds_config, self.device), ds_config, t, lr_lambda(cfg))
+        model = build(cfg, ds_config, self.device)
+        if t.init_from is not None and not self.start.tag:
+            said = warm_start(model, cfg)
+            if self.rank == 0:
+                print(f"megatok: {said}", flush=True)
+        self.engine = Engine(model, ds_config, t, lr_lambda(cfg))
         self.data = DataStream(cfg, encoding, self.rank, self.world, self.device)
         self.evaluation = Evaluation(cfg, self.rank, self.world, encoding, self.device)
         self.metrics = TrainMetrics(cfg, self.device, self.world)
