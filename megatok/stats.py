@@ -85,9 +85,10 @@ def row_stats(x: torch.Tensor, y: torch.Tensor, starts: torch.Tensor, ce_full: t
     :func:`word_start_alignment`): precision = aligned_boundaries / decisions, recall =
     word_starts_hit / word_starts; sbw_positions / sbw_boundaries: spaces before a word
     (:func:`space_before_word`) and those that start a chunk; wfb_positions / wfb_boundaries: the first
-    bytes of the same words (the byte after each such space) and those that start a chunk. With ``probs`` (a strategy's boundary
-    probabilities p_t), also p_sbw (p summed over spaces before a word) and p_other (over the other
-    positions t >= 1), and other_positions: the earliest sign of a policy learning where words start."""
+    bytes of the same words (the byte after each such space) and those that start a chunk. With
+    ``probs`` (a strategy's boundary probabilities p_t), also p_sbw (p summed over spaces before a
+    word) and p_other (over the other positions t >= 1), and other_positions: the earliest sign of a
+    policy learning where words start."""
     # real: an input with a target. A padded row's last input (its target is PAD) is left out, as in an
     # unpadded row, which ends before it: the figures must not depend on the padding (the batch size).
     real, tmask = (x != PAD) & (y != PAD), y < 256

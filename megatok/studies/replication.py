@@ -50,6 +50,8 @@ ALIGNS_AT = {"policy-lag1": "wfb"}
 
 def aligned_fraction_key(method: str) -> str:
     return f"{ALIGNS_AT.get(method, 'sbw')}_boundary_fraction"
+
+
 #: The sentences every method's boundaries are drawn on (boundaries.png).
 SENTENCES = ("The committee will report on the state of the economy before the end of the year.\n"
              "Enter the king, attended by his lords, and a messenger with letters from France.")
@@ -108,7 +110,8 @@ def _mean_range(values: list[float]) -> dict:
 
 def alignment_curve(run_dir: Path) -> list[dict]:
     """The training rows' boundary figures: step, sbw fraction, p at spaces before words and elsewhere, SNR."""
-    keys = ("sbw_boundary_fraction", "wfb_boundary_fraction", "p_sbw", "p_other", "snr_sbw", "boundary_rate", "bpb", "bpb_early")
+    keys = ("sbw_boundary_fraction", "wfb_boundary_fraction", "p_sbw", "p_other", "snr_sbw", "boundary_rate", "bpb",
+            "bpb_early")
     return [{"step": r["step"], **{k: r.get(k) for k in keys}}
             for r in read_metrics(run_dir) if r.get("split") == "train"]
 
@@ -297,8 +300,8 @@ def markdown(agg: dict, preset: Preset, header: str) -> str:
     lines = [header, "", "## Held-out prose", "",
              "bpb: bits per byte on held-out prose documents (sampled boundaries, seed 0), mean and (min-max) over "
              "seeds. unit: bytes per chunk (bytes per token for bpe). sbw: fraction of spaces before a word that "
-             "start a chunk; wfb: of the words' first bytes after them. P/R: precision and recall of chunk starts against word starts. rate: realised boundary "
-             "rate in training. FLOPs: training FLOPs. wall: training wall time.", "",
+             "start a chunk; wfb: of the words' first bytes after them. P/R: precision and recall of chunk starts "
+             "against word starts. rate: realised boundary rate in training. FLOPs: training FLOPs. wall: training wall time.", "",
              "| method | bpb | unit | sbw | wfb | P | R | rate | FLOPs | wall (min) |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for m, e in agg.items():
@@ -318,8 +321,8 @@ def markdown(agg: dict, preset: Preset, header: str) -> str:
     if pol:
         lines += ["", "## Time to alignment (training rows)", "",
                   "first sign: first logged step where p at spaces before words exceeds p elsewhere by 0.05; "
-                  "aligned: first step where 60% of the spaces before words start a chunk (policy-lag1: of the words' first "
-                  "bytes after them; per seed; - never).", "",
+                  "aligned: first step where 60% of the spaces before words start a chunk (policy-lag1: of the words' "
+                  "first bytes after them; per seed; - never).", "",
                   "| method | first sign | aligned |", "|---|---|---|"]
         lines += [f"| {m} | {', '.join('-' if s is None else str(s) for s in e['first_sign_step'])} | "
                   f"{', '.join('-' if s is None else str(s) for s in e['aligned_step'])} |" for m, e in pol.items()]
