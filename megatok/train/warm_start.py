@@ -25,8 +25,8 @@ from megatok.run.reader import checkpoint_to_read, consolidated_state_dict, run_
 KEY = "train.init_from"
 
 
-def source(cfg: Config) -> tuple[Path, str]:
-    """(run directory, checkpoint tag) that ``train.init_from`` names: a run directory (its latest
+def source(cfg: Config) -> tuple[Path, str, Config]:
+    """(run directory, checkpoint tag, the run's config) that ``train.init_from`` names: a run directory (its latest
     checkpoint) or one of its checkpoints (RUN/checkpoints/TAG). ConfigError, one line, if it names
     neither, or the model is built partitioned (ZeRO-3 with train.zero_init, where no rank holds whole
     parameters to copy into)."""
@@ -39,21 +39,21 @@ def source(cfg: Config) -> tuple[Path, str]:
     else:
         run_dir, tag = path, None
     try:
-        run_config(run_dir)
+        written = run_config(run_dir)
         tag = checkpoint_to_read(run_dir, tag)
         if not (checkpoint_dir(run_dir) / tag).is_dir():
             raise FileNotFoundError(f"{checkpoint_dir(run_dir) / tag}: checkpoint not found")
     except (FileNotFoundError, CheckpointError, ConfigError) as e:
         raise ConfigError(f"{KEY}: {e}") from None
-    return run_dir, tag
+    return run_dir, tag, written
 
 
 def warm_start(model: torch.nn.Module, cfg: Config) -> str:
     """Copy the source checkpoint's weights into ``model`` (before the engine wraps it); returns the line
     that says what was copied and what was not."""
-    run_dir, tag = source(cfg)
+    run_dir, tag, written = source(cfg)
     try:
-        weights = consolidated_state_dict(run_dir, tag, run_config(run_dir))
+        weights = consolidated_state_dict(run_dir, tag, written)
     except (FileNotFoundError, CheckpointError) as e:
         raise ConfigError(f"{KEY}: {e}") from None
     own = model.state_dict()
