@@ -234,11 +234,15 @@ class DataConfig(_Section):
 class TrainConfig(_Section):
     run_dir: str = Field("runs/tiny", description="config.json, metrics.jsonl, checkpoints/, wandb/ go here")
     max_steps: int = Field(200, gt=0, description="optimizer steps")
+    schedule_steps: int | None = Field(None, gt=0, description="the steps the learning-rate schedule spans (default: "
+                                       "max_steps); more than max_steps ends the run part way through its schedule, "
+                                       "e.g. the first phase of a hand-over")
     micro_batch_size: int = Field(8, gt=0, description="sequences per rank per forward")
     grad_accum: int | None = Field(None, gt=0, description="default: global_batch_size / (micro x world), else 1")
     global_batch_size: int | None = Field(None, gt=0, description="checked: micro x accum x world size")
     lr: float = Field(1.5e-3, gt=0, description="peak AdamW learning rate")
-    min_lr_ratio: float = Field(0.1, ge=0, le=1, description="cosine and wsd decay to lr x this at max_steps")
+    min_lr_ratio: float = Field(0.1, ge=0, le=1, description="cosine and wsd decay to lr x this at the schedule's "
+                                "end (max_steps, or schedule_steps)")
     warmup_steps: int = Field(20, ge=0, description="linear warmup steps, then lr_schedule")
     lr_schedule: Literal["cosine", "wsd", "constant"] = Field(
         "cosine", description="after warmup: cosine decay to max_steps; wsd (warmup-stable-decay) = constant, "
@@ -348,18 +352,23 @@ class Config(_Section):
         Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
 
 
+def schedule_steps(t: "TrainConfig") -> int:
+    """The steps the learning-rate schedule spans: train.schedule_steps, by default train.max_steps."""
+    return t.schedule_steps if t.schedule_steps is not None else t.max_steps
+
+
 def wsd_decay_steps(t: "TrainConfig") -> int:
-    """The steps of the wsd schedule's final decay: train.decay_steps, by default 20% of max_steps."""
-    return t.decay_steps if t.decay_steps is not None else max(1, round(0.2 * t.max_steps))
+    """The steps of the wsd schedule's final decay: train.decay_steps, by default 20% of the schedule's steps."""
+    return t.decay_steps if t.decay_steps is not None else max(1, round(0.2 * schedule_steps(t)))
 
 
 def lr_lambda(cfg: Config):
     """Multiplier of train.lr for optimizer step s (0-based): linear warmup to 1 over warmup_steps
     (the first step already trains, at lr / warmup_steps), then by train.lr_schedule: cosine down to
-    min_lr_ratio at max_steps; wsd: 1, then over the last decay_steps linear down to min_lr_ratio
-    (reached at the last step); constant: 1."""
+    min_lr_ratio at the schedule's end (schedule_steps, by default max_steps); wsd: 1, then over the last
+    decay_steps linear down to min_lr_ratio (reached at the schedule's last step); constant: 1."""
     t = cfg.train
-    warmup, total, floor = t.warmup_steps, t.max_steps, t.min_lr_ratio
+    warmup, total, floor = t.warmup_steps, schedule_steps(t), t.min_lr_ratio
     decay_start = total - wsd_decay_steps(t)
 
     def factor(s: int) -> float:
@@ -591,11 +600,16 @@ def _check_derived(cfg: Config, where: str, world_size: int, world_from: str | N
         raise ConfigError(
             f"{where}: train.global_batch_size={t.global_batch_size} but train.micro_batch_size ({t.micro_batch_size})"
             f" x train.grad_accum ({t.grad_accum}) x {world} = {total}{hint}")
-    if t.lr_schedule == "wsd" and wsd_decay_steps(t) > t.max_steps - t.warmup_steps:
-        given = "" if t.decay_steps is not None else " (the default, 20% of max_steps)"
-        raise ConfigError(f"{where}: train.decay_steps={wsd_decay_steps(t)}{given} is more than train.max_steps "
-                          f"({t.max_steps}) - train.warmup_steps ({t.warmup_steps}): the decay would overlap "
-                          f"the warmup")
+    if t.schedule_steps is not None and t.schedule_steps < t.max_steps:
+        raise ConfigError(f"{where}: train.schedule_steps={t.schedule_steps} is below train.max_steps ({t.max_steps}): "
+                          f"the schedule would end before the run does; raise it, or leave it out (it defaults to "
+                          f"max_steps)")
+    if t.lr_schedule == "wsd" and wsd_decay_steps(t) > schedule_steps(t) - t.warmup_steps:
+        span = "schedule_steps" if t.schedule_steps is not None else "max_steps"
+        given = "" if t.decay_steps is not None else f" (the default, 20% of {span})"
+        raise ConfigError(f"{where}: train.decay_steps={wsd_decay_steps(t)}{given} is more than train.{span} "
+                          f"({schedule_steps(t)}) - train.warmup_steps ({t.warmup_steps}): the decay would "
+                          f"overlap the warmup")
     if t.decay_steps is not None and t.lr_schedule != "wsd":
         raise ConfigError(f"{where}: train.decay_steps is only for train.lr_schedule 'wsd' (it is '{t.lr_schedule}')")
     if t.keep_every is not None and t.keep_every % t.save_every:

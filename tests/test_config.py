@@ -308,6 +308,26 @@ def test_wsd_and_constant_schedules():
         load_config(None, sets + ["train.decay_steps=5"], world_size=1)
 
 
+def test_a_schedule_longer_than_the_run_is_followed_part_way():
+    from megatok.config import lr_lambda
+
+    sets = ["train.warmup_steps=10", "train.min_lr_ratio=0.1"]
+    for schedule in ("cosine", "wsd", "constant"):
+        whole = lr_lambda(load_config(None, sets + ["train.max_steps=100", f"train.lr_schedule={schedule}"],
+                                      world_size=1))
+        part = lr_lambda(load_config(None, sets + ["train.max_steps=30", "train.schedule_steps=100",
+                                                   f"train.lr_schedule={schedule}"], world_size=1))
+        assert [part(s) for s in range(30)] == [whole(s) for s in range(30)]
+    alone = lr_lambda(load_config(None, sets + ["train.max_steps=30"], world_size=1))  # its own schedule ends at 30
+    assert alone(29) < 0.11 < 0.9 < part(29)
+    with pytest.raises(ConfigError, match=r"train.schedule_steps=20 is below train.max_steps \(30\)"):
+        load_config(None, sets + ["train.max_steps=30", "train.schedule_steps=20"], world_size=1)
+    with pytest.raises(ConfigError, match=r"train.decay_steps=4 \(the default, 20% of schedule_steps\) is more "
+                                          r"than train.schedule_steps \(20\)"):
+        load_config(None, ["train.max_steps=10", "train.schedule_steps=20", "train.warmup_steps=18",
+                           "train.lr_schedule=wsd"], world_size=1)
+
+
 def test_a_chunk_capacity_is_above_the_target_rate_and_a_static_one_needs_it():
     cfg = load_config(None, ["model.chunk_capacity=0.4", "model.static_chunks=true"], world_size=1)
     assert (cfg.model.chunk_capacity, cfg.model.static_chunks) == (0.4, True)

@@ -195,7 +195,8 @@ def write_configs(preset: Preset, work: Path, data: dict, seeds: list[int], meth
 #: the recorded runs trained with), so a new key never makes a finished run a new experiment.
 ADDED_KEYS = {("model", "byte_window"): None, ("model", "chunk_capacity"): None, ("model", "static_chunks"): False,
               ("boundary", "estimator"): "reinforce", ("boundary", "position"): "after",
-              ("boundary", "lag"): 0, ("train", "init_from"): None}
+              ("boundary", "lag"): 0, ("train", "init_from"): None,
+              ("train", "schedule_steps"): None}
 
 
 def config_digest(cfg) -> str:

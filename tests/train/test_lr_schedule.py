@@ -40,3 +40,18 @@ def test_branch_a_decay_from_a_stable_checkpoint(shards, tmp_path):
     assert [round(f(s - 1), 6) for s in (5, 6, 7)] == [0.7, 0.4, 0.1]
     # step 5 saw the same weights and data as the stable run's step 5; only its update differs
     assert b[5]["loss"] == a[5]["loss"]
+
+
+def test_a_run_ends_part_way_through_a_longer_schedule(shards, tmp_path):
+    """train.schedule_steps: the first phase of a hand-over trains 4 steps of an 8-step schedule and ends
+    as a run does (its final validation row and checkpoint at step 4)."""
+    sets = [*TINY, f"data.shards={shards}", "train.micro_batch_size=2", "train.global_batch_size=2", f"train.lr={LR}",
+            "train.max_steps=4", "train.schedule_steps=8", "train.save_every=10"]
+    run = tmp_path / "part"
+    pretrain(["--config", "configs/tiny.json", "--set", *sets, f"train.run_dir={run}"])
+    f = lr_lambda(load_config("configs/tiny.json", sets[:-2] + ["train.max_steps=8"], world_size=1))
+    r = rows(run)
+    assert [r[s]["lr"] for s in range(1, 5)] == pytest.approx([LR * f(s - 1) for s in range(1, 5)])
+    assert r[4]["lr"] > 2 * LR * f(7)  # not decayed: the schedule goes on to step 8
+    assert any(x.get("split") == "val" and x["step"] == 4 for x in read_metrics(run))
+    assert (run / "checkpoints" / "latest").read_text().strip() == "step00000004"
