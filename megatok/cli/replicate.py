@@ -9,7 +9,7 @@ from pathlib import Path
 
 from megatok.studies import replicate
 from megatok.studies.control import LEVELS as CONTROL_LEVELS
-from megatok.studies.replication import METHODS, PRESETS
+from megatok.studies.replication import METHODS, PRESETS, Handover
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -38,6 +38,16 @@ def parse_levels(text: str) -> list[float]:
     return sorted(set(values))
 
 
+def parse_handover(text: str) -> Handover:
+    """``--handover METHOD:STEPS``: a byte method of METHODS and a positive number of steps."""
+    method, _, steps = text.partition(":")
+    if method not in METHODS or method == "bpe" or not steps.isdigit() or int(steps) < 1:
+        byte_methods = ",".join(m for m in METHODS if m != "bpe")
+        raise argparse.ArgumentTypeError(f"expected METHOD:STEPS with a byte method ({byte_methods}) and a positive "
+                                         f"number of steps, such as whitespace:200; not {text!r}")
+    return Handover(method, int(steps))
+
+
 def parse_args(argv):
     ap = argparse.ArgumentParser(description=replicate.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--preset", required=True, choices=sorted(PRESETS))
@@ -56,6 +66,9 @@ def parse_args(argv):
     ap.add_argument("--shards", default=None, help="shard directory to train on instead of the preset's")
     ap.add_argument("--heldout", nargs="+", default=None, help="held-out prose documents (.jsonl with domain)")
     ap.add_argument("--parallel", nargs="+", default=None, help="parallel multilingual documents (.jsonl with lang)")
+    ap.add_argument("--handover", type=parse_handover, default=None, metavar="METHOD:STEPS",
+                    help="every method starts from METHOD's step-STEPS checkpoint of its seed (trained first) and "
+                         "trains the preset's remaining steps; give it its own --out")
     ap.add_argument("--report-only", action="store_true",
                     help="train nothing: evaluate the finished runs and write the tables of the study so far")
     args = ap.parse_args(argv)
@@ -64,6 +77,9 @@ def parse_args(argv):
     bad = [m for m in args.methods if m not in METHODS]
     if bad:
         ap.error(f"--methods: unknown {','.join(bad)}; choose from {','.join(METHODS)}")
+    if args.handover and ("bpe" in args.methods or preset.data == "control"):
+        ap.error("--handover hands a byte model over between boundary strategies on prose: not the bpe method, "
+                 "not --preset control")
     if preset.data == "control":
         if args.shards or args.heldout or args.parallel:
             ap.error("--preset control builds its own data: --shards, --heldout and --parallel do not apply")
@@ -82,7 +98,7 @@ def main(argv=None) -> int:
         preset, out=args.out.resolve(), work=(args.work or Path("runs") / f"replicate-{preset.name}").resolve(),
         nproc=args.nproc or preset.nproc, seeds=args.seeds, levels=args.levels, methods=args.methods,
         overrides=args.overrides, given={"shards": args.shards, "heldout": args.heldout, "parallel": args.parallel},
-        report_only=args.report_only, invocation="megatok-replicate " + shlex.join(recorded))
+        report_only=args.report_only, invocation="megatok-replicate " + shlex.join(recorded), handover=args.handover)
 
 
 if __name__ == "__main__":

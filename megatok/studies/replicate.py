@@ -3,6 +3,7 @@
     megatok-replicate --preset cpu-small --out docs/replication/cpu-small [--seeds 3] [--work DIR]
                       [--methods policy,policy-vr,uniform,...] [--set KEY=VALUE ...]
                       [--shards DIR --heldout FILE... --parallel FILE...]   (data of a "given" preset, or others)
+                      [--handover METHOD:STEPS]
 
 Presets (megatok/studies/replication.py): ``toy`` (a test: minutes), ``cpu-small`` (2 CPU cores, about 4
 hours a seed), ``gpu-18m`` (one GPU), ``node-147m`` (the published run, 8 GPUs). For each seed and method
@@ -18,6 +19,11 @@ verdict, threshold rule, time to alignment, per domain, per language with max/mi
 bpb_vs_flops.png, alignment.png, boundaries.png/.html (every method on the same sentences), command.txt.
 They are rewritten after every run, so a study stopped part way has the tables of the runs it finished
 (the header says how many); boundaries.png comes at the end.
+
+With ``--handover whitespace:200`` every method starts instead from the weights of a whitespace run of its
+seed at step 200 (trained first, the first 200 steps of the preset's schedule, or of train.schedule_steps)
+and trains the preset's remaining steps with seed + 10; the source runs are not in the tables, and such a
+study has its own --out.
 
 It resumes: data, tokenizer and configs are reused, finished runs are skipped, an interrupted run resumes
 from its last checkpoint, evaluations already made for a run's final checkpoint are kept. Kill it and
@@ -49,8 +55,8 @@ from megatok.eval.policy_probe import probe_run
 from megatok.eval.segments import show_boundaries
 from megatok.studies import control as control_study
 from megatok.studies.launch import CHECKOUT, finished, local_command
-from megatok.studies.replication import (METHODS, POLICY_METHODS, SENTENCES, Preset, aggregate, markdown, plots,
-                                         run_name, run_summary)
+from megatok.studies.replication import (METHODS, POLICY_METHODS, SENTENCES, Handover, Preset, aggregate, markdown,
+                                         plots, run_name, run_summary)
 
 
 def log(msg: str) -> None:
@@ -154,41 +160,90 @@ def prepare_data(preset: Preset, work: Path, given: dict, level: float | None = 
 # ----------------------------------------------------------------------------- configs and training
 
 def write_configs(preset: Preset, work: Path, data: dict, seeds: list[int], methods: list[str],
-                  extra: list[str], nproc: int, level: float | None = None) -> list[dict]:
+                  extra: list[str], nproc: int, level: float | None = None,
+                  handover: Handover | None = None) -> list[dict]:
     """One complete config per (method, seed), validated for ``nproc`` ranks before anything trains (for the
-    control, of the corpus at ``level``: WORK is that level's directory)."""
+    control, of the corpus at ``level``: WORK is that level's directory). With a ``handover``, each seed's
+    source run first (role "source", under WORK/handover-TAG/, as the methods' runs), then the methods'
+    runs, each starting from the source's checkpoint."""
     runs = []
     config = str(CHECKOUT / preset.config if (CHECKOUT / preset.config).is_file() else find_config(preset.config))
-    tok = work / "bpe-tokenizer"
+    phases = handover_phases(config, handover, [*preset.overrides, *extra], nproc) if handover else None
+    home = work / f"handover-{handover.tag}" if handover else work
     for seed in seeds:
+        arm_items, source, handed = [], None, None
+        if handover:
+            source = write_config(preset, config, home, data, handover.source, seed, extra, nproc, level,
+                                  [f"train.run_dir={home / 'runs' / run_name('source-' + handover.source, seed)}",
+                                   *phases["source"]])
+            source["role"] = "source"
+            runs.append(source)
+            arm_items = [f"train.seed={seed + handover.SEED_OFFSET}", *phases["arm"],
+                         f"train.init_from={Path(source['run_dir']) / 'checkpoints' / f'step{handover.steps:08d}'}"]
+            handed = {"handover": handover.tag, "source": source["digest"]}
         for m in methods:
-            name = run_name(m, seed)
-            run_dir, path = work / "runs" / name, work / "configs" / f"{name}.json"
-            common = [f"train.seed={seed}", f"train.run_dir={run_dir}", f"data.shards={data['shards']}",
-                      *preset.overrides, *extra]
-            path.parent.mkdir(parents=True, exist_ok=True)
             if m == "bpe":
-                if not (tok / "tokenizer.model").is_file():
-                    log(f"training the BPE tokenizer ({preset.bpe_vocab} pieces) on {data['shards']}")
-                    step(f"megatok-train-bpe --data {data['shards']} --out {tok}", tokenizer.train, [data["shards"]],
-                         preset.bpe_vocab, str(tok), heldout=[*data["heldout"], *data["parallel"]])
-                if not path.is_file():
-                    sizing.quiet_deepspeed_import()
-                    step(f"megatok-match-bpe --config {config} --out {path}", bpe_config.write_matched, config,
-                         str(path), tokenizer=str(tok), run_dir=str(run_dir), overrides=common)
-                cfg = load_config(str(path), world_size=nproc)
-            else:
-                cfg = load_config(config, overrides=common + METHODS[m][0], world_size=nproc)
-                if not path.is_file():
-                    raw = cfg.to_dict()
-                    raw["train"]["grad_accum"] = None  # derived again by the launched ranks
-                    tmp = path.with_suffix(".tmp")
-                    tmp.write_text(json.dumps(raw, indent=2) + "\n")
-                    os.replace(tmp, path)
-            runs.append({"name": name if level is None else f"{name}-level{level:g}", "method": m, "seed": seed,
-                         "level": level, "config": str(path), "run_dir": str(run_dir),
-                         "max_steps": cfg.train.max_steps, "digest": config_digest(cfg)})
+                runs.append(write_bpe_config(preset, config, work, data, seed, extra, nproc, level))
+                continue
+            runs.append(write_config(preset, config, home, data, m, seed, extra, nproc, level, arm_items, handed))
+            if source is not None:
+                runs[-1].update(handover=handover.tag, source=source)
     return runs
+
+
+def handover_phases(config: str, handover: Handover, overrides: list[str], nproc: int) -> dict:
+    """--set items of the hand-over's two phases: the source trains the first ``steps`` of the schedule
+    (train.schedule_steps, by default the preset's max_steps), the methods the preset's remaining steps."""
+    t = load_config(config, overrides=overrides, world_size=nproc).train
+    if not 0 < handover.steps < t.max_steps:
+        raise ConfigError(f"--handover {handover.source}:{handover.steps}: the source's steps must be between 0 and "
+                          f"train.max_steps ({t.max_steps}), which the methods' runs complete")
+    return {"source": [f"train.max_steps={handover.steps}", f"train.schedule_steps={t.schedule_steps or t.max_steps}"],
+            "arm": [f"train.max_steps={t.max_steps - handover.steps}"]}
+
+
+def write_config(preset: Preset, config: str, work: Path, data: dict, method: str, seed: int, extra: list[str],
+                 nproc: int, level: float | None, phase: list[str] = (), handover: dict | None = None) -> dict:
+    """WORK/configs/<method>-seed<seed>.json for a byte method (``phase``: --set items after every other, a
+    hand-over's; ``handover``: what the run is handed from, for its digest), written once; its run's record."""
+    items = [f"train.seed={seed}", f"train.run_dir={work / 'runs' / run_name(method, seed)}",
+             f"data.shards={data['shards']}", *preset.overrides, *extra, *METHODS[method][0], *phase]
+    cfg = load_config(config, overrides=items, world_size=nproc)
+    run_dir = Path(cfg.train.run_dir)
+    path = work / "configs" / f"{run_dir.name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.is_file():
+        raw = cfg.to_dict()
+        raw["train"]["grad_accum"] = None  # derived again by the launched ranks
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(raw, indent=2) + "\n")
+        os.replace(tmp, path)
+    return {"name": run_dir.name if level is None else f"{run_dir.name}-level{level:g}", "method": method,
+            "seed": seed, "level": level, "config": str(path), "run_dir": str(run_dir),
+            "max_steps": cfg.train.max_steps, "digest": config_digest(cfg, handover)}
+
+
+def write_bpe_config(preset: Preset, config: str, work: Path, data: dict, seed: int, extra: list[str], nproc: int,
+                     level: float | None) -> dict:
+    """WORK/configs/bpe-seed<seed>.json, the BPE token model matched to the preset (its tokenizer trained
+    on the shards first, once); its run's record."""
+    name, tok = run_name("bpe", seed), work / "bpe-tokenizer"
+    path, run_dir = work / "configs" / f"{name}.json", work / "runs" / name
+    common = [f"train.seed={seed}", f"train.run_dir={run_dir}", f"data.shards={data['shards']}", *preset.overrides,
+              *extra]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not (tok / "tokenizer.model").is_file():
+        log(f"training the BPE tokenizer ({preset.bpe_vocab} pieces) on {data['shards']}")
+        step(f"megatok-train-bpe --data {data['shards']} --out {tok}", tokenizer.train, [data["shards"]],
+             preset.bpe_vocab, str(tok), heldout=[*data["heldout"], *data["parallel"]])
+    if not path.is_file():
+        sizing.quiet_deepspeed_import()
+        step(f"megatok-match-bpe --config {config} --out {path}", bpe_config.write_matched, config, str(path),
+             tokenizer=str(tok), run_dir=str(run_dir), overrides=common)
+    cfg = load_config(str(path), world_size=nproc)
+    return {"name": name if level is None else f"{name}-level{level:g}", "method": "bpe", "seed": seed,
+            "level": level, "config": str(path), "run_dir": str(run_dir), "max_steps": cfg.train.max_steps,
+            "digest": config_digest(cfg)}
 
 
 #: Config keys added after studies were recorded: left out of the digest while they hold these values (what
@@ -199,10 +254,14 @@ ADDED_KEYS = {("model", "byte_window"): None, ("model", "chunk_capacity"): None,
               ("train", "schedule_steps"): None}
 
 
-def config_digest(cfg) -> str:
+def config_digest(cfg, handover: dict | None = None) -> str:
     """What makes two runs the same experiment: the resolved config without where its files are (and
-    without keys added since, at the value every earlier run had: ADDED_KEYS)."""
+    without keys added since, at the value every earlier run had: ADDED_KEYS); for a hand-over's method,
+    the source's digest and step (``handover``) in place of the path its weights come from."""
     raw = cfg.to_dict()
+    if handover is not None:
+        raw["train"].pop("init_from")
+        raw["handover"] = handover
     raw["train"].pop("run_dir", None)
     raw["data"].pop("shards", None)
     raw["model"].pop("tokenizer", None)
@@ -296,17 +355,21 @@ def boundaries_picture(runs: list[dict], out: Path, tokenizer: Path) -> None:
 # ----------------------------------------------------------------------------- the study
 
 def run_study(preset: Preset, *, out: Path, work: Path, nproc: int, seeds: list[int], levels: list, methods: list[str],
-              overrides: list[str], given: dict, report_only: bool, invocation: str) -> int:
+              overrides: list[str], given: dict, report_only: bool, invocation: str,
+              handover: Handover | None = None) -> int:
     """The study of ``preset`` for these seeds, methods and (the control's) levels: data, configs, training
     on ``nproc`` ranks per run (none with ``report_only``), evaluations and the report in ``out`` (the
     command recorded: ``invocation``), resuming whatever is done. ``given``: {"shards", "heldout",
-    "parallel"} from the command line, or None each. The exit status: 2 on bad input, 1 when a run fails."""
+    "parallel"} from the command line, or None each. ``handover``: every method starts from a source run's
+    checkpoint (each seed's source trained first, not in the tables). The exit status: 2 on bad input, 1
+    when a run fails."""
     datas, runs = {}, []
     try:
+        check_same_study(out, handover)
         for level in levels:
             where = work if level is None else work / f"level{level:g}"
             datas[level] = prepare_data(preset, where, given, level)
-            runs += write_configs(preset, where, datas[level], seeds, methods, overrides, nproc, level)
+            runs += write_configs(preset, where, datas[level], seeds, methods, overrides, nproc, level, handover)
     except (ConfigError, DataError, RuntimeError, OSError) as e:
         print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
@@ -316,16 +379,21 @@ def run_study(preset: Preset, *, out: Path, work: Path, nproc: int, seeds: list[
         return 2
     out.mkdir(parents=True, exist_ok=True)
     earlier = earlier_results(out)
-    for run in runs:  # decided up front, so a report written part way keeps them too
+    studied = [r for r in runs if r.get("role") != "source"]  # a hand-over's sources train, not in the tables
+    for run in studied:  # decided up front, so a report written part way keeps them too
         kept = earlier.get(run_key(run))
         if not finished(run) and kept is not None and kept["config_digest"] == run["digest"]:
             run["kept"] = kept
         elif evaluated(run, datas[run["level"]]):
             run["evaluated"] = True
     # runs recorded by other invocations into the same OUT (other methods, seeds or levels) stay in the tables
-    others = [r for key, r in earlier.items() if key not in {run_key(run) for run in runs}]
+    others = [r for key, r in earlier.items() if key not in {run_key(run) for run in studied}]
     try:
         for i, run in enumerate(runs, 1):
+            if run.get("role") == "source":
+                train_source(run, [r for r in runs if r.get("source") is run], f"[{i}/{len(runs)}]", nproc,
+                             report_only)
+                continue
             if "kept" in run:
                 log(f"[{i}/{len(runs)}] {run['name']}: kept from {out / 'results.json'} (its run directory is gone)")
                 continue
@@ -342,15 +410,41 @@ def run_study(preset: Preset, *, out: Path, work: Path, nproc: int, seeds: list[
             if preset.data == "control":
                 probe_level(run, runs, datas[run["level"]], out)
             if i < len(runs):  # the tables so far: a kill keeps every finished run
-                report(runs, others, methods, preset, seeds, out, invocation)
+                report(studied, others, methods, preset, seeds, out, invocation, handover)
         if preset.data != "control":
             boundaries_picture(runs, out, work / "bpe-tokenizer")
     except RuntimeError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    written = report(runs, others, methods, preset, seeds, out, invocation)
+    written = report(studied, others, methods, preset, seeds, out, invocation, handover)
     log(f"wrote {out / 'results.md'}, results.json, {', '.join(written)}")
     return 0
+
+
+def check_same_study(out: Path, handover: Handover | None) -> None:
+    """OUT/results.json, where an earlier invocation wrote one, is of a study handed over the same way (or
+    of one not handed over, as this one): methods' runs of different studies never share a table."""
+    try:
+        recorded = json.loads((out / "results.json").read_text()).get("handover")
+    except (OSError, ValueError):
+        return
+    if recorded != (handover.record() if handover else None):
+        was = f"handed over from {recorded['source']}:{recorded['steps']}" if recorded else "not handed over"
+        now = f"--handover {handover.source}:{handover.steps}" if handover else "no --handover"
+        raise ConfigError(f"{out / 'results.json'} records a study {was}; this one has {now}: give it its own --out")
+
+
+def train_source(source: dict, arms: list[dict], counter: str, nproc: int, report_only: bool) -> None:
+    """A hand-over's source run, trained unless it is finished or every method's run it starts is."""
+    if all("kept" in r or finished(r) for r in arms):
+        log(f"{counter} {source['name']}: not needed (every run it starts is finished)")
+    elif finished(source):
+        log(f"{counter} {source['name']}: finished already")
+    elif report_only:
+        log(f"{counter} {source['name']}: not finished (--report-only: not trained)")
+    else:
+        log(f"{counter} {source['name']}: training the hand-over's source")
+        train(source, nproc)
 
 
 def probe_level(run: dict, runs: list[dict], data: dict, out: Path) -> None:
@@ -367,12 +461,14 @@ def probe_level(run: dict, runs: list[dict], data: dict, out: Path) -> None:
 
 
 def report(runs: list[dict], others: list[dict], methods: list[str], preset: Preset, seeds: list[int], out: Path,
-           command: str) -> list[str]:
+           command: str, handover: Handover | None = None) -> list[str]:
     """results.json, results.md, command.txt and the plots for the runs evaluated or kept so far, and the
     runs other invocations recorded in OUT (``others``)."""
     done = [r for r in runs if "kept" in r or r.get("evaluated")]
     summaries = [r["kept"] if "kept" in r else {**run_summary(Path(r["run_dir"]), r["method"], r["seed"], r["level"]),
-                                                "config_digest": r["digest"]} for r in done]
+                                                "config_digest": r["digest"],
+                                                **({"handed_over_from": r["source"]["run_dir"]} if "source" in r
+                                                   else {})} for r in done]
     summaries = others + _relative(summaries, f"{Path.cwd()}{os.sep}")
     summaries.sort(key=lambda r: (r.get("level") or 0, list(METHODS).index(r["method"]), r["seed"]))
     commands = list(dict.fromkeys([*earlier_commands(out), command]))
@@ -380,6 +476,7 @@ def report(runs: list[dict], others: list[dict], methods: list[str], preset: Pre
     progress = (f" {len(summaries)} runs in the tables" + (f"; of the last command's {len(runs)}, not finished yet: "
                 f"{', '.join(missing)}" if missing else "") + ".")
     header = (f"# Replication study: preset {preset.name}\n\n{preset.description}.{progress} "
+              f"{handover.describe(runs[0]['max_steps']) + ' ' if handover and runs else ''}"
               f"{'Commands' if len(commands) > 1 else 'Command'}: {', '.join(f'`{c}`' for c in commands)}. Tables "
               f"written {time.strftime('%Y-%m-%d')} on {machine()} (runs kept from earlier invocations may have trained "
               f"on other machines).")
@@ -392,7 +489,9 @@ def report(runs: list[dict], others: list[dict], methods: list[str], preset: Pre
         text = markdown(agg, preset, header)
     seeds_seen = sorted({r["seed"] for r in summaries} | set(seeds))
     for name, content in (("results.json", json.dumps({"preset": preset.name, "seeds": seeds_seen, "command": command,
-                                                       "commands": commands, "aggregate": agg, "runs": summaries},
+                                                       "commands": commands,
+                                                       "handover": handover.record() if handover else None,
+                                                       "aggregate": agg, "runs": summaries},
                                                       indent=1) + "\n"),
                           ("results.md", text), ("command.txt", "\n".join(commands) + "\n")):
         tmp = out / f".{name}.tmp"  # replaced whole: a kill never leaves a torn results.json

@@ -95,6 +95,29 @@ PRESETS = {p.name: p for p in (
 )}
 
 
+@dataclass(frozen=True)
+class Handover:
+    """A study whose methods start from another method's weights: for each seed, ``source`` trains the first
+    ``steps`` steps of the preset's schedule (train.schedule_steps, by default the preset's max_steps), and
+    every method then trains the preset's remaining steps from that checkpoint (train.init_from), with
+    train.seed + SEED_OFFSET (a new data order and new boundary samples: the source's seed would replay its
+    batches). Every method still sees the preset's training bytes in all."""
+    source: str
+    steps: int
+    SEED_OFFSET = 10
+
+    @property
+    def tag(self) -> str:
+        return f"{self.source}{self.steps}"
+
+    def describe(self, more: int) -> str:
+        return (f"Handed over: every method starts from the {self.source} run's step-{self.steps} checkpoint of its "
+                f"seed and trains {more} more steps (train.seed + {self.SEED_OFFSET}).")
+
+    def record(self) -> dict:
+        return {"source": self.source, "steps": self.steps, "seed_offset": self.SEED_OFFSET}
+
+
 def run_name(method: str, seed: int) -> str:
     return f"{method}-seed{seed}"
 
@@ -384,11 +407,11 @@ def plots(summaries: list[dict], agg: dict, out: Path) -> list[str]:
             style = {"color": f"C{list(POLICY_METHODS).index(s['method'])}", "alpha": 0.8,
                      "ls": ("-", "--", ":", "-.")[s["seed"] % 4]}
             steps = [r["step"] for r in s["curve"]]
-            axes[0].plot(steps, [r["sbw_boundary_fraction"] for r in s["curve"]],
+            axes[0].plot(steps, [r.get(aligned_fraction_key(s["method"])) for r in s["curve"]],
                          label=f"{s['method']} seed {s['seed']}", **style)
             axes[1].plot(steps, [(r["p_sbw"] or 0) - (r["p_other"] or 0) for r in s["curve"]], **style)
         axes[0].axhline(0.6, ls="--", color="gray", lw=0.8)
-        axes[0].set_title("spaces before a word that start a chunk (training)")
+        axes[0].set_title("spaces before a word (lag 1: words' first bytes) that start a chunk", fontsize=9)
         axes[1].set_title("p at spaces before words minus p elsewhere")
         axes[1].axhline(0.0, color="gray", lw=0.8)
         for ax in axes:

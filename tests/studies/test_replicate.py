@@ -263,3 +263,41 @@ def test_the_prose_data_step_builds_corpus_parallel_set_and_shards_once(tmp_path
     with pytest.raises(RuntimeError, match=r"^megatok-make-corpus --preset prose --strict --out \S+prose.jsonl.gz "
                                            r"failed \(exit 2; its error is above\)$"):
         rep.prepare_data(preset, tmp_path / "other" / "work", given)
+
+
+def test_a_handover_trains_each_seeds_source_then_every_method_from_its_checkpoint(study, shards):
+    """--handover whitespace:2 on toy (4 steps): the whitespace source trains the first 2 steps of the 4-step
+    schedule, each method the other 2 from its checkpoint with seed + 10; the tables hold the methods only,
+    a rerun trains nothing, and a study without --handover cannot write into the same --out."""
+    from megatok.config import load_config
+
+    tmp = study[0]
+    args = ["--preset", "toy", "--out", tmp / "ho-out", "--work", tmp / "work", "--methods", "policy,uniform",
+            "--shards", shards, "--heldout", tmp / "heldout_prose.jsonl", "--handover", "whitespace:2"]
+    first = replicate(*args)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    assert "source-whitespace-seed0: training the hand-over's source" in first.stdout
+    assert first.stdout.count("megatok: weights from") == 2  # each method's start line names the source
+    home = tmp / "work" / "handover-whitespace2"
+    source = load_config(str(home / "configs" / "source-whitespace-seed0.json"), world_size=1).train
+    assert (source.max_steps, source.schedule_steps, source.seed) == (2, 4, 0)
+    for m in ("policy", "uniform"):
+        cfg = load_config(str(home / "configs" / f"{m}-seed0.json"), world_size=1)
+        assert cfg.boundary.strategy == m and (cfg.train.max_steps, cfg.train.seed) == (2, 10)
+        assert cfg.train.init_from == str(home / "runs" / "source-whitespace-seed0" / "checkpoints" / "step00000002")
+    result = json.loads((tmp / "ho-out" / "results.json").read_text())
+    assert result["handover"] == {"source": "whitespace", "steps": 2, "seed_offset": 10}
+    assert [(r["method"], r["steps"]) for r in result["runs"]] == [("policy", 2), ("uniform", 2)]
+    assert all(r["handed_over_from"].endswith("source-whitespace-seed0") for r in result["runs"])
+    assert "Handed over: every method starts from the whitespace run's step-2 checkpoint" in (
+        tmp / "ho-out" / "results.md").read_text()
+    again = replicate(*args)
+    assert again.returncode == 0 and "source-whitespace-seed0: not needed" in again.stdout
+    assert "training" not in again.stdout
+    mixed = replicate(*args[:-2])
+    assert mixed.returncode == 2 and mixed.stderr.count("\n") == 1
+    assert "records a study handed over from whitespace:2; this one has no --handover" in mixed.stderr
+    elsewhere = [tmp / "ho-out2" if a == tmp / "ho-out" else a for a in args[:-1]]
+    late = replicate(*elsewhere, "whitespace:4")
+    assert late.returncode == 2 and "between 0 and train.max_steps (4)" in late.stderr
+    assert replicate(*elsewhere, "bpe:2").returncode == 2 and not (tmp / "ho-out2").exists()
