@@ -1,5 +1,7 @@
-"""handover.png from the metrics rows in this directory: the fraction of words' first bytes (after a space)
-that start a chunk in each training row, for every hand-over arm and seed.
+"""handover.png from the files in this directory and ../prose-trend/heldout.json: left, the fraction of
+words' first bytes (after a space) that start a chunk in each training row, for every hand-over arm and
+seed; right, each arm's held-out bits per byte at each scored step minus its uniform twin's (same seed,
+same checkpoint step: the same starting model and data order), seed by seed.
 
     python docs/replication/prose-handover/plot.py
 """
@@ -14,7 +16,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 HERE = Path(__file__).parent
 ARMS = {"lag1": ("policy, lag 1", "C0"), "lag0": ("policy, lag 0 (published)", "C1"),
-        "ws": ("whitespace (continued)", "C2"), "uniform": ("uniform", "C7")}
+        "ws": ("whitespace (continued)", "C2"), "hnet": ("hnet", "C3"), "fixed": ("fixed", "C5"),
+        "uniform": ("uniform", "C7")}
+MARKERS = {"2": "s", "3": "o", "4": "^"}
 
 
 def rows(path: Path) -> list[dict]:
@@ -22,7 +26,7 @@ def rows(path: Path) -> list[dict]:
 
 
 def main() -> None:
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 4.2), gridspec_kw={"width_ratios": [3, 2]})
     for path in sorted(HERE.glob("metrics-ho-*.jsonl")):
         arm, seed = path.stem.removeprefix("metrics-ho-").rsplit("-seed", 1)
         label, color = ARMS[arm]
@@ -32,6 +36,22 @@ def main() -> None:
     ax.set(xlabel="steps after the hand-over (16 x 1024 bytes each)", ylabel="words' first bytes that start a chunk",
            ylim=(0, 1.02), title="cpu-small from a whitespace run's step 200 (solid: seed 3; dashed: others)")
     ax.legend(loc="center right", fontsize=8)
+    held = json.loads((HERE.parent / "prose-trend" / "heldout.json").read_text())["runs"]
+    arms = [a for a in ARMS if a != "uniform"]
+    for i, arm in enumerate(arms):
+        for seed, marker in MARKERS.items():
+            base = held.get(f"ho-uniform-seed{seed}", {})
+            for tag, scored in held.get(f"ho-{arm}-seed{seed}", {}).items():
+                if tag in base:
+                    x = i + (0.15 if tag == "step00000400" else -0.15)
+                    bx.scatter(x, scored["bpb"] - base[tag]["bpb"], color=ARMS[arm][1], marker=marker,
+                               facecolors="none" if tag == "step00000400" else ARMS[arm][1])
+    bx.axhline(0, color="gray", lw=0.8)
+    bx.set_xticks(range(len(arms)), [ARMS[a][0].replace(" (", "\n(") for a in arms], fontsize=7)
+    bx.set(ylabel="held-out bpb minus uniform's (same seed)",
+           title="filled: 200 steps after; hollow: 400. square/circle/triangle: seed 2/3/4")
+    bx.title.set_fontsize(8)
+    bx.grid(alpha=0.3, axis="y")
     fig.tight_layout()
     fig.savefig(HERE / "handover.png", dpi=110)
 
