@@ -1,7 +1,8 @@
 """handover.png from the files in this directory and ../prose-trend/heldout.json: left, the fraction of
 words' first bytes (after a space) that start a chunk in each training row, for every hand-over arm and
 seed; right, each arm's held-out bits per byte at each scored step minus its uniform twin's (same seed,
-same checkpoint step: the same starting model and data order), seed by seed.
+same checkpoint step: the same starting model and data order), seed by seed; third, the lag-1 policy's
+words' first bytes handed over at the whitespace run's step 100 (metrics-ho100-*) against step 200.
 
     python docs/replication/prose-handover/plot.py
 """
@@ -26,7 +27,7 @@ def rows(path: Path) -> list[dict]:
 
 
 def main() -> None:
-    fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 4.2), gridspec_kw={"width_ratios": [3, 2]})
+    fig, (ax, bx, cx) = plt.subplots(1, 3, figsize=(16, 4.2), gridspec_kw={"width_ratios": [3, 2, 2]})
     for path in sorted(HERE.glob("metrics-ho-*.jsonl")):
         arm, seed = path.stem.removeprefix("metrics-ho-").rsplit("-seed", 1)
         label, color = ARMS[arm]
@@ -52,6 +53,16 @@ def main() -> None:
            title="filled: 200 steps after; hollow: 400. square/circle/triangle: seed 2/3/4")
     bx.title.set_fontsize(8)
     bx.grid(alpha=0.3, axis="y")
+    for start, pattern, color in (("200", "metrics-ho-lag1-seed*.jsonl", "C0"), ("100", "metrics-ho100-lag1-seed*.jsonl", "C9")):
+        for path in sorted(HERE.glob(pattern)):
+            seed = path.stem.rsplit("-seed", 1)[1]
+            r = [x for x in rows(path) if x["step"] <= 200]
+            cx.plot([x["step"] for x in r], [x["wfb_boundary_fraction"] for x in r], color=color, lw=1.2,
+                    ls="-" if seed == "3" else "--", label=f"from step {start}" if seed == "3" else None)
+    cx.set(xlabel="steps after the hand-over", ylim=(0, 1.02),
+           title="policy, lag 1, handed over at the whitespace run's step 100 or 200")
+    cx.title.set_fontsize(8)
+    cx.legend(loc="center right", fontsize=8)
     fig.tight_layout()
     fig.savefig(HERE / "handover.png", dpi=110)
 
