@@ -6,6 +6,8 @@ carry a real prediction target. Padding is at the end of a sequence (right paddi
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
@@ -125,6 +127,13 @@ def disarm_credit(returns: torch.Tensor, starts: torch.Tensor, logits: torch.Ten
     b_a, b_b = starts[0::2], starts[1::2]
     sign = torch.where(b_b, -1.0, 1.0) * (b_a != b_b).float()
     return 0.5 * (g_a - g_b) * sign * torch.sigmoid(logits.float().abs())
+
+
+def bernoulli_kl(logits: torch.Tensor, rate: float) -> torch.Tensor:
+    """KL(Bernoulli(sigmoid(logits)) || Bernoulli(rate)) per position (nats): 0 at p = rate, its gradient
+    with respect to the logit p (1 - p) (logit - logit(rate))."""
+    p = torch.sigmoid(logits)
+    return (p * (F.logsigmoid(logits) - math.log(rate)) + (1 - p) * (F.logsigmoid(-logits) - math.log1p(-rate)))
 
 
 def policy_loss(log_probs: torch.Tensor, returns: torch.Tensor, decision_mask: torch.Tensor,

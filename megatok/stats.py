@@ -155,6 +155,10 @@ def ratios(s: dict[str, float]) -> dict[str, float]:
             mean = div(s[f"score_{cls}"], s[n])
             var = div(s[f"score2_{cls}"], s[n]) - mean ** 2
             out[f"snr_{cls}"] = mean / math.sqrt(var) if var > 0 else float("nan")
+            out[f"u_{cls}"] = mean
+            for name, short in (("returns", "ret"), ("reward", "reward"), ("logits", "logit")):
+                if f"{name}_{cls}_sum" in s:
+                    out[f"{short}_{cls}"] = div(s[f"{name}_{cls}_sum"], s[n])
     if "nll_early" in s:
         out["bpb_early"] = div(s["nll_early"], s["targets"]) / math.log(2)
     return out

@@ -177,6 +177,13 @@ class BoundaryStrategy(nn.Module):
         record their digests, so a file replaced at the same path is noticed."""
         return {}
 
+    def lr_factor(self, step: int) -> float | None:
+        """The learning rate of the strategy's own parameters at optimizer step ``step`` (0 for the first
+        update) relative to the model's, or None where they follow the model's schedule (the default; then
+        the optimizer keeps no separate parameter group for them). A strategy that returns a number for
+        some options returns one for every step under them."""
+        return None
+
     @property
     def reads_earlier_decisions(self) -> bool:
         """Whether a sampled decision depends on the decisions sampled before it (then generation, which

@@ -79,11 +79,30 @@ class Options(BaseModel):
     gamma_start: float | None = Field(None, ge=0, le=1, description="discount at step 0, moving linearly to gamma "
                                       "over gamma_steps optimizer steps")
     gamma_steps: int = Field(0, ge=0, description="steps of the gamma schedule (with gamma_start)")
+    # The policy's own pace (megatok.train.engine gives its parameters their own learning rate when one is set).
+    lr_scale: float = Field(1.0, gt=0, le=100, description="learning rate of the policy's own parameters (its heads) "
+                            "relative to train.lr")
+    start_step: int = Field(0, ge=0, description="optimizer steps before the policy learns: until then its heads do "
+                            "not move and neither the policy nor the rate term is on (the model trains on the chunks "
+                            "of the policy as initialised: uniform random at the target rate)")
+    lr_warmup_steps: int = Field(0, ge=0, description="after start_step, the heads' learning rate rises linearly from "
+                                 "0 over this many steps")
+    explore: float = Field(0.0, ge=0, lt=1, description="epsilon: training draws from (1 - epsilon) p + epsilon "
+                           "target_rate (the log-probability is that of the draw; evaluation uses p)")
+    entropy: float = Field(0.0, ge=0, description="weight of an entropy bonus relative to the target rate: the "
+                           "penalty -entropy x mean KL(Bernoulli(p_t) || Bernoulli(target_rate)) over decisions, "
+                           "whose pull is towards p = target_rate (a plain entropy bonus pulls to 0.5, against the "
+                           "rate term)")
+    explore_steps: int = Field(0, ge=0, description="explore and entropy fall linearly to 0 over this many steps from "
+                               "start_step (0: they stay)")
 
     @model_validator(mode="after")
     def _combinations(self):
         if self.gamma_start is not None and not self.gamma_steps:
             raise ValueError("gamma_start needs gamma_steps > 0 (the steps over which gamma moves to its value)")
+        if self.explore and (self.estimator == "disarm" or self.window > 1):
+            raise ValueError("explore draws independent decisions from a mixed probability: not with estimator "
+                             "'disarm' or window > 1")
         if self.estimator == "disarm":
             if self.samples != 2 or self.window != 1:
                 raise ValueError("estimator 'disarm' draws two antithetic samples of independent decisions: set "
@@ -183,6 +202,31 @@ class Strategy(BoundaryStrategy):
         frac = min(1.0, self.step / o.gamma_steps) if o.gamma_steps else 1.0
         return o.gamma_start + (o.gamma - o.gamma_start) * frac
 
+    def lr_factor(self, step: int) -> float | None:
+        """0 before start_step, then lr_scale, reached linearly over lr_warmup_steps; None when all three are
+        at their defaults (the heads then follow the model's schedule in its own parameter groups)."""
+        o = self.options
+        if o.lr_scale == 1 and not o.start_step and not o.lr_warmup_steps:
+            return None
+        if step < o.start_step:
+            return 0.0
+        ramp = min(1.0, (step - o.start_step + 1) / o.lr_warmup_steps) if o.lr_warmup_steps else 1.0
+        return o.lr_scale * ramp
+
+    def learning(self) -> bool:
+        """Whether the policy and rate terms are on (in training: from start_step on; always in evaluation)."""
+        return not self.training or self.step >= self.options.start_step
+
+    def exploring(self) -> float:
+        """The fraction of explore and entropy in force at the trainer's step (0 in evaluation and before
+        start_step's policy learns nothing, so it does not matter there)."""
+        o = self.options
+        if not self.training:
+            return 0.0
+        if not o.explore_steps:
+            return 1.0
+        return max(0.0, 1.0 - max(0, self.step - o.start_step) / o.explore_steps)
+
     def logits(self, h: torch.Tensor, previous: torch.Tensor | None = None) -> torch.Tensor:
         """Capped logits. ``previous`` [B, T, w-1]: b_{t-1}, ..., b_{t-w+1} (window > 1 only)."""
         c = self.options.logit_cap
@@ -224,6 +268,9 @@ class Strategy(BoundaryStrategy):
         if self.window_head is None:
             logits = self.logits(h)
             probs = torch.sigmoid(logits)
+            eps = self.options.explore * self.exploring()
+            if eps:  # the draw's own probability: the log-probability below is that of the decision taken
+                probs = (1 - eps) * probs + eps * self.target_rate
             if mode == "sample":
                 noise = uniform_noise(probs, self.window)
                 if self.training and self.options.estimator == "disarm":  # rows 2i, 2i + 1: u and 1 - u
@@ -236,7 +283,10 @@ class Strategy(BoundaryStrategy):
             starts = finalize_starts(self._draw(h, mask, mode, forced), mask, forced)
             logits = self.logits(h, self.previous_decisions(starts, self.options.window, forced))
             probs = torch.sigmoid(logits)
-        log_probs = torch.where(starts, F.logsigmoid(logits), F.logsigmoid(-logits))
+        if self.training and self.options.explore and self.exploring():
+            log_probs = torch.where(starts, probs.log(), torch.log1p(-probs))
+        else:
+            log_probs = torch.where(starts, F.logsigmoid(logits), F.logsigmoid(-logits))
         sbw = torch.zeros_like(mask) if x is None else space_before_word(x) & mask  # x None: bare tests
         extra = {"logits": logits, "sbw": sbw}
         if self.value_head is not None:
@@ -265,14 +315,35 @@ class Strategy(BoundaryStrategy):
             returns = returns - value.detach()
         if o.normalize_advantage:
             returns = rl.normalize(returns, decisions)
-        weight = o.lambda_policy
+        on = float(self.learning())
+        weight = o.lambda_policy * on
         if o.start_margin is not None:
             weight = weight * self._latch_start((ce_early - ce_full).detach().float() * mask, mask)
+        logits = b.extra["logits"]
         terms["policy_loss"] = rl.policy_loss(b.log_probs, returns, decisions, weight)
-        terms["rate_loss"] = rl.rate_loss(b.extra["logits"], b.probs, mask, self.target_rate, o.lambda_rate,
+        terms["rate_loss"] = rl.rate_loss(logits, b.probs, mask, self.target_rate, o.lambda_rate * on,
                                           per_sequence=o.rate_scope == "sequence")
-        b.extra["rows"] = score_rows(returns.detach() * (b.starts.float() - b.probs.detach()), decisions, b.extra["sbw"])
+        self._entropy_term(terms, logits, decisions, on)
+        b.extra["rows"] = score_rows(returns.detach() * self._score(b), decisions, b.extra["sbw"],
+                                     returns=returns, reward=reward, logits=logits)
         return terms
+
+    def _score(self, b) -> torch.Tensor:
+        """d log pi(b_t) / d logit_t of each decision taken: b - p, or with explore (drawn from
+        p' = (1 - eps) p + eps rho) (1 - eps) p (1 - p) (b / p' - (1 - b) / (1 - p'))."""
+        starts, drawn = b.starts.float(), b.probs.detach().float()
+        eps = self.options.explore * self.exploring()
+        if not eps:
+            return starts - drawn
+        p = torch.sigmoid(b.extra["logits"].detach().float())
+        return (1 - eps) * p * (1 - p) * (starts / drawn - (1 - starts) / (1 - drawn))
+
+    def _entropy_term(self, terms: dict, logits: torch.Tensor, decisions: torch.Tensor, on: float) -> None:
+        """entropy_loss = entropy x (its share now) x the mean over decisions of KL(Bernoulli(p_t) ||
+        Bernoulli(rho)): the entropy of p_t, less its cross-entropy with the target rate rho."""
+        weight = self.options.entropy * self.exploring() * on
+        if weight:
+            terms["entropy_loss"] = weight * rl.masked_mean(rl.bernoulli_kl(logits, self.target_rate), decisions)
 
     def _disarm_loss(self, b, reward, ce_full, ce_early, mask):
         """The policy term from antithetic pairs (rows 2i, 2i + 1): the surrogate -lambda mean(g_t logit_t)
@@ -282,14 +353,17 @@ class Strategy(BoundaryStrategy):
         logits = b.extra["logits"]
         g = rl.disarm_credit(returns, b.starts, logits[0::2].detach())
         decisions = (mask & ~b.forced)[0::2]
-        weight = o.lambda_policy
+        on = float(self.learning())
+        weight = o.lambda_policy * on
         if o.start_margin is not None:
             weight = weight * self._latch_start((ce_early - ce_full).detach().float() * mask, mask)
         terms = {"policy_loss": -weight * rl.masked_mean(g.detach() * logits[0::2], decisions),
-                 "rate_loss": rl.rate_loss(logits, b.probs, mask, self.target_rate, o.lambda_rate,
+                 "rate_loss": rl.rate_loss(logits, b.probs, mask, self.target_rate, o.lambda_rate * on,
                                            per_sequence=o.rate_scope == "sequence")}
+        self._entropy_term(terms, logits, mask & ~b.forced, on)
         # the statistics' score terms: each pair's g at its decisions, in both of its rows
-        b.extra["rows"] = score_rows(g.repeat_interleave(2, 0), mask & ~b.forced, b.extra["sbw"])
+        b.extra["rows"] = score_rows(g.repeat_interleave(2, 0), mask & ~b.forced, b.extra["sbw"], returns=returns,
+                                     reward=reward, logits=logits)
         return terms
 
     def _latch_start(self, gap: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -308,15 +382,19 @@ class Strategy(BoundaryStrategy):
 
 
 @torch.no_grad()
-def score_rows(u, decisions, sbw) -> dict[str, torch.Tensor]:
+def score_rows(u, decisions, sbw, **traced) -> dict[str, torch.Tensor]:
     """Per-row sums of the estimator's per-decision terms u_t (the estimate of the gradient with respect to
     the logit: positive pushes p_t up; G_t (b_t - p_t) for the score function), over decisions at spaces
     before a word and elsewhere: the training row's snr_sbw / snr_other (mean / standard deviation of u
-    per decision; 1 / snr^2 decisions make one standard error)."""
+    per decision; 1 / snr^2 decisions make one standard error), and u_sbw / u_other (the mean of u). Each
+    of ``traced`` ([B, T]: returns, reward, logits) summed over the same decisions: the row's ret_sbw,
+    reward_other, logit_sbw, ... (means per decision)."""
     u = u.float()
     rows = {}
     for cls, where in (("sbw", decisions & sbw), ("other", decisions & ~sbw)):
         w = where.float()
         rows.update({f"score_{cls}": (u * w).sum(1).double(), f"score2_{cls}": (u * u * w).sum(1).double(),
                      f"{cls}_decisions": w.sum(1).double()})
+        for name, v in traced.items():
+            rows[f"{name}_{cls}_sum"] = (v.float() * w).sum(1).double()
     return rows

@@ -13,7 +13,13 @@ from megatok.studies.replication import METHODS, PRESETS, Handover
 
 
 def parse_seeds(text: str) -> list[int]:
-    """``--seeds``: a count N (seeds 0..N-1) or a comma-separated list of seeds."""
+    """``--seeds``: a count N (seeds 0..N-1), a range A-B (seeds A to B, both included) or a comma-separated
+    list of seeds."""
+    first, dash, last = text.strip().partition("-")
+    if dash and first.isdigit() and last.isdigit():
+        if int(last) < int(first):
+            raise argparse.ArgumentTypeError(f"a range of seeds goes up: {text!r}")
+        return list(range(int(first), int(last) + 1))
     items = [t for t in text.split(",") if t.strip()]
     try:
         values = [int(t) for t in items]
@@ -53,8 +59,8 @@ def parse_args(argv):
     ap.add_argument("--preset", required=True, choices=sorted(PRESETS))
     ap.add_argument("--out", required=True, type=Path, help="results directory (tables, plots, results.json)")
     ap.add_argument("--work", type=Path, default=None, help="runs, configs and data (default runs/replicate-PRESET)")
-    ap.add_argument("--seeds", type=parse_seeds, default=[0], help="a count N (seeds 0..N-1) or a list such as "
-                                                                   "5,11,17 (default 1)")
+    ap.add_argument("--seeds", type=parse_seeds, default=[0], help="a count N (seeds 0..N-1), a range such as 20-39 "
+                                                                   "or a list such as 5,11,17 (default 1)")
     ap.add_argument("--level", dest="levels", type=parse_levels, default=None,
                     help="--preset control: the corpus's level(s), comma-separated (default: the preset's, "
                          f"{','.join(f'{v:g}' for v in CONTROL_LEVELS)})")

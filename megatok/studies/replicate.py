@@ -251,7 +251,9 @@ def write_bpe_config(preset: Preset, config: str, work: Path, data: dict, seed: 
 ADDED_KEYS = {("model", "byte_window"): None, ("model", "chunk_capacity"): None, ("model", "static_chunks"): False,
               ("boundary", "estimator"): "reinforce", ("boundary", "position"): "after",
               ("boundary", "lag"): 0, ("train", "init_from"): None,
-              ("train", "schedule_steps"): None}
+              ("train", "schedule_steps"): None, ("boundary", "lr_scale"): 1.0, ("boundary", "start_step"): 0,
+              ("boundary", "lr_warmup_steps"): 0, ("boundary", "explore"): 0.0, ("boundary", "entropy"): 0.0,
+              ("boundary", "explore_steps"): 0}
 
 
 def config_digest(cfg, handover: dict | None = None) -> str:

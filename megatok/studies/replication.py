@@ -34,6 +34,23 @@ METHODS: dict[str, tuple[list[str], str]] = {
                      "score function with a learned value baseline on top of the batch baseline"),
     "policy-lag1": (["boundary.strategy=policy", "boundary.lag=1"],
                     "score function, each decision read from the byte before the start it places (lag 1)"),
+    # Remedies screened for reliability across seeds (docs/replication/control/, issue: placement on every seed)
+    "policy-slow": (["boundary.strategy=policy", "boundary.lr_scale=0.25"],
+                    "score function, the policy's own parameters at a quarter of the learning rate"),
+    "policy-slow10": (["boundary.strategy=policy", "boundary.lr_scale=0.1"],
+                      "score function, the policy's own parameters at a tenth of the learning rate"),
+    "policy-warmup": (["boundary.strategy=policy", "boundary.start_step=100"],
+                      "score function from step 100 (uniform random chunks before)"),
+    "policy-warmslow": (["boundary.strategy=policy", "boundary.start_step=100", "boundary.lr_scale=0.25"],
+                        "score function from step 100, its own parameters at a quarter of the learning rate"),
+    "policy-lrwarm": (["boundary.strategy=policy", "boundary.lr_warmup_steps=200"],
+                      "score function, its own parameters' learning rate rising from 0 over 200 steps"),
+    "policy-explore": (["boundary.strategy=policy", "boundary.explore=0.5", "boundary.explore_steps=300"],
+                       "score function, drawn from (1 - e) p + e rho, e falling from 0.5 to 0 over 300 steps"),
+    "policy-entropy": (["boundary.strategy=policy", "boundary.entropy=0.001", "boundary.explore_steps=300"],
+                       "score function with an entropy bonus towards the target rate (0.001, to 0 over 300 steps)"),
+    "policy-loo": (["boundary.strategy=policy", "boundary.leave_one_out=true"],
+                   "score function, the batch baseline without the sequence's own reward"),
     "hnet": (["boundary.strategy=hnet"], "H-Net cosine router, straight-through, ratio loss"),
     "gumbel": (["boundary.strategy=gumbel"], "Gumbel-sigmoid, straight-through, binomial prior"),
     "uniform": (["boundary.strategy=uniform"], "uniform random positions at the target rate"),
@@ -42,7 +59,8 @@ METHODS: dict[str, tuple[list[str], str]] = {
     "bpe": ([], "BPE token model (sentencepiece) at matched FLOPs per byte"),
 }
 POLICY_METHODS = ("policy", "policy-vr", "policy-gamma1", "policy-rloo4", "policy-disarm", "policy-value",
-                  "policy-lag1")
+                  "policy-lag1", "policy-slow", "policy-slow10", "policy-warmup", "policy-warmslow", "policy-lrwarm",
+                  "policy-explore", "policy-entropy", "policy-loo")
 #: Where a method's chunks start when it aligns with words, if not at the space before a word (sbw): wfb, the
 #: word's first byte (a lag-1 policy reacting to the space). Its alignment figures are read there.
 ALIGNS_AT = {"policy-lag1": "wfb"}

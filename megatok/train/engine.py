@@ -60,11 +60,32 @@ def full_shape(p: torch.nn.Parameter) -> torch.Size:
     return getattr(p, "ds_shape", p.shape)
 
 
+def own_lr(model: torch.nn.Module) -> bool:
+    """Whether the model's boundary strategy sets its parameters' learning rate itself (lr_factor)."""
+    boundary = getattr(model, "boundary", None)  # the BPE token model has none
+    return boundary is not None and boundary.lr_factor(0) is not None and any(True for _ in boundary.parameters())
+
+
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
-    """Weight decay on matrices only (not on norms, biases or the policy's scalar bias)."""
-    decay = [p for p in model.parameters() if len(full_shape(p)) >= 2]
-    rest = [p for p in model.parameters() if len(full_shape(p)) < 2]
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": rest, "weight_decay": 0.0}]
+    """Weight decay on matrices only (not on norms, biases or the policy's scalar bias). Where the boundary
+    strategy sets its own learning rate (own_lr), its parameters are two more groups, last."""
+    mine = {id(p) for p in model.boundary.parameters()} if own_lr(model) else set()
+    groups = []
+    for params in ([p for p in model.parameters() if id(p) not in mine],
+                   [p for p in model.parameters() if id(p) in mine]):
+        if params:
+            groups += [{"params": [p for p in params if len(full_shape(p)) >= 2], "weight_decay": weight_decay},
+                       {"params": [p for p in params if len(full_shape(p)) < 2], "weight_decay": 0.0}]
+    return groups
+
+
+def group_schedules(model: torch.nn.Module, schedule: Callable[[int], float], groups: int) -> list[Callable]:
+    """The learning-rate factor of each of param_groups' groups: the model's ``schedule``, and for the
+    strategy's own groups (the last two, with own_lr) that times the strategy's lr_factor."""
+    if not own_lr(model):
+        return [schedule] * groups
+    boundary = model.boundary
+    return [schedule] * (groups - 2) + [lambda s: schedule(s) * boundary.lr_factor(s)] * 2
 
 
 class Engine:
@@ -80,9 +101,10 @@ class Engine:
 
         self.train_cfg, self.schedule = train, schedule
         self.n_params = sum(full_shape(p).numel() for p in model.parameters())
-        self.ds, _, _, _ = deepspeed.initialize(model=model, config=ds_config,
-                                                model_parameters=param_groups(model, train.weight_decay),
-                                                lr_scheduler=lambda opt: LambdaLR(opt, schedule))
+        groups = param_groups(model, train.weight_decay)
+        self.schedules = group_schedules(model, schedule, len(groups))
+        self.ds, _, _, _ = deepspeed.initialize(model=model, config=ds_config, model_parameters=groups,
+                                                lr_scheduler=lambda opt: LambdaLR(opt, self.schedules))
         self.skipped_in_row = 0
         self._skipped_before = 0
 
@@ -141,6 +163,5 @@ class Engine:
         self.skipped_in_row = state["skipped_in_row"]
         sched, lr = self.ds.lr_scheduler, self.train_cfg.lr
         sched.base_lrs = [lr] * len(sched.base_lrs)
-        factor = self.schedule(max(0, sched.last_epoch))
-        for group in self.ds.optimizer.param_groups:
-            group["lr"] = lr * factor
+        for group, schedule in zip(self.ds.optimizer.param_groups, self.schedules):
+            group["lr"] = lr * schedule(max(0, sched.last_epoch))

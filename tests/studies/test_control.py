@@ -93,8 +93,9 @@ def test_seeds_and_levels_on_the_command_line():
     from megatok.cli.replicate import parse_levels, parse_seeds
 
     assert parse_seeds("3") == [0, 1, 2] and parse_seeds("5,11,17") == [5, 11, 17] and parse_seeds("7,") == [7]
+    assert parse_seeds("20-23") == [20, 21, 22, 23] and parse_seeds("4-4") == [4]
     assert parse_levels("1,0,0.5") == [0.0, 0.5, 1.0]
-    for bad in ("0", "x", "1,1", "-1,2"):
+    for bad in ("0", "x", "1,1", "-1,2", "5-3", "2-x"):
         with pytest.raises(Exception):
             parse_seeds(bad)
     with pytest.raises(Exception):

@@ -54,3 +54,39 @@ def test_skipped_updates_are_counted_and_a_streak_longer_than_the_limit_ends_the
     zero0 = tiny_engine(tiny_config(shards, tmp_path, "deepspeed.zero_optimization.stage=0"))
     with pytest.raises(FloatingPointError, match="non-finite loss at step 1 under ZeRO stage 0"):
         engine_step(zero0, 1, tokens, True)
+
+
+def test_the_policys_own_learning_rate_under_the_deepspeed_engine(single_rank, shards, tmp_path):
+    """With start_step 2 and lr_scale 0.5 the policy's parameters are their own optimizer groups: they stay
+    put for two updates while the rest of the model trains, then move at half the model's learning rate;
+    a resumed engine restores each group's rate."""
+    cfg = tiny_config(shards, tmp_path, "boundary.strategy=policy", "boundary.start_step=2", "boundary.lr_scale=0.5",
+                      "deepspeed.zero_optimization.stage=2")
+    engine, tokens = tiny_engine(cfg), random_batch(cfg)
+    model = engine.ds.module
+    groups = param_groups(model, 0.1)
+    assert len(groups) == 4 and {id(p) for g in groups[2:] for p in g["params"]} == {
+        id(p) for p in model.boundary.parameters()}
+
+    def head():
+        return [p.detach().clone() for p in model.boundary.parameters()]
+
+    def rest():
+        return [p.detach().clone() for n, p in model.named_parameters() if not n.startswith("boundary.")]
+
+    h0, r0 = head(), rest()
+    for n in (1, 2):
+        engine_step(engine, n, tokens)
+    assert all(torch.equal(a, b) for a, b in zip(h0, head()))
+    assert not all(torch.equal(a, b) for a, b in zip(r0, rest()))
+    lrs = [g["lr"] for g in engine.ds.optimizer.param_groups]
+    assert lrs[2] == lrs[3] == pytest.approx(0.5 * lrs[0]) and lrs[0] > 0  # for update 3
+    engine_step(engine, 3, tokens)
+    assert not all(torch.equal(a, b) for a, b in zip(h0, head()))
+    resumed = tiny_engine(cfg)
+    resumed.ds.lr_scheduler.last_epoch = engine.ds.lr_scheduler.last_epoch
+    resumed.load_state_dict(engine.state_dict())
+    assert [g["lr"] for g in resumed.ds.optimizer.param_groups] == pytest.approx(
+        [g["lr"] for g in engine.ds.optimizer.param_groups])
+    plain = tiny_engine(tiny_config(shards, tmp_path, "boundary.strategy=policy"))
+    assert len(plain.ds.optimizer.param_groups) == 2  # defaults: the groups (and checkpoints) of before
