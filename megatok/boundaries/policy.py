@@ -80,8 +80,10 @@ class Options(BaseModel):
                                       "over gamma_steps optimizer steps")
     gamma_steps: int = Field(0, ge=0, description="steps of the gamma schedule (with gamma_start)")
     # The policy's own pace (megatok.train.engine gives its parameters their own learning rate when one is set).
-    lr_scale: float = Field(1.0, gt=0, le=100, description="learning rate of the policy's own parameters (its heads) "
-                            "relative to train.lr")
+    lr_scale: float = Field(0.25, gt=0, le=100, description="learning rate of the policy's own parameters (its heads) "
+                            "relative to train.lr: 0.25 keeps the policy near its start until the main network has "
+                            "learned what a chunk start can be worth (docs/method.md, 'The policy's pace'); 1 is the "
+                            "published estimator")
     start_step: int = Field(0, ge=0, description="optimizer steps before the policy learns: until then its heads do "
                             "not move and neither the policy nor the rate term is on (the model trains on the chunks "
                             "of the policy as initialised: uniform random at the target rate)")

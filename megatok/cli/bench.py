@@ -9,13 +9,14 @@ import sys
 import torch
 
 from megatok.devices import device_option
-from megatok.studies import bench, bench_inference
+from megatok.studies import bench, bench_estimators, bench_inference
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The command line (tools/gpu_bench.sh's commands are checked against it)."""
     d = bench.Settings()
-    ap = argparse.ArgumentParser(description=f"{bench.__doc__}\n{bench_inference.__doc__}",
+    docs = (bench.__doc__, bench_inference.__doc__, bench_estimators.__doc__)
+    ap = argparse.ArgumentParser(description="\n".join(docs),
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", default=d.config, help="base config (default configs/tiny.json)")
     ap.add_argument("--set", dest="overrides", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
@@ -46,6 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--generation-step", choices=list(bench.GENERATION_STEPS), default=d.generation_step,
                     help="--inference: each step as cached (the default), static (fixed shapes) or compile (the "
                          "static step through torch.compile, compiled in the warm-up round)")
+    ap.add_argument("--estimators", default=None, metavar="METHOD,...",
+                    help="instead: seconds per training step of these megatok-replicate methods on --config, and each "
+                         "against the first (e.g. policy-published,policy,policy-disarm)")
     ap.add_argument("--profile", default=None, metavar="SHAPE/VARIANT",
                     help="instead: torch.profiler's top operators over --steps steps of one variant, e.g. small/policy")
     return ap
@@ -53,10 +57,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     ap = build_parser()
+    args = vars(ap.parse_args(argv))
+    estimators = args.pop("estimators")
     try:
-        settings = bench.Settings(**vars(ap.parse_args(argv)))
+        settings = bench.Settings(**args)
     except ValueError as e:
         ap.error(str(e))
+    if estimators is not None:
+        return bench_estimators.run(settings, [m for m in estimators.split(",") if m])
     return (bench_inference if settings.inference else bench).run(settings)
 
 

@@ -24,7 +24,8 @@ FORMAT = 2
 #: parts (no "format") that each holds: {part: {flat key: its key in the part}}.
 PARTS = {
     "model": {"param_shapes": "param_shapes", "model_files": "model_files"},
-    "engine": {"zero_stage": "zero_stage", "precision": "precision", "skipped_in_row": "skipped_in_row"},
+    "engine": {"zero_stage": "zero_stage", "precision": "precision", "skipped_in_row": "skipped_in_row",
+               "optimizer_groups": "optimizer_groups"},
     "data": {k: k for k in ("layout", "epoch", "epochs", "stream_origin", "data_digest", "data_digest_spelled")},
     "metrics": {"bytes_seen": "bytes_seen", "flops": "flops"},
     "evaluation": {"eval_pending": "pending"},
@@ -178,7 +179,7 @@ def parse_meta(text: str) -> dict:
 
         {"tag": "step00000004", "format": 2, "step": 4, "world_size": 2,
          "model": {"param_shapes": {...}, "model_files": {...}},   what model it holds (checked on resume)
-         "engine": {"zero_stage": 2, "precision": "fp32", "skipped_in_row": 0},
+         "engine": {"zero_stage": 2, "precision": "fp32", "skipped_in_row": 0, "optimizer_groups": 2},
          "data": {"layout": {...}, "epoch": 0, "stream_origin": {...}, "data_digest": "...", ...},
          "metrics": {"bytes_seen": 24576.0, "flops": 4.1e9},
          "evaluation": {"pending": false}}

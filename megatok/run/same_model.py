@@ -65,7 +65,8 @@ def _deepspeed_config(ckpt: Path) -> dict:
 
 def check_same_engine(meta: dict, ckpt: Path, cfg: Config, where: Path | None = None) -> None:
     """A CheckpointError, naming the keys and both values, when ``cfg`` trains under another ZeRO stage
-    (``zero_stage`` in the engine's part of the checkpoint's metadata ``meta``) or precision (``precision``) than the
+    (``zero_stage`` in the engine's part of the checkpoint's metadata ``meta``), precision (``precision``) or
+    number of optimizer groups (:func:`check_same_optimizer_groups`) than the
     checkpoint at ``ckpt`` (named ``where``, default ``ckpt``) was written with: DeepSpeed cannot load the one's states into the other, and
     fails late, after the process group started, with errors that read like damage or a bug. ZeRO
     stages 1 and 2 write the same files and resume each other. For a checkpoint written before the
@@ -88,13 +89,37 @@ def check_same_engine(meta: dict, ckpt: Path, cfg: Config, where: Path | None = 
                               f"({'; '.join(differ)}), which DeepSpeed cannot resume; set the config back, or "
                               f"use another train.run_dir, or --resume none to start over (the old run is set "
                               f"aside)")
+    check_same_optimizer_groups(engine.get("optimizer_groups", 2), cfg, where or ckpt)  # 2: before it was recorded
+
+
+def check_same_optimizer_groups(groups: int, cfg: Config, where: Path) -> None:
+    """A CheckpointError when the checkpoint at ``where`` was trained with ``groups`` optimizer groups and ``cfg``
+    makes another number: the policy's own learning rate (boundary.lr_scale, start_step, lr_warmup_steps)
+    gives its parameters groups of their own, and DeepSpeed cannot resume the one optimizer in the other."""
+    from megatok.train.engine import optimizer_groups
+
+    now = optimizer_groups(cfg)
+    if groups == now:
+        return
+    o = cfg.boundary.options
+    if groups < now:
+        raise CheckpointError(f"{where} was trained with the boundary policy's parameters in the model's optimizer "
+                              f"groups (boundary.lr_scale 1, start_step 0, lr_warmup_steps 0: the published setting, "
+                              f"the default before 2026-12-07) and the config gives them their own learning rate "
+                              f"(lr_scale {o.lr_scale:g}, start_step {o.start_step}, lr_warmup_steps "
+                              f"{o.lr_warmup_steps}), which DeepSpeed cannot resume; set boundary.lr_scale=1.0 (and "
+                              f"start_step, lr_warmup_steps 0) to resume it, or use another train.run_dir")
+    raise CheckpointError(f"{where} was trained with the boundary policy's own learning rate (its parameters in "
+                          f"optimizer groups of their own) and the config gives it none (boundary.lr_scale 1, "
+                          f"start_step 0, lr_warmup_steps 0), which DeepSpeed cannot resume; set them as the run was "
+                          f"trained (its config.json), or use another train.run_dir")
 
 
 def check_same_model(run_dir: str | Path, tag: str, cfg: Config) -> None:
     """A CheckpointError, naming what changed, when ``cfg`` builds another model than checkpoint ``tag``
     holds (its ``param_shapes``), points it at another tokenizer file (:func:`check_model_files`), or
-    trains it under another ZeRO stage or precision (:func:`check_same_engine`): what a resume checks,
-    before any process group."""
+    trains it under another ZeRO stage, precision or optimizer groups (:func:`check_same_engine`): what a
+    resume checks, before any process group."""
     ckpt = restorable(run_dir, tag)  # where resume_tag found it
     meta = parse_meta((ckpt / META).read_text())
     check_model_files(meta, checkpoint_dir(run_dir) / tag, cfg)

@@ -24,11 +24,77 @@ ALIGNED = 0.9
 RELIABLE = 0.8
 
 
+#: A run that has not aligned is still climbing at its end when its fraction rose by this much over its last
+#: CLIMB_STEPS steps (the map's runs must be long enough that none is).
+CLIMB, CLIMB_STEPS = 0.1, 100
+
+
 def run_figures(summary: dict) -> dict:
-    """``aligned_fraction`` (held-out, sampled) and ``steps_to_align`` (training rows) of one run."""
+    """``aligned_fraction`` (held-out, sampled), ``steps_to_align`` (training rows), the run's last step and
+    whether it is ``climbing`` at its end (not aligned, and its training fraction rose by CLIMB or more over
+    the last CLIMB_STEPS steps)."""
     held = summary.get("prose-sample", {}).get("sbw_boundary_fraction")
-    step = next((r["step"] for r in summary.get("curve", []) if (r.get("sbw_boundary_fraction") or 0) >= ALIGNED), None)
-    return {"aligned_fraction": held, "steps_to_align": step}
+    curve = [r for r in summary.get("curve", []) if r.get("sbw_boundary_fraction") is not None]
+    step = next((r["step"] for r in curve if r["sbw_boundary_fraction"] >= ALIGNED), None)
+    last = curve[-1]["step"] if curve else None
+    climbing = False
+    if curve and (held is None or held < ALIGNED):
+        earlier = [r for r in curve if r["step"] <= last - CLIMB_STEPS]
+        climbing = bool(earlier) and curve[-1]["sbw_boundary_fraction"] - earlier[-1]["sbw_boundary_fraction"] >= CLIMB
+    return {"aligned_fraction": held, "steps_to_align": step, "last_step": last, "climbing": climbing}
+
+
+def fit_alignment(points: list[tuple[float, bool]], floor: float) -> dict | None:
+    """P(align | r) = floor + (1 - floor) sigmoid(s (r - r50)) over runs (r: the value-to-noise ratio of the
+    run's level, aligned or not; ``floor``: the share aligned at level 0, where nothing pays), on a grid: r50
+    uniform over [0, 2 max r], the slope s log-uniform over [0.1, 1000]. Returns the posterior mode of r50 and
+    s, and for r50 and r90 (the ratio where P is 0.9) the median and the 95% central interval of the
+    posterior (None where it lies beyond the largest ratio tested: the map cannot place it). A map whose
+    aligned and unaligned runs are separated by r leaves r50 anywhere in the gap, and its interval says so.
+    None with fewer than two distinct ratios."""
+    import numpy as np
+    from scipy.special import expit, logsumexp
+
+    if len({r for r, _ in points}) < 2:
+        return None
+    r = np.array([x for x, _ in points], dtype=float)
+    y = np.array([float(v) for _, v in points])
+    top = 2 * r.max()
+    r50 = np.linspace(0, top, 801)[:, None, None]
+    slope = np.geomspace(0.1, 1000, 241)[None, :, None]
+    p = np.clip(floor + (1 - floor) * expit(slope * (r[None, None, :] - r50)), 1e-12, 1 - 1e-12)
+    logpost = (y * np.log(p) + (1 - y) * np.log(1 - p)).sum(-1)
+    w = np.exp(logpost - logsumexp(logpost))
+    mode = np.unravel_index(np.argmax(logpost), logpost.shape)
+    q = (0.9 - floor) / (1 - floor)
+    r90 = r50 + (np.log(q / (1 - q)) / slope if 0 < q < 1 else np.inf)
+    result = {"r50_mode": float(r50[mode[0], 0, 0]), "slope_mode": float(slope[0, mode[1], 0]), "floor": floor,
+              "n": len(points)}
+    for name, grid in (("r50", np.broadcast_to(r50[..., 0], w.shape)), ("r90", r90[..., 0])):
+        order = np.argsort(grid, axis=None)
+        values, cum = grid.flat[order], np.cumsum(w.flat[order])
+        lo, med, hi = (values[min(np.searchsorted(cum, c), len(values) - 1)] for c in (0.025, 0.5, 0.975))
+        result[name] = None if med > r.max() else float(med)  # beyond the ratios tested: the map cannot say
+        result[f"{name}_ci"] = [float(lo), None if hi > r.max() else float(hi)]
+    return result
+
+
+def survival(runs: list[dict]) -> dict | None:
+    """Kaplan-Meier estimate of the share of runs aligned by each step (``steps_to_align``; a run that never
+    aligned is censored at its last step): {"steps": [...], "aligned": [...]} and the median step, None when
+    no run has a last step."""
+    from scipy import stats
+
+    done = [r["steps_to_align"] for r in runs if r.get("steps_to_align") is not None]
+    censored = [r["last_step"] for r in runs if r.get("steps_to_align") is None and r.get("last_step") is not None]
+    if not done and not censored:
+        return None
+    if not done:
+        return {"steps": [max(censored)], "aligned": [0.0], "median": None}
+    sf = stats.ecdf(stats.CensoredData(uncensored=done, right=censored)).sf
+    steps, alive = sf.quantiles.tolist(), sf.probabilities.tolist()
+    median = next((s for s, p in zip(steps, alive) if p <= 0.5), None)
+    return {"steps": steps, "aligned": [1 - p for p in alive], "median": median}
 
 
 def read_probes(out: Path) -> dict[float, dict]:
@@ -60,7 +126,7 @@ def probe_figures(probe: dict) -> dict:
 
 def aggregate(summaries: list[dict], probes: dict[float, dict]) -> dict:
     """{"levels": [...], "methods": {method: {level: figures over seeds}}, "probes": {level: ...},
-    "thresholds": {method: ...}}."""
+    "thresholds": {method: ...}, "fits": {method: map_fit}, "survival": {method: {level: survival}}}."""
     levels = sorted({s["level"] for s in summaries if s.get("level") is not None} | set(probes))
     methods: dict[str, dict] = {}
     for s in summaries:
@@ -81,6 +147,7 @@ def aggregate(summaries: list[dict], probes: dict[float, dict]) -> dict:
                 "aligned": sum(f >= ALIGNED for f in fractions),
                 "aligned_fraction": [round(f, 4) for f in fractions],
                 "steps_to_align": steps,
+                "climbing": sum(bool(r["climbing"]) for r in runs),
                 "median_steps": statistics.median([x for x in steps if x is not None]) if any(x is not None for x in steps)
                 else None,
                 "bpb": {"mean": statistics.fmean(bpbs), "min": min(bpbs), "max": max(bpbs)} if bpbs else None,
@@ -88,7 +155,23 @@ def aggregate(summaries: list[dict], probes: dict[float, dict]) -> dict:
                 else None}
     probe_table = {f"{level:g}": probe_figures(p) for level, p in sorted(probes.items())}
     return {"levels": [f"{v:g}" for v in levels], "methods": table, "probes": probe_table,
-            "thresholds": {m: threshold(table[m], probe_table) for m in table}}
+            "thresholds": {m: threshold(table[m], probe_table) for m in table},
+            "fits": {m: map_fit(table[m], probe_table) for m in table},
+            "survival": {m: {f"{lv:g}": survival(rs) for lv, rs in sorted(by_level.items())}
+                         for m, by_level in methods.items()}}
+
+
+def map_fit(by_level: dict, probes: dict) -> dict | None:
+    """fit_alignment over a method's runs at the levels with a probe (their value-to-noise ratio), its floor
+    the share of its seeds aligned at level 0 (0 where level 0 was not run)."""
+    points = []
+    for lv, cell in by_level.items():
+        ratio = (probes.get(lv) or {}).get("ratio")
+        if ratio is not None:
+            points += [(max(0.0, ratio), f >= ALIGNED) for f in cell["aligned_fraction"]]
+    zero = by_level.get("0")
+    floor = zero["aligned"] / zero["n"] if zero and zero["n"] else 0.0
+    return fit_alignment(points, floor) if points else None
 
 
 def threshold(by_level: dict, probes: dict) -> dict:
@@ -150,6 +233,34 @@ def markdown(agg: dict, header: str) -> str:
                 f" (not at level {t['highest_unreliable']}, ratio {_num(t['ratio_below'], '.4f')})")
             lines.append(f"- {m}: from level {t['level']} on, where a start at a space before a word is worth "
                          f"{_num(t['ratio'], '.4f')} of the return's noise{below}.")
+    fits = {m: f for m, f in agg.get("fits", {}).items() if f}
+    if fits:
+        lines += ["", "## P(align) against the value-to-noise ratio", "",
+                  "P = floor + (1 - floor) sigmoid(s (r - r50)) fitted to every run at a level with a probe (r: "
+                  "that level's value / noise; floor: the share of seeds aligned at level 0, where nothing pays); "
+                  "r50 and r90: the ratios where P is halfway from the floor to 1 and where it is 0.9, posterior "
+                  "median and 95% interval on a grid (flat in r50, log-flat in s; inf / n/a: beyond the ratios tested).", "",
+                  "| method | runs | floor | r50 (95% interval) | r90 (95% interval) |", "|---|---|---|---|---|"]
+        for m, f in fits.items():
+            def cell(k):
+                lo, hi = f[f"{k}_ci"]
+                return f"{_num(f[k], '.3f')} ({lo:.3f}-{'inf' if hi is None else format(hi, '.3f')})"
+
+            lines.append(f"| {m} | {f['n']} | {f['floor']:.2f} | {cell('r50')} | {cell('r90')} |")
+    surv = agg.get("survival", {})
+    if surv:
+        lines += ["", "## Time to align", "",
+                  "Kaplan-Meier median of the first logged step at which the run's training fraction reached "
+                  f"{ALIGNED:g} (runs that never did censored at their last step; n/a: fewer than half aligned), and "
+                  f"the runs not aligned whose fraction still rose by {CLIMB:g} or more over their last {CLIMB_STEPS} "
+                  "steps (still climbing at the end).", "",
+                  "| method | " + " | ".join(f"level {lv}" for lv in levels) + " |", "|---|" + "---|" * len(levels)]
+        for m, by_level in agg["methods"].items():
+            cells = []
+            for lv in levels:
+                c, k = by_level.get(lv), (surv.get(m) or {}).get(lv)
+                cells.append("" if c is None else f"{_num((k or {}).get('median'), 'g')}; climbing {c['climbing']}")
+            lines.append(f"| {m} | " + " | ".join(cells) + " |")
     lines += ["", "## Held-out bits per byte", "", "Mean (min-max) over seeds.", "",
               "| method | " + " | ".join(f"level {lv}" for lv in levels) + " |", "|---|" + "---|" * len(levels)]
     for m, by_level in agg["methods"].items():
@@ -221,4 +332,29 @@ def plots(summaries: list[dict], agg: dict, out: Path) -> list[str]:
         fig.savefig(out / "alignment.png", dpi=110)
         plt.close(fig)
         written.append("alignment.png")
+    surv = agg.get("survival", {})
+    if any(k for by_level in surv.values() for k in by_level.values()) and levels:
+        fig, axes = plt.subplots(1, len(levels), figsize=(3.2 * len(levels), 3.2), squeeze=False, sharey=True)
+        for i, (m, by_level) in enumerate(surv.items()):
+            for lv, k in by_level.items():
+                if k and lv in levels:
+                    axes[0][levels.index(lv)].step([0, *k["steps"]], [0, *k["aligned"]], where="post",
+                                                  color=f"C{i % 10}", label=m)
+        for lv, ax in zip(levels, axes[0]):
+            ax.set_title(f"level {lv}")
+            ax.set_xlabel("step")
+            ax.set_ylim(-0.05, 1.05)
+            ax.grid(alpha=0.3)
+        axes[0][0].set_ylabel(f"share of runs aligned (>= {ALIGNED:g}), Kaplan-Meier")
+        handles, labels = [], []
+        for ax in axes[0]:
+            for h, lab in zip(*ax.get_legend_handles_labels()):
+                if lab not in labels:
+                    handles.append(h)
+                    labels.append(lab)
+        axes[0][-1].legend(handles, labels, fontsize=7)
+        fig.tight_layout()
+        fig.savefig(out / "survival.png", dpi=110)
+        plt.close(fig)
+        written.append("survival.png")
     return written

@@ -79,6 +79,14 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
     return groups
 
 
+def optimizer_groups(cfg) -> int:
+    """How many optimizer groups param_groups makes for the model ``cfg`` builds (4 where its boundary strategy
+    sets its own learning rate, else 2), from the model on the meta device."""
+    from megatok.flops import build_meta_model
+
+    return 4 if own_lr(build_meta_model(cfg)) else 2
+
+
 def group_schedules(model: torch.nn.Module, schedule: Callable[[int], float], groups: int) -> list[Callable]:
     """The learning-rate factor of each of param_groups' groups: the model's ``schedule``, and for the
     strategy's own groups (the last two, with own_lr) that times the strategy's lr_factor."""
@@ -155,7 +163,7 @@ class Engine:
 
     def state_dict(self) -> dict:
         return {"zero_stage": self.zero_stage, "precision": "bf16" if self.ds.bfloat16_enabled() else "fp32",
-                "skipped_in_row": self.skipped_in_row}
+                "skipped_in_row": self.skipped_in_row, "optimizer_groups": len(self.schedules)}
 
     def load_state_dict(self, state: dict) -> None:
         """After DeepSpeed loaded its states: the streak of skipped steps goes on across the resume, and

@@ -19,10 +19,10 @@ def policy(**options):
 
 
 def test_the_learning_rate_factor_of_the_policys_own_parameters():
-    assert policy().lr_factor(0) is None  # defaults: the heads follow the model's schedule
+    assert policy(lr_scale=1.0).lr_factor(0) is None  # the published setting: the heads follow the model's schedule
+    assert [policy().lr_factor(s) for s in (0, 500)] == [0.25, 0.25]  # the default
     strat = policy(start_step=10, lr_warmup_steps=4, lr_scale=0.5)
     assert [strat.lr_factor(s) for s in (0, 9, 10, 11, 13, 100)] == [0, 0, 0.125, 0.25, 0.5, 0.5]
-    assert [policy(lr_scale=0.25).lr_factor(s) for s in (0, 500)] == [0.25, 0.25]
 
 
 def test_before_start_step_neither_term_moves_anything_and_from_it_the_published_terms_are_back():

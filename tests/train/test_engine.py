@@ -22,10 +22,14 @@ def test_the_engine_trains_on_inputs_and_next_bytes_with_weight_decay_on_matrice
         want = engine.ds.module(tokens[:, :-1], tokens[:, 1:]).loss
         torch.manual_seed(1)
         assert engine.forward(tokens).loss == want  # inputs tokens[:, :-1], targets tokens[:, 1:]
-    decay, rest = param_groups(engine.ds.module, 0.1)
-    assert {p.dim() for p in decay["params"]} == {2} and {p.dim() for p in rest["params"]} == {1}
-    assert len(decay["params"]) + len(rest["params"]) == len(list(engine.ds.module.parameters()))
-    assert [g["weight_decay"] for g in engine.ds.optimizer.param_groups] == [0.1, 0.0]
+    # the policy's own parameters (its default lr_scale) are the last two groups, with the same weight decay rule
+    decay, rest, own_decay, own_rest = param_groups(engine.ds.module, 0.1)
+    for d, r in ((decay, rest), (own_decay, own_rest)):
+        assert {p.dim() for p in d["params"]} == {2} and {p.dim() for p in r["params"]} == {1}
+    assert {id(p) for g in (own_decay, own_rest) for p in g["params"]} == {
+        id(p) for p in engine.ds.module.boundary.parameters()}
+    assert sum(len(g["params"]) for g in (decay, rest, own_decay, own_rest)) == len(list(engine.ds.module.parameters()))
+    assert [g["weight_decay"] for g in engine.ds.optimizer.param_groups] == [0.1, 0.0, 0.1, 0.0]
     assert engine.lr == cfg.train.lr / cfg.train.warmup_steps  # the first step's
     before = weights(engine)
     assert engine_step(engine, 1, tokens) == 0
@@ -43,7 +47,7 @@ def test_skipped_updates_are_counted_and_a_streak_longer_than_the_limit_ends_the
     assert [engine_step(engine, 1, tokens, True), engine_step(engine, 2, tokens, True)] == [1, 1]
     assert all(torch.equal(w, p) for w, p in zip(before, weights(engine)))  # no update
     assert [engine_step(engine, 3, tokens), engine_step(engine, 4, tokens, True)] == [0, 1]
-    assert engine.state_dict() == {"zero_stage": 2, "precision": "fp32", "skipped_in_row": 1}
+    assert engine.state_dict() == {"zero_stage": 2, "precision": "fp32", "skipped_in_row": 1, "optimizer_groups": 4}
     resumed = tiny_engine(cfg)
     resumed.load_state_dict(engine.state_dict())
     assert engine_step(resumed, 5, tokens, True) == 1  # the second in a row
@@ -88,5 +92,5 @@ def test_the_policys_own_learning_rate_under_the_deepspeed_engine(single_rank, s
     resumed.load_state_dict(engine.state_dict())
     assert [g["lr"] for g in resumed.ds.optimizer.param_groups] == pytest.approx(
         [g["lr"] for g in engine.ds.optimizer.param_groups])
-    plain = tiny_engine(tiny_config(shards, tmp_path, "boundary.strategy=policy"))
-    assert len(plain.ds.optimizer.param_groups) == 2  # defaults: the groups (and checkpoints) of before
+    published = tiny_engine(tiny_config(shards, tmp_path, "boundary.strategy=policy", "boundary.lr_scale=1.0"))
+    assert len(published.ds.optimizer.param_groups) == 2  # the published setting: the groups (and checkpoints) of before

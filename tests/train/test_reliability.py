@@ -610,7 +610,8 @@ def test_resuming_under_another_zero_stage_or_precision_is_refused_before_anythi
     (after the process group started) with errors that read like damage or a bug. The checkpoint records
     both; a changed one is one line naming the key and both values, exit 2, before any process group,
     nothing in the run directory changed. A checkpoint written before the precision was recorded is read
-    from DeepSpeed's own files. ZeRO-1 writes ZeRO-2's files: it resumes (shown for real below)."""
+    from DeepSpeed's own files. ZeRO-1 writes ZeRO-2's files: it resumes (shown for real below). So is a
+    changed number of optimizer groups (the policy's own learning rate, boundary.lr_scale)."""
     launch = launch_module()
     started = []
     monkeypatch.setattr(launch, "run", lambda cfg, resume, lock_wait_s: started.append(resume) or 0)
@@ -637,6 +638,16 @@ def test_resuming_under_another_zero_stage_or_precision_is_refused_before_anythi
     for extra, want in cases:
         refused(extra, want)
     refused([f"{bf16}=true"], f"({bf16}: false in the checkpoint, true now), ", "step00000004", "step00000004")
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before and started == []
+    # the policy's own learning rate puts its parameters in optimizer groups of their own: the other setting is
+    # refused the same way, naming the keys
+    own = checkpoints.read_meta(run, "step00000008")["engine"].get("optimizer_groups", 2) == 4
+    other = ["boundary.lr_scale=1.0"] if own else ["boundary.lr_scale=0.5"]
+    assert launch.main(args(shards, run, "train.max_steps=10", "train.global_batch_size=8", *other)) == 2
+    (line,) = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("error:")]
+    assert line.startswith(f"error: --resume auto: {run / 'checkpoints' / 'step00000008'} was trained with the "
+                           f"boundary policy's "), line
+    assert "boundary.lr_scale" in line and "which DeepSpeed cannot resume" in line, line
     assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before and started == []
 
     for meta in run.glob("checkpoints/step*/megatok.json"):  # as written before the precision was recorded
