@@ -1,8 +1,11 @@
-"""The regression guard: the published policy, trained on the positive control at its strongest level, learns
-to start chunks at the spaces before words. A change that breaks the estimator (its sign, its credit, the
-returns, the rate term, the sampling) leaves the policy where it started (a fifth of the spaces, as
-uniform) and fails here. A small, fast version of configs/replication/control.json (about a minute of
-one core); the map in docs/replication/control/ has the full-size runs."""
+"""The regression guard: megatok's default policy, trained on the positive control at its strongest level,
+learns to start chunks at the spaces before words on every seed it is given, and these are seeds on which the
+published estimator (boundary.lr_scale 1) goes the other way: it avoids those spaces (0.03, 0.01 and 0.02 of
+them start a chunk at step 600 in docs/replication/control-screen/). A change that breaks the estimator (its
+sign, its credit, the returns, the rate term, the sampling) leaves the policy where it started, and one that
+breaks its pace (the drift the default exists to stop) lets it wander off; either fails here. The control
+config as the map trains it, 400 steps of its 600-step schedule on a 3 MB corpus: about 90 seconds of one core
+a seed."""
 
 import json
 
@@ -12,26 +15,31 @@ from tests.conftest import ROOT, pretrain, run_main
 
 pytestmark = pytest.mark.dist
 
-STEPS = 350
-SMALL = ["model.d_model=32", "model.n_heads=1", "model.d_main=128", "model.n_main_heads=4", "model.n_main_layers=1",
-         "data.seq_len=128", "train.micro_batch_size=32", "train.global_batch_size=32", "train.lr=8e-3",
-         f"train.max_steps={STEPS}", f"train.save_every={STEPS}", "eval.max_sequences=32"]
+#: Seeds on which the published estimator avoids the spaces before words and the default aligns by step 320,
+#: 300 and 190 (docs/replication/control-screen/).
+SEEDS = (14, 15, 19)
+STEPS = 400
 
 
-def test_the_published_policy_aligns_on_the_control(tmp_path, capsys):
+def test_the_default_policy_aligns_on_the_control_where_the_published_one_does_not(tmp_path, capsys):
     corpus = tmp_path / "control.jsonl.gz"
-    assert run_main(capsys, "make_corpus", "--preset", "control", "--level", "1", "--max-mb", "2",
+    assert run_main(capsys, "make_corpus", "--preset", "control", "--level", "1", "--max-mb", "3",
                     "--out", corpus).returncode == 0
     assert run_main(capsys, "build_shards", corpus, "--out", tmp_path / "shards", "--val-fraction", "0.02",
                     "--num-shards", "2", "--no-progress").returncode == 0
-    run = tmp_path / "run"
-    pretrain(["--config", str(ROOT / "configs/replication/control.json"), "--set", *SMALL,
-              f"data.shards={tmp_path / 'shards'}", f"train.run_dir={run}", "boundary.strategy=policy"], timeout=600)
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    train = [r for r in rows if r.get("split") == "train"]
-    val = next(r for r in rows if r.get("split") == "val" and r["step"] == STEPS)
-    first, last = train[0], train[-1]
-    assert first["sbw_boundary_fraction"] < 0.4  # it starts near the target rate everywhere
-    assert last["sbw_boundary_fraction"] >= 0.9 and val["val_sbw_boundary_fraction"] >= 0.9, (last, val)
-    # and it pays: the main network, fed the separator, beats the byte layers alone by the ending's bits
-    assert last["bpb_early"] - last["bpb"] > 0.2
+    got = {}
+    for seed in SEEDS:
+        run = tmp_path / f"seed{seed}"
+        pretrain(["--config", str(ROOT / "configs/replication/control.json"), "--set", f"train.seed={seed}",
+                  f"train.max_steps={STEPS}", "train.schedule_steps=600", f"train.save_every={STEPS}",
+                  "eval.max_sequences=32", f"data.shards={tmp_path / 'shards'}", f"train.run_dir={run}",
+                  "boundary.strategy=policy"], timeout=900)
+        rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        train = [r for r in rows if r.get("split") == "train"]
+        val = next(r for r in rows if r.get("split") == "val" and r["step"] == STEPS)
+        assert train[0]["sbw_boundary_fraction"] < 0.4  # it starts near the target rate everywhere
+        got[seed] = (train[-1]["sbw_boundary_fraction"], val["val_sbw_boundary_fraction"],
+                     train[-1]["bpb_early"] - train[-1]["bpb"])
+    # every seed aligned, and it pays: the main network, fed the separator, beats the byte layers by the
+    # ending's bits
+    assert all(last >= 0.9 and held >= 0.9 and gain > 0.2 for last, held, gain in got.values()), got
