@@ -399,7 +399,10 @@ def _read_json(path: Path, chain: tuple[Path, ...] = ()) -> dict:
     if path in chain:
         raise ConfigError(f"{chain[0]}: 'extends' forms a cycle through {path}")
     try:
-        raw = json.loads(path.read_text())
+        raw = json.loads(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start}); save the "
+                          f"config as UTF-8") from None
     except FileNotFoundError:
         where = f"{chain[-1]}: extends" if chain else "config"
         raise ConfigError(f"{where}: file not found: {path}") from None
@@ -543,6 +546,7 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] = ()
     if overrides:
         where += " (with --set " + " ".join(overrides) + ")"
     _strategy_text_options(raw, overrides)
+    _check_finite(raw, where)
     try:
         cfg = Config.model_validate(raw)
     except ValidationError as e:
@@ -551,6 +555,20 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] = ()
     _check_derived(cfg, where, world_size if world_size is not None else int(os.environ.get("WORLD_SIZE", "1")),
                    world_from)
     return cfg
+
+
+def _check_finite(raw: Any, where: str, path: str = "") -> None:
+    """A ConfigError naming the key of the first number that is not finite (JSON's NaN and Infinity, which
+    Python's reader takes, or a literal such as 1e400 that overflows): no setting means infinity."""
+    if isinstance(raw, dict):
+        for k, v in raw.items():
+            key = f".{k}" if re.fullmatch(r"[A-Za-z_]\w*", str(k)) else f"[{json.dumps(k)}]"  # a mixture's source
+            _check_finite(v, where, f"{path}{key}" if path else str(k))
+    elif isinstance(raw, list):
+        for i, v in enumerate(raw):
+            _check_finite(v, where, f"{path}[{i}]")
+    elif isinstance(raw, float) and not math.isfinite(raw):
+        raise ConfigError(f"{where}: {path}: {raw} is not a finite number")
 
 
 def _strategy_text_options(raw: dict, overrides: list[str]) -> None:

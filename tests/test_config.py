@@ -142,6 +142,23 @@ def test_extends_cycle_missing_file_and_bad_json(tmp_path):
     assert "d.json" in msg and "line 1" in msg
 
 
+def test_numbers_that_are_not_finite_and_text_that_is_not_utf8_are_one_line(tmp_path):
+    """JSON's NaN and Infinity, which Python's reader takes, and literals that overflow (1e400) are one error
+    naming the key, in a file or a --set; so is a config file that is not UTF-8 (no traceback)."""
+    msg = error_of(write(tmp_path, "a.json", '{"train": {"dist_timeout_s": Infinity}}'))
+    assert msg.endswith("a.json: train.dist_timeout_s: inf is not a finite number"), msg
+    assert "train.lr: inf is not a finite number" in error_of(write(tmp_path, "b.json", '{"train": {"lr": 1e400}}'))
+    assert "train.betas[1]: nan is not a finite number" in error_of(
+        write(tmp_path, "c.json", '{"train": {"betas": [0.9, NaN]}}'))
+    with pytest.raises(ConfigError, match=r"--set boundary.gamma=-Infinity\): boundary.gamma: -inf is not a finite"):
+        load_config(ROOT / "configs/tiny.json", ["boundary.gamma=-Infinity"])
+    latin = tmp_path / "d.json"
+    text = b'{"train": {"run_dir": "runs/caf\xe9"}}'  # Latin-1, not UTF-8
+    latin.write_bytes(text)
+    want = f"d.json: not UTF-8 text (byte 0xe9 at offset {text.index(0xe9)}); save the config as UTF-8"
+    assert error_of(latin).endswith(want)
+
+
 def test_deepspeed_section_is_checked(tmp_path):
     msg = error_of(write(tmp_path, "c.json", {"deepspeed": {"train_batch_size": 8}}))
     assert "deepspeed.train_batch_size" in msg and "train.global_batch_size" in msg
@@ -206,7 +223,8 @@ def test_mixture_weights_are_checked(tmp_path):
     assert cfg.data.shards == {"data/web": 3.0, "data/code": 0.5}
     msg = error_of(write(tmp_path, "zero.json", {"data": {"shards": {"data/web": 3, "data/code": 0}}}))
     assert "data.shards" in msg and "'data/code' must be a positive finite number, not 0" in msg
-    assert "not inf" in error_of(write(tmp_path, "inf.json", '{"data": {"shards": {"data/web": Infinity}}}'))
+    msg = error_of(write(tmp_path, "inf.json", '{"data": {"shards": {"data/web": Infinity}}}'))
+    assert msg.endswith('data.shards["data/web"]: inf is not a finite number'), msg
     msg = error_of(write(tmp_path, "text.json", {"data": {"val_shards": {"data/web": "half"}}}))
     assert "data.val_shards" in msg and "'data/web'" in msg
     assert "at least one source" in error_of(write(tmp_path, "empty.json", {"data": {"shards": {}}}))
