@@ -151,6 +151,24 @@ def test_recorded_study_configs_keep_their_digests(tmp_path):
     assert got == want
 
 
+def test_recorded_control_runs_keep_their_digests(tmp_path):
+    """Every run recorded in docs/replication/control/results.json gets the same config digest from today's
+    code: the published estimator's rows, relabelled policy-published when megatok's default changed, are
+    the same experiments, and no key added since makes a recorded run a new one."""
+    from megatok.studies.replicate import write_configs
+    from megatok.studies.replication import PRESETS
+
+    recorded = json.loads((ROOT / "docs/replication/control/results.json").read_text())["runs"]
+    got = {}
+    for level in sorted({r["level"] for r in recorded}):
+        at = [r for r in recorded if r["level"] == level]
+        for r in write_configs(PRESETS["control"], tmp_path / f"l{level}", {"shards": "data/x"},
+                               sorted({r["seed"] for r in at}), sorted({r["method"] for r in at}), [], 1, level):
+            got[(r["method"], r["seed"], level)] = r["digest"]
+    assert {(r["method"], r["seed"], r["level"]): r["config_digest"] for r in recorded} == {
+        k: got[k] for k in ((r["method"], r["seed"], r["level"]) for r in recorded)}
+
+
 @pytest.mark.dist
 def test_the_control_preset_trains_probes_and_merges_invocations(tmp_path):
     tiny = ["--set", "train.max_steps=4", "train.log_every=2", "model.d_main=64", "model.n_main_heads=2",
