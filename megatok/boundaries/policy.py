@@ -73,9 +73,12 @@ class Options(BaseModel):
     lambda_value: float = Field(0.01, ge=0, description="weight of the value head's squared-error loss")
     normalize_advantage: bool = Field(False, description="divide the returns by their standard deviation over the "
                                       "micro-batch's decisions")
-    start_margin: float | None = Field(None, ge=0, description="policy term off until the early-exit head trails the "
-                                       "full model by this many bits per byte (mean over a micro-batch and all ranks); "
-                                       "latched on from then")
+    start_margin: float | None = Field(None, ge=0, description="the policy learns once the early-exit head trails the "
+                                       "full model by this many bits per byte (a moving average over micro-batches and "
+                                       "all ranks, from start_step on); until then neither its term nor the rate term "
+                                       "is on; latched on from then")
+    start_ema: float = Field(0.95, ge=0, lt=1, description="decay per micro-batch of start_margin's moving average "
+                             "(0: each micro-batch alone)")
     gamma_start: float | None = Field(None, ge=0, le=1, description="discount at step 0, moving linearly to gamma "
                                       "over gamma_steps optimizer steps")
     gamma_steps: int = Field(0, ge=0, description="steps of the gamma schedule (with gamma_start)")
@@ -143,6 +146,7 @@ class Strategy(BoundaryStrategy):
             initialise(self.value_head, lambda m: (nn.init.zeros_(m.weight), nn.init.zeros_(m.bias)))
         if options.start_margin is not None:
             self.register_buffer("started", torch.zeros((), dtype=torch.bool))
+            self.register_buffer("gap_ema", torch.zeros((), dtype=torch.float32))
         # window 1: b_t reads h_{t-lag} and its noise
         self.reach = options.lag if options.window == 1 else None
 
@@ -317,10 +321,8 @@ class Strategy(BoundaryStrategy):
             returns = returns - value.detach()
         if o.normalize_advantage:
             returns = rl.normalize(returns, decisions)
-        on = float(self.learning())
+        on = self._on(ce_full, ce_early, mask)
         weight = o.lambda_policy * on
-        if o.start_margin is not None:
-            weight = weight * self._latch_start((ce_early - ce_full).detach().float() * mask, mask)
         logits = b.extra["logits"]
         terms["policy_loss"] = rl.policy_loss(b.log_probs, returns, decisions, weight)
         terms["rate_loss"] = rl.rate_loss(logits, b.probs, mask, self.target_rate, o.lambda_rate * on,
@@ -340,12 +342,21 @@ class Strategy(BoundaryStrategy):
         p = torch.sigmoid(b.extra["logits"].detach().float())
         return (1 - eps) * p * (1 - p) * (starts / drawn - (1 - starts) / (1 - drawn))
 
-    def _entropy_term(self, terms: dict, logits: torch.Tensor, decisions: torch.Tensor, on: float) -> None:
+    def _on(self, ce_full, ce_early, mask):
+        """What the policy's terms (policy, rate, entropy) are multiplied by: 0 before start_step; with
+        start_margin, from then on the latch (a 0/1 tensor on the device), else 1."""
+        if not self.learning():
+            return 0.0
+        if self.options.start_margin is None:
+            return 1.0
+        return self._latch_start((ce_early - ce_full).detach().float() * mask, mask)
+
+    def _entropy_term(self, terms: dict, logits: torch.Tensor, decisions: torch.Tensor, on) -> None:
         """entropy_loss = entropy x (its share now) x the mean over decisions of KL(Bernoulli(p_t) ||
         Bernoulli(rho)): the entropy of p_t, less its cross-entropy with the target rate rho."""
-        weight = self.options.entropy * self.exploring() * on
+        weight = self.options.entropy * self.exploring()
         if weight:
-            terms["entropy_loss"] = weight * rl.masked_mean(rl.bernoulli_kl(logits, self.target_rate), decisions)
+            terms["entropy_loss"] = weight * on * rl.masked_mean(rl.bernoulli_kl(logits, self.target_rate), decisions)
 
     def _disarm_loss(self, b, reward, ce_full, ce_early, mask):
         """The policy term from antithetic pairs (rows 2i, 2i + 1): the surrogate -lambda mean(g_t logit_t)
@@ -355,10 +366,8 @@ class Strategy(BoundaryStrategy):
         logits = b.extra["logits"]
         g = rl.disarm_credit(returns, b.starts, logits[0::2].detach())
         decisions = (mask & ~b.forced)[0::2]
-        on = float(self.learning())
+        on = self._on(ce_full, ce_early, mask)
         weight = o.lambda_policy * on
-        if o.start_margin is not None:
-            weight = weight * self._latch_start((ce_early - ce_full).detach().float() * mask, mask)
         terms = {"policy_loss": -weight * rl.masked_mean(g.detach() * logits[0::2], decisions),
                  "rate_loss": rl.rate_loss(logits, b.probs, mask, self.target_rate, o.lambda_rate * on,
                                            per_sequence=o.rate_scope == "sequence")}
@@ -369,17 +378,22 @@ class Strategy(BoundaryStrategy):
         return terms
 
     def _latch_start(self, gap: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """1.0 if the policy term is on for this micro-batch, else 0.0 (a float tensor on the device, read by
-        no one on the host): the latch as it stood before it (so the switch never depends on this batch's
-        own samples), then updated with this batch's mean CE_early - CE_full (whatever the reward option;
-        averaged over ranks, so every rank's latch, which checkpoints save, is the same). Once on, the latch
-        stays on: the update is an or."""
+        """1.0 if the policy's terms are on for this micro-batch, else 0.0 (a float tensor on the device, read
+        by no one on the host): the latch as it stood before it (so the switch never depends on this batch's
+        own samples), then updated: this batch's mean CE_early - CE_full in bits per byte (whatever the reward
+        option; averaged over ranks, so every rank's latch, which checkpoints save, is the same) enters the
+        moving average gap_ema (decay start_ema), and the latch turns on once that average exceeds
+        start_margin. Once on, it stays on: the update is an or. Called from start_step on only, so the gap
+        of the first steps (the early-exit head still far behind) never enters the average."""
         on = self.started.float()
         if self.training:
             sums = torch.stack([gap.sum(), mask.float().sum()]).double()
             if torch.distributed.is_available() and torch.distributed.is_initialized():
                 torch.distributed.all_reduce(sums)
-            self.started.logical_or_(sums[0] / sums[1].clamp(min=1) / math.log(2) > self.options.start_margin)
+            batch = (sums[0] / sums[1].clamp(min=1) / math.log(2)).float()
+            decay = self.options.start_ema
+            self.gap_ema.mul_(decay).add_((1 - decay) * batch)
+            self.started.logical_or_(self.gap_ema > self.options.start_margin)
         return on
 
 

@@ -59,6 +59,12 @@ METHODS: dict[str, tuple[list[str], str]] = {
                         "megatok's default from step 100 (uniform random chunks before)"),
     "policy-warmslow200": (["boundary.strategy=policy", "boundary.start_step=200"],
                            "megatok's default from step 200 (uniform random chunks before)"),
+    "policy-latch": (["boundary.strategy=policy", "boundary.start_step=50", "boundary.start_margin=0.02"],
+                     "megatok's default pace, learning once the full model beats the early-exit head by 0.02 bits "
+                     "per byte (a moving average from step 50)"),
+    "policy-latchfast": ([*PUBLISHED, "boundary.start_step=50", "boundary.start_margin=0.02"],
+                         "the published estimator, learning once the full model beats the early-exit head by 0.02 "
+                         "bits per byte (a moving average from step 50)"),
     "policy-slowexplore": (["boundary.strategy=policy", "boundary.explore=0.5", "boundary.explore_steps=400"],
                            "megatok's default, drawn from (1 - e) p + e rho, e falling from 0.5 to 0 over 400 steps"),
     "hnet": (["boundary.strategy=hnet"], "H-Net cosine router, straight-through, ratio loss"),

@@ -147,3 +147,27 @@ def test_the_trace_of_returns_rewards_and_logits_per_class():
     assert r["logit_sbw"] == pytest.approx(b.extra["logits"][sel].mean().item(), rel=1e-5)
     u = (G.float() * (b.starts.float() - b.probs.detach()))[sel]
     assert r["u_sbw"] == pytest.approx(u.mean().item(), rel=1e-4)
+
+
+def test_the_margin_latch_averages_the_gap_from_start_step_and_freezes_both_terms_until_it_opens():
+    """start_margin with start_ema 0.5: the gap (CE_early - CE_full, bits per byte) enters a moving average
+    only from start_step on; the latch opens once the average passes the margin (after the micro-batch that
+    takes it there); until then the policy, rate and entropy terms give no gradient to anything."""
+    h, mask, ce_full, _ = inputs()
+    strat = decisive(policy(start_margin=0.3, start_ema=0.5, start_step=2, entropy=0.1)).train()
+    h = h.clone().requires_grad_(True)
+    b = strat(h, None, mask)
+    gap = (ce_full + 0.4 * math.log(2)) * mask  # the early head 0.4 bits per byte behind
+    strat.step = 1  # before start_step: the average does not move
+    strat.loss(b, ce_full, gap, mask)
+    assert strat.gap_ema.item() == 0 and not strat.started
+    strat.step = 2
+    for want in (0.2, 0.3):  # 0.5 * 0.4, then 0.5 * 0.2 + 0.5 * 0.4: not above the margin yet
+        terms = strat.loss(b, ce_full, gap, mask)
+        assert strat.gap_ema.item() == pytest.approx(want, rel=1e-4) and not strat.started
+        sum(terms.values()).backward(retain_graph=True)
+        assert (h.grad is None or not h.grad.any()) and not strat.head.weight.grad.any()
+    strat.loss(b, ce_full, gap, mask)  # 0.35: opens after this batch
+    assert strat.started
+    terms = strat.loss(b, ce_full, gap, mask)
+    assert all(terms[k].item() != 0 for k in ("policy_loss", "rate_loss", "entropy_loss"))

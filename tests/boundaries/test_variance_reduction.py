@@ -144,8 +144,8 @@ def test_the_value_head_reads_a_detached_state_and_gets_no_policy_gradient():
 
 def test_the_delayed_start_waits_for_the_margin_and_then_stays_on():
     h, mask, ce_full, _ = inputs()
-    strat = decisive(policy(start_margin=0.5)).train()
-    assert "started" in strat.state_dict()  # a checkpoint saves the latch
+    strat = decisive(policy(start_margin=0.5, start_ema=0.0)).train()  # each micro-batch alone
+    assert {"started", "gap_ema"} <= set(strat.state_dict())  # a checkpoint saves the latch and its average
     b = strat(h, None, mask)
     noise = 0.05 * torch.randn(ce_full.shape, generator=torch.Generator().manual_seed(5))
     small = ce_full + 0.1 * math.log(2) + noise  # the early head trails by about 0.1 bits per byte
@@ -245,7 +245,7 @@ def test_the_latch_reads_the_early_exit_gap_whatever_the_reward():
     """With early_exit_reward off the reward is -CE_full (always negative); the latch still starts the
     policy once the early-exit head trails the full model by the margin."""
     h, mask, ce_full, _ = inputs()
-    strat = decisive(policy(start_margin=0.5, early_exit_reward=False)).train()
+    strat = decisive(policy(start_margin=0.5, start_ema=0.0, early_exit_reward=False)).train()
     b = strat(h, None, mask)
     strat.loss(b, ce_full, (ce_full + math.log(2)) * mask, mask)
     assert strat.started
