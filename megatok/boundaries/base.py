@@ -65,6 +65,12 @@ class Boundaries(Record):
 _ROW_SEEDS: list = [None]  # the seeds of the rows being evaluated (row_seeds), or the draws (given_noise)
 
 
+def own_lr(model: torch.nn.Module) -> bool:
+    """Whether the model's boundary strategy sets its parameters' learning rate itself (lr_factor)."""
+    boundary = getattr(model, "boundary", None)  # the BPE token model has none
+    return boundary is not None and boundary.lr_factor(0) is not None and any(True for _ in boundary.parameters())
+
+
 @contextlib.contextmanager
 def row_seeds(seeds: list[int]):
     """Within this block uniform_noise draws each row of a batch from its own seed (evaluation: a

@@ -73,10 +73,11 @@ class Options(BaseModel):
     lambda_value: float = Field(0.01, ge=0, description="weight of the value head's squared-error loss")
     normalize_advantage: bool = Field(False, description="divide the returns by their standard deviation over the "
                                       "micro-batch's decisions")
-    start_margin: float | None = Field(None, ge=0, description="the policy learns once the early-exit head trails the "
-                                       "full model by this many bits per byte (a moving average over micro-batches and "
-                                       "all ranks, from start_step on); until then neither its term nor the rate term "
-                                       "is on; latched on from then")
+    start_margin: float | None = Field(0.02, ge=0, description="the policy learns once the early-exit head trails "
+                                       "the full model by this many bits per byte (a moving average over micro-batches "
+                                       "and all ranks, from start_step on): until then neither its term nor the rate "
+                                       "term is on; latched on from then (docs/method.md, 'The policy's pace'); null: "
+                                       "from start_step, as published")
     start_ema: float = Field(0.95, ge=0, lt=1, description="decay per micro-batch of start_margin's moving average "
                              "(0: each micro-batch alone)")
     gamma_start: float | None = Field(None, ge=0, le=1, description="discount at step 0, moving linearly to gamma "
@@ -87,9 +88,10 @@ class Options(BaseModel):
                             "relative to train.lr: 0.25 keeps the policy near its start until the main network has "
                             "learned what a chunk start can be worth (docs/method.md, 'The policy's pace'); 1 is the "
                             "published estimator")
-    start_step: int = Field(0, ge=0, description="optimizer steps before the policy learns: until then its heads do "
-                            "not move and neither the policy nor the rate term is on (the model trains on the chunks "
-                            "of the policy as initialised: uniform random at the target rate)")
+    start_step: int = Field(50, ge=0, description="optimizer steps before the policy can learn (and start_margin's "
+                            "average starts): until then its heads do not move and neither the policy nor the rate "
+                            "term is on (the model trains on the chunks of the policy as initialised: uniform random "
+                            "at the target rate); 0 is the published estimator")
     lr_warmup_steps: int = Field(0, ge=0, description="after start_step, the heads' learning rate rises linearly from "
                                  "0 over this many steps")
     explore: float = Field(0.0, ge=0, lt=1, description="epsilon: training draws from (1 - epsilon) p + epsilon "

@@ -58,13 +58,12 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     ap = build_parser()
     args = vars(ap.parse_args(argv))
-    estimators = args.pop("estimators")
     try:
         settings = bench.Settings(**args)
     except ValueError as e:
         ap.error(str(e))
-    if estimators is not None:
-        return bench_estimators.run(settings, [m for m in estimators.split(",") if m])
+    if settings.estimators is not None:
+        return bench_estimators.run(settings, [m for m in settings.estimators.split(",") if m])
     return (bench_inference if settings.inference else bench).run(settings)
 
 

@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 from megatok.boundaries import model_files as strategy_files
+from megatok.boundaries.base import own_lr
 from megatok.config import Config
 from megatok.dsconfig import uses_bf16, zero_stage
 from megatok.flops import build_meta_model
@@ -92,12 +93,16 @@ def check_same_engine(meta: dict, ckpt: Path, cfg: Config, where: Path | None = 
     check_same_optimizer_groups(engine.get("optimizer_groups", 2), cfg, where or ckpt)  # 2: before it was recorded
 
 
+def optimizer_groups(cfg) -> int:
+    """How many optimizer groups megatok.train.engine.param_groups makes for the model ``cfg`` builds (4
+    where its boundary strategy sets its own learning rate, else 2), from the model on the meta device."""
+    return 4 if own_lr(build_meta_model(cfg)) else 2
+
+
 def check_same_optimizer_groups(groups: int, cfg: Config, where: Path) -> None:
     """A CheckpointError when the checkpoint at ``where`` was trained with ``groups`` optimizer groups and ``cfg``
     makes another number: the policy's own learning rate (boundary.lr_scale, start_step, lr_warmup_steps)
     gives its parameters groups of their own, and DeepSpeed cannot resume the one optimizer in the other."""
-    from megatok.train.engine import optimizer_groups
-
     now = optimizer_groups(cfg)
     if groups == now:
         return

@@ -120,6 +120,7 @@ class Settings:
     vocab: int = 4096  # --inference: the matched BPE model's vocabulary
     generation_step: str = "cached"  # --inference: generate_batch's step, "cached", "static" or "compile"
     profile: str | None = None  # instead: torch.profiler's top operators of one SHAPE/VARIANT
+    estimators: str | None = None  # instead: bench_estimators' seconds per step of these methods (comma-separated)
 
     def __post_init__(self):
         if self.quick:

@@ -275,12 +275,46 @@ def markdown(agg: dict, header: str) -> str:
 def plots(summaries: list[dict], agg: dict, out: Path) -> list[str]:
     """map.png: the share of seeds that align against the level (and against the probe's value-to-noise
     ratio, where measured), one line per method; alignment.png: every policy run's fraction of spaces
-    before words that start a chunk over training, a panel per level."""
+    before words that start a chunk over training, a panel per level; survival.png: the Kaplan-Meier
+    share of runs aligned by each step, a panel per level."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    _map_png(plt, agg, out)
+    written = ["map.png"]
+    levels = agg["levels"]
+    curves = [s for s in summaries if s.get("curve") and s.get("level") is not None and s["method"].startswith("policy")]
+    if curves and levels:
+        axes = _level_panels(plt, levels)
+        methods = sorted({s["method"] for s in curves})
+        for s in curves:
+            first = s["seed"] == min(x["seed"] for x in curves if x["method"] == s["method"])
+            axes[levels.index(f"{s['level']:g}")].plot(
+                [r["step"] for r in s["curve"]], [r["sbw_boundary_fraction"] for r in s["curve"]],
+                color=f"C{methods.index(s['method']) % 10}", alpha=0.7, lw=1, label=s["method"] if first else None)
+        for ax in axes:
+            ax.axhline(ALIGNED, ls="--", color="gray", lw=0.8)
+        axes[0].set_ylabel("spaces before words starting a chunk")
+        written.append(_save_panels(plt, axes, out / "alignment.png"))
+    surv = agg.get("survival", {})
+    if any(k for by_level in surv.values() for k in by_level.values()) and levels:
+        axes = _level_panels(plt, levels)
+        for i, (m, by_level) in enumerate(surv.items()):
+            for lv, k in by_level.items():
+                if k and lv in levels:
+                    axes[levels.index(lv)].step([0, *k["steps"]], [0, *k["aligned"]], where="post",
+                                                color=f"C{i % 10}", label=m)
+        for ax in axes:
+            ax.set_ylim(-0.05, 1.05)
+        axes[0].set_ylabel(f"share of runs aligned (>= {ALIGNED:g}), Kaplan-Meier")
+        written.append(_save_panels(plt, axes, out / "survival.png"))
+    return written
+
+
+def _map_png(plt, agg: dict, out: Path) -> None:
+    """map.png (see :func:`plots`)."""
     ratios = {lv: p["ratio"] for lv, p in agg["probes"].items() if p.get("ratio") is not None}
     fig, axes = plt.subplots(1, 2 if ratios else 1, figsize=(11 if ratios else 6, 4), squeeze=False)
     for i, (m, by_level) in enumerate(agg["methods"].items()):
@@ -288,10 +322,9 @@ def plots(summaries: list[dict], agg: dict, out: Path) -> list[str]:
         share = [by_level[lv]["aligned"] / by_level[lv]["n"] for lv in lvs]
         style = {"label": m, "marker": "os^Dv<>p*hX"[i % 11], "color": f"C{i % 10}"}
         axes[0][0].plot([float(lv) for lv in lvs], share, **style)
-        if ratios:
-            pts = [(ratios[lv], s) for lv, s in zip(lvs, share) if lv in ratios]
-            if pts:
-                axes[0][1].plot(*zip(*sorted(pts)), **style)
+        pts = [(ratios[lv], s) for lv, s in zip(lvs, share) if lv in ratios]
+        if pts:
+            axes[0][1].plot(*zip(*sorted(pts)), **style)
     axes[0][0].set_xlabel("control level")
     if ratios:
         axes[0][1].set_xlabel("value of a start at a space / return noise")
@@ -304,57 +337,29 @@ def plots(summaries: list[dict], agg: dict, out: Path) -> list[str]:
     fig.tight_layout()
     fig.savefig(out / "map.png", dpi=110)
     plt.close(fig)
-    written = ["map.png"]
-    levels = agg["levels"]
-    curves = [s for s in summaries if s.get("curve") and s.get("level") is not None and s["method"].startswith("policy")]
-    if curves and levels:
-        fig, axes = plt.subplots(1, len(levels), figsize=(3.2 * len(levels), 3.2), squeeze=False, sharey=True)
-        methods = sorted({s["method"] for s in curves})
-        for s in curves:
-            ax = axes[0][levels.index(f"{s['level']:g}")]
-            ax.plot([r["step"] for r in s["curve"]], [r["sbw_boundary_fraction"] for r in s["curve"]],
-                    color=f"C{methods.index(s['method']) % 10}", alpha=0.7, lw=1,
-                    label=s["method"] if s["seed"] == min(x["seed"] for x in curves if x["method"] == s["method"]) else None)
-        for lv, ax in zip(levels, axes[0]):
-            ax.set_title(f"level {lv}")
-            ax.axhline(ALIGNED, ls="--", color="gray", lw=0.8)
-            ax.set_xlabel("step")
-            ax.grid(alpha=0.3)
-        axes[0][0].set_ylabel("spaces before words starting a chunk")
-        handles, labels = [], []
-        for ax in axes[0]:
-            for h, lab in zip(*ax.get_legend_handles_labels()):
-                if lab not in labels:
-                    handles.append(h)
-                    labels.append(lab)
-        axes[0][-1].legend(handles, labels, fontsize=7)
-        fig.tight_layout()
-        fig.savefig(out / "alignment.png", dpi=110)
-        plt.close(fig)
-        written.append("alignment.png")
-    surv = agg.get("survival", {})
-    if any(k for by_level in surv.values() for k in by_level.values()) and levels:
-        fig, axes = plt.subplots(1, len(levels), figsize=(3.2 * len(levels), 3.2), squeeze=False, sharey=True)
-        for i, (m, by_level) in enumerate(surv.items()):
-            for lv, k in by_level.items():
-                if k and lv in levels:
-                    axes[0][levels.index(lv)].step([0, *k["steps"]], [0, *k["aligned"]], where="post",
-                                                  color=f"C{i % 10}", label=m)
-        for lv, ax in zip(levels, axes[0]):
-            ax.set_title(f"level {lv}")
-            ax.set_xlabel("step")
-            ax.set_ylim(-0.05, 1.05)
-            ax.grid(alpha=0.3)
-        axes[0][0].set_ylabel(f"share of runs aligned (>= {ALIGNED:g}), Kaplan-Meier")
-        handles, labels = [], []
-        for ax in axes[0]:
-            for h, lab in zip(*ax.get_legend_handles_labels()):
-                if lab not in labels:
-                    handles.append(h)
-                    labels.append(lab)
-        axes[0][-1].legend(handles, labels, fontsize=7)
-        fig.tight_layout()
-        fig.savefig(out / "survival.png", dpi=110)
-        plt.close(fig)
-        written.append("survival.png")
-    return written
+
+
+def _level_panels(plt, levels: list[str]) -> list:
+    """A row of panels sharing the y axis, one per control level, titled, over training steps."""
+    _, axes = plt.subplots(1, len(levels), figsize=(3.2 * len(levels), 3.2), squeeze=False, sharey=True)
+    for lv, ax in zip(levels, axes[0]):
+        ax.set_title(f"level {lv}")
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+    return list(axes[0])
+
+
+def _save_panels(plt, axes: list, path: Path) -> str:
+    """One legend (each label once) on the last panel; write the figure to ``path``; its file name."""
+    handles, labels = [], []
+    for ax in axes:
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            if lab not in labels:
+                handles.append(h)
+                labels.append(lab)
+    axes[-1].legend(handles, labels, fontsize=7)
+    fig = axes[0].figure
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path.name

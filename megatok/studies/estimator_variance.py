@@ -90,7 +90,8 @@ def estimate(model, tokens: torch.Tensor, variants: dict, samples: int, seed: in
                 out = model(x, y)
                 tmask = y.repeat_interleave(k, 0) != PAD
                 for name in names:
-                    strat.options = variants[name]
+                    # the estimator as it runs once the policy learns (not held by start_step or the latch)
+                    strat.options = variants[name].model_copy(update={"start_step": 0, "start_margin": None})
                     loss = strat.loss(out.boundaries, out.ce_full, out.ce_early, tmask)["policy_loss"]
                     grads = torch.autograd.grad(loss, params, retain_graph=True, allow_unused=True)
                     flat, i = {}, 0

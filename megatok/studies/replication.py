@@ -19,14 +19,17 @@ from megatok.metrics import finite_number, read_metrics
 #: the commands that made them are there).
 VR_OPTIONS = {"samples": 2}
 
-#: The published estimator's settings where megatok's default differs (boundary.lr_scale: docs/method.md).
-PUBLISHED = ("boundary.strategy=policy", "boundary.lr_scale=1.0")
+#: The published estimator's settings where megatok's default differs (its pace: docs/method.md).
+PUBLISHED = ("boundary.strategy=policy", "boundary.lr_scale=1.0", "boundary.start_step=0", "boundary.start_margin=null")
+#: The policy learning from step 0 with no latch (the pace arms screened before the latch became the default).
+UNLATCHED = ("boundary.strategy=policy", "boundary.start_step=0", "boundary.start_margin=null")
 
 #: method -> (--set items for the preset's config, what it is). "bpe" is the sentencepiece BPE token model
 #: matched to the preset in training FLOPs per byte (megatok-match-bpe), not a boundary strategy.
 METHODS: dict[str, tuple[list[str], str]] = {
-    "policy": (["boundary.strategy=policy"], "score function, megatok's default (the policy's own parameters at a "
-                                             "quarter of the learning rate)"),
+    "policy": (["boundary.strategy=policy"], "score function, megatok's default pace (its own parameters at a quarter "
+                                             "of the learning rate, learning once the full model beats the early-exit "
+                                             "head)"),
     "policy-published": ([*PUBLISHED], "score function, the published estimator (Dauncey & Wattenhofer)"),
     # the published estimator with one change each
     "policy-vr": ([*PUBLISHED, *(f"boundary.{k}={v}" for k, v in VR_OPTIONS.items())],
@@ -51,22 +54,22 @@ METHODS: dict[str, tuple[list[str], str]] = {
     "policy-entropy": ([*PUBLISHED, "boundary.entropy=0.001", "boundary.explore_steps=300"],
                        "score function with an entropy bonus towards the target rate (0.001, to 0 over 300 steps)"),
     # the pace, screened around the default
-    "policy-slow": (["boundary.strategy=policy", "boundary.lr_scale=0.25"],
-                    "the default's pace named explicitly (the screen's arm that became the default)"),
-    "policy-slow10": (["boundary.strategy=policy", "boundary.lr_scale=0.1"],
-                      "score function, the policy's own parameters at a tenth of the learning rate"),
-    "policy-warmslow": (["boundary.strategy=policy", "boundary.start_step=100"],
-                        "megatok's default from step 100 (uniform random chunks before)"),
-    "policy-warmslow200": (["boundary.strategy=policy", "boundary.start_step=200"],
-                           "megatok's default from step 200 (uniform random chunks before)"),
+    "policy-slow": ([*UNLATCHED, "boundary.lr_scale=0.25"],
+                    "score function, its own parameters at a quarter of the learning rate from step 0 (no latch)"),
+    "policy-slow10": ([*UNLATCHED, "boundary.lr_scale=0.1"],
+                      "score function, its own parameters at a tenth of the learning rate from step 0 (no latch)"),
+    "policy-warmslow": ([*UNLATCHED, "boundary.start_step=100"],
+                        "policy-slow from step 100 (uniform random chunks before)"),
+    "policy-warmslow200": ([*UNLATCHED, "boundary.start_step=200"],
+                           "policy-slow from step 200 (uniform random chunks before)"),
     "policy-latch": (["boundary.strategy=policy", "boundary.start_step=50", "boundary.start_margin=0.02"],
-                     "megatok's default pace, learning once the full model beats the early-exit head by 0.02 bits "
-                     "per byte (a moving average from step 50)"),
+                     "megatok's default named explicitly: a quarter of the learning rate, learning once the full "
+                     "model beats the early-exit head by 0.02 bits per byte (a moving average from step 50)"),
     "policy-latchfast": ([*PUBLISHED, "boundary.start_step=50", "boundary.start_margin=0.02"],
                          "the published estimator, learning once the full model beats the early-exit head by 0.02 "
                          "bits per byte (a moving average from step 50)"),
-    "policy-slowexplore": (["boundary.strategy=policy", "boundary.explore=0.5", "boundary.explore_steps=400"],
-                           "megatok's default, drawn from (1 - e) p + e rho, e falling from 0.5 to 0 over 400 steps"),
+    "policy-slowexplore": ([*UNLATCHED, "boundary.explore=0.5", "boundary.explore_steps=400"],
+                           "policy-slow, drawn from (1 - e) p + e rho, e falling from 0.5 to 0 over 400 steps"),
     "hnet": (["boundary.strategy=hnet"], "H-Net cosine router, straight-through, ratio loss"),
     "gumbel": (["boundary.strategy=gumbel"], "Gumbel-sigmoid, straight-through, binomial prior"),
     "uniform": (["boundary.strategy=uniform"], "uniform random positions at the target rate"),

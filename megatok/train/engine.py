@@ -7,6 +7,7 @@ from typing import Callable
 
 import torch
 
+from megatok.boundaries.base import own_lr
 from megatok.config import Config, TrainConfig
 from megatok.dsconfig import builds_partitioned, zero_stage
 from megatok.model import build_model
@@ -60,12 +61,6 @@ def full_shape(p: torch.nn.Parameter) -> torch.Size:
     return getattr(p, "ds_shape", p.shape)
 
 
-def own_lr(model: torch.nn.Module) -> bool:
-    """Whether the model's boundary strategy sets its parameters' learning rate itself (lr_factor)."""
-    boundary = getattr(model, "boundary", None)  # the BPE token model has none
-    return boundary is not None and boundary.lr_factor(0) is not None and any(True for _ in boundary.parameters())
-
-
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
     """Weight decay on matrices only (not on norms, biases or the policy's scalar bias). Where the boundary
     strategy sets its own learning rate (own_lr), its parameters are two more groups, last."""
@@ -77,14 +72,6 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
             groups += [{"params": [p for p in params if len(full_shape(p)) >= 2], "weight_decay": weight_decay},
                        {"params": [p for p in params if len(full_shape(p)) < 2], "weight_decay": 0.0}]
     return groups
-
-
-def optimizer_groups(cfg) -> int:
-    """How many optimizer groups param_groups makes for the model ``cfg`` builds (4 where its boundary strategy
-    sets its own learning rate, else 2), from the model on the meta device."""
-    from megatok.flops import build_meta_model
-
-    return 4 if own_lr(build_meta_model(cfg)) else 2
 
 
 def group_schedules(model: torch.nn.Module, schedule: Callable[[int], float], groups: int) -> list[Callable]:

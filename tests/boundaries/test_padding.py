@@ -6,12 +6,18 @@ import pytest
 import torch
 
 from megatok.boundaries import build_strategy
+from tests.boundaries.test_policy_options import AT_ONCE
+
+
+def at_once(name: str, options: dict) -> dict:
+    """The policy with its terms on from the first step (AT_ONCE); the other strategies as given."""
+    return {**AT_ONCE, **options} if name == "policy" else options
 
 
 @pytest.mark.parametrize("name,options", [("policy", {}), ("policy", {"window": 3}),
                                           ("policy", {"rate_scope": "sequence"}), ("gumbel", {}), ("hnet", {})])
 def test_padding_takes_no_part_in_the_strategy_losses(name, options):
-    strat = build_strategy(name, d_model=8, target_rate=0.25, options=options).train()
+    strat = build_strategy(name, d_model=8, target_rate=0.25, options=at_once(name, options)).train()
     torch.manual_seed(0)
     h = torch.randn(3, 40, 8)
     mask = torch.ones(3, 40, dtype=torch.bool)
@@ -36,7 +42,7 @@ def test_padding_takes_no_part_in_the_strategy_losses(name, options):
 def test_a_padded_sequence_has_the_rate_term_of_its_real_part(name, options):
     """The rate, prior and ratio terms count real bytes only: a sequence padded from 25 to 40 bytes
     gets the term of its 25 real bytes."""
-    strat = build_strategy(name, d_model=8, target_rate=0.25, options=options).train()
+    strat = build_strategy(name, d_model=8, target_rate=0.25, options=at_once(name, options)).train()
     torch.manual_seed(0)
     h = torch.randn(1, 40, 8)
     mask = torch.arange(40)[None] < 25

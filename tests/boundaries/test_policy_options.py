@@ -26,6 +26,11 @@ def inputs(seed=0, B=4, T=12, D=6):
     return h, mask, ce_full, ce_early
 
 
+#: The policy's terms on from the first step: the default holds them until step 50 and then until the latch
+#: opens (tests/boundaries/test_policy_pace.py); the estimator's tests start at once.
+AT_ONCE = {"start_step": 0, "start_margin": None}
+
+
 def decisive(strat):
     """Heads whose logits vary with h, and a window head that weighs the previous decisions (the same
     draws for every strategy built here)."""
@@ -61,7 +66,7 @@ def reference_policy_loss(b, ce_full, ce_early, mask, *, early_exit_reward, batc
 @pytest.mark.parametrize("gamma", [0.0, 0.9, 1.0])
 def test_policy_loss_follows_the_reward_baseline_and_gamma_options(early_exit_reward, batch_baseline, gamma):
     options = {"early_exit_reward": early_exit_reward, "batch_baseline": batch_baseline, "gamma": gamma,
-               "lambda_policy": LAM}
+               "lambda_policy": LAM, **AT_ONCE}
     strat = decisive(build_strategy("policy", d_model=6, target_rate=0.2, options=options)).train()
     h, mask, ce_full, ce_early = inputs()
     torch.manual_seed(1)
@@ -83,7 +88,7 @@ def test_the_rate_scope_sequence_holds_each_sequence_through_the_strategy():
     terms = {}
     for scope in ("batch", "sequence"):
         strat = decisive(build_strategy("policy", d_model=6, target_rate=0.2,
-                                        options={"rate_scope": scope, "lambda_rate": 0.03})).train()
+                                        options={**AT_ONCE, "rate_scope": scope, "lambda_rate": 0.03})).train()
         b = strat(h, None, mask)
         terms[scope] = strat.loss(b, ce_full, ce_early, mask)["rate_loss"].item()
     l, p = b.extra["logits"], b.probs
@@ -117,7 +122,7 @@ def test_the_estimator_raises_p_where_a_boundary_is_rewarded_and_lowers_it_elsew
     even positions and down at odd ones."""
     torch.manual_seed(0)
     strat = build_strategy("policy", d_model=2, target_rate=0.2,
-                           options={"gamma": 0.0, "lambda_policy": 1.0, "lambda_rate": 0.0}).train()
+                           options={**AT_ONCE, "gamma": 0.0, "lambda_policy": 1.0, "lambda_rate": 0.0}).train()
     B, T = 32, 16
     even = (torch.arange(T) % 2 == 0).float()
     h = torch.stack([even, 1 - even], -1).expand(B, T, 2).contiguous()
@@ -137,14 +142,14 @@ def test_the_estimator_raises_p_where_a_boundary_is_rewarded_and_lowers_it_elsew
 DP_WORKER = """
 import sys, torch, torch.distributed as dist
 from megatok.boundaries import build_strategy
-from tests.boundaries.test_policy_options import decisive, inputs
+from tests.boundaries.test_policy_options import AT_ONCE, decisive, inputs
 rank, store, out = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
 h, mask, ce_full, ce_early = inputs(seed=rank)
 got = {}
 for scope in ("data_parallel", "micro_batch"):
-    strat = decisive(build_strategy("policy", d_model=6, target_rate=0.2,
-                                    options={"baseline_scope": scope, "gamma": 0.9, "lambda_policy": 0.01})).train()
+    options = {**AT_ONCE, "baseline_scope": scope, "gamma": 0.9, "lambda_policy": 0.01}
+    strat = decisive(build_strategy("policy", d_model=6, target_rate=0.2, options=options)).train()
     torch.manual_seed(rank)
     b = strat(h, None, mask)
     got[scope] = strat.loss(b, ce_full, ce_early, mask)["policy_loss"].item()

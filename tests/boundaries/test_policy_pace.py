@@ -1,4 +1,5 @@
-"""The policy's pace and exploration options (all off by default): a delayed start, its own learning rate and
+"""The policy's pace and exploration options (the default: a quarter of the learning rate, a latch from step 50;
+the rest off; the tests below start from step 0 with no latch unless they say): a delayed start, its own learning rate and
 its warm-up (the engine's groups: tests/train/test_engine.py), the exploration floor (unbiased for the policy it draws
 from), the entropy bonus relative to the target rate, and the per-class trace of the estimator's terms."""
 
@@ -15,12 +16,17 @@ from tests.test_rl import reference_returns
 
 
 def policy(**options):
-    return build_strategy("policy", d_model=6, target_rate=0.2, options={"lambda_policy": 1.0, **options})
+    """The policy from step 0 without the latch (start_step 0, start_margin None) unless ``options`` say."""
+    return build_strategy("policy", d_model=6, target_rate=0.2,
+                          options={"lambda_policy": 1.0, "start_step": 0, "start_margin": None, **options})
 
 
 def test_the_learning_rate_factor_of_the_policys_own_parameters():
     assert policy(lr_scale=1.0).lr_factor(0) is None  # the published setting: the heads follow the model's schedule
-    assert [policy().lr_factor(s) for s in (0, 500)] == [0.25, 0.25]  # the default
+    assert [policy().lr_factor(s) for s in (0, 500)] == [0.25, 0.25]  # a quarter, from step 0
+    default = build_strategy("policy", d_model=6, target_rate=0.2, options={})
+    assert [default.lr_factor(s) for s in (0, 49, 50, 500)] == [0, 0, 0.25, 0.25]  # the default: still until step 50
+    assert default.options.start_margin == 0.02 and default.started.item() is False  # and then until the latch opens
     strat = policy(start_step=10, lr_warmup_steps=4, lr_scale=0.5)
     assert [strat.lr_factor(s) for s in (0, 9, 10, 11, 13, 100)] == [0, 0, 0.125, 0.25, 0.5, 0.5]
 
@@ -69,7 +75,7 @@ def test_the_exploration_floor_leaves_the_score_function_unbiased():
     B, T, eps = 8, 10, 0.4
     strat = build_strategy("policy", d_model=T, target_rate=0.3,
                            options={"gamma": 0.0, "lambda_policy": 1.0, "lambda_rate": 0.0, "batch_baseline": False,
-                                    "explore": eps}).train()
+                                    "explore": eps, "start_step": 0, "start_margin": None}).train()
     with torch.no_grad():
         strat.head.weight.copy_(torch.linspace(-1.5, 1.5, T)[None])
         strat.head.bias.zero_()

@@ -4,6 +4,7 @@ import torch
 import torch.nn.functional as F
 
 from megatok.boundaries import build_strategy
+from tests.boundaries.test_policy_options import AT_ONCE
 
 
 def test_window_one_is_the_independent_policy_and_larger_windows_start_equal():
@@ -26,7 +27,7 @@ def test_window_one_is_the_independent_policy_and_larger_windows_start_equal():
 
 def test_window_decisions_follow_the_sequential_rule_and_log_probs_match():
     torch.manual_seed(0)
-    strat = build_strategy("policy", d_model=6, target_rate=0.3, options={"window": 3, "logit_cap": 6.0}).train()
+    strat = build_strategy("policy", d_model=6, target_rate=0.3, options={**AT_ONCE, "window": 3, "logit_cap": 6.0}).train()
     with torch.no_grad():
         strat.window_head.weight.normal_(std=2.0)
         strat.window_head.bias.copy_(torch.tensor([-3.0, 2.0]))
@@ -56,7 +57,7 @@ def test_window_decisions_follow_the_sequential_rule_and_log_probs_match():
 
 def test_window_gradients_reach_both_heads():
     torch.manual_seed(0)
-    strat = build_strategy("policy", d_model=6, target_rate=0.3, options={"window": 2}).train()
+    strat = build_strategy("policy", d_model=6, target_rate=0.3, options={**AT_ONCE, "window": 2}).train()
     h = torch.randn(4, 30, 6)
     mask = torch.ones(4, 30, dtype=torch.bool)
     b = strat(h, None, mask)

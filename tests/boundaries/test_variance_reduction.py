@@ -13,12 +13,12 @@ from megatok.config import load_config
 from megatok.flops import flops_per_byte
 from megatok.model import build_model
 from megatok.stats import ratios, row_stats, space_before_word
-from tests.boundaries.test_policy_options import decisive, inputs
+from tests.boundaries.test_policy_options import AT_ONCE, decisive, inputs
 from tests.test_rl import reference_returns
 
 
 def policy(**options):
-    return build_strategy("policy", d_model=6, target_rate=0.2, options={"lambda_policy": 1.0, **options})
+    return build_strategy("policy", d_model=6, target_rate=0.2, options={"lambda_policy": 1.0, **AT_ONCE, **options})
 
 
 def test_leave_one_out_baseline_against_a_loop():
@@ -84,7 +84,7 @@ def test_each_baseline_leaves_the_gradient_unbiased_or_scales_it(options, scale)
     row's own reward, scales it by (B - 1) / B (docs/method.md's baseline)."""
     B, T = 8, 10
     strat = build_strategy("policy", d_model=T, target_rate=0.3,
-                           options={"gamma": 0.0, "lambda_policy": 1.0, "lambda_rate": 0.0, **options}).train()
+                           options={**AT_ONCE, "gamma": 0.0, "lambda_policy": 1.0, "lambda_rate": 0.0, **options}).train()
     value = torch.linspace(0.5, -0.5, T) if options.get("value_baseline") else None
     est, exact = monte_carlo_gradient(strat, B, T, value=value)
     # 400 x 8 draws: off by at most about 3% here; a missing or extra (B - 1) / B is 12.5% off

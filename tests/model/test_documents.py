@@ -12,6 +12,7 @@ from megatok.boundaries import build_strategy
 from megatok.config import ModelConfig
 from megatok.model.token_lm import TokenLM
 from megatok.vocab import SEP
+from tests.boundaries.test_policy_options import AT_ONCE
 from tests.conftest import decisive
 from tests.model.test_causality import STRATEGIES, make_model
 from tests.test_rl import reference_returns
@@ -129,7 +130,7 @@ def test_returns_stop_at_resets(gamma, T, block):
 def test_forced_starts_are_no_decisions_and_windows_forget_before_them():
     torch.manual_seed(0)
     strat = build_strategy("policy", d_model=8, target_rate=0.3,
-                           options={"window": 4, "lambda_rate": 0.0}).train()
+                           options={**AT_ONCE, "window": 4, "lambda_rate": 0.0}).train()
     with torch.no_grad():
         strat.window_head.weight.normal_(std=3.0)
         strat.window_head.bias.fill_(2.0)

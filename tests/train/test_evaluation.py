@@ -54,7 +54,8 @@ def test_an_evaluation_a_stop_skips_is_pending_in_the_checkpoint_and_runs_first_
     run.step, run.stopping = 4, True  # a stop at an evaluation step: the checkpoint records it as pending
     evaluation.on_step_end(run)
     assert evaluation.pending and evaluation.state_dict() == {"pending": True}
-    tag = run.checkpointer.save(run.engine, 4, {"evaluation": evaluation.state_dict()}, {})
+    tag = run.checkpointer.save(run.engine, 4, {"engine": run.engine.state_dict(),
+                                                "evaluation": evaluation.state_dict()}, {})
     run.close()
     assert [r["step"] for r in val_rows(tmp_path / "run")] == [2]
     (tmp_path / "step-4").mkdir()
