@@ -74,7 +74,8 @@ def summary(values: list[float]) -> dict:
 def environment(device: torch.device, threads: int) -> dict:
     env = {"python": platform.python_version(), "torch": torch.__version__, "device": str(device),
            "threads": threads, "clock": "process CPU time" if clock is time.process_time else "wall",
-           "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "command": " ".join(sys.argv)}
+           "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+           "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])}  # the program's name, not its path
     if device.type == "cuda":
         env["gpu"] = torch.cuda.get_device_name(device)
     else:

@@ -121,6 +121,26 @@ def test_sbatch_deepspeed_launch_for_2_nodes_x_8_gpus(tmp_path, capsys):
     assert '"train_batch_size": 512' in capsys.readouterr().out
 
 
+def test_sbatch_forwards_no_secret_to_the_other_nodes(tmp_path):
+    """Keys and tokens stay out of .deepspeed_env (DeepSpeed's runner puts its lines on every node's ssh
+    command line), whether from the environment, the user's env files or FORWARD_ENV; the file is 0600 and
+    the job's output names what it dropped, never the values."""
+    env = {**slurm_env(tmp_path, "deepspeed"), "MEGATOK_PRINT_ONLY": "1", "WANDB_API_KEY": "wandb-VALUE1",
+           "HF_TOKEN": "hf-VALUE2", "AWS_SECRET_ACCESS_KEY": "aws-VALUE3", "DB_PASSWORD": "pw-VALUE4",
+           "FORWARD_ENV": "AWS_PROFILE AWS_SECRET_ACCESS_KEY DB_PASSWORD", "WANDB_PROJECT": "kept"}
+    (tmp_path / "home" / ".deepspeed_env").write_text("NCCL_IB_TIMEOUT=22\nMY_SERVICE_TOKEN=file-VALUE5\n")
+    r = subprocess.run(["bash", str(SBATCH), *ARGS], capture_output=True, text=True, env=env, cwd=ROOT, timeout=60)
+    assert r.returncode == 0, r.stderr
+    path = tmp_path / "job" / ".deepspeed_env"
+    text = path.read_text()
+    assert "VALUE" not in text and "WANDB_PROJECT=kept" in text and "AWS_PROFILE=shards" in text
+    assert "NCCL_IB_TIMEOUT=22" in text and stat.S_IMODE(path.stat().st_mode) == 0o600
+    line = next(ln for ln in r.stderr.splitlines() if "not forwarded" in ln)
+    assert line.split("(secrets): ")[1].split(";")[0].split() == sorted(
+        ["AWS_SECRET_ACCESS_KEY", "DB_PASSWORD", "HF_TOKEN", "MY_SERVICE_TOKEN", "WANDB_API_KEY"])
+    assert "VALUE" not in r.stdout + r.stderr
+
+
 # A launcher that runs until the stop file appears, like the trainer's rank 0 (which removes it).
 FAKE_DEEPSPEED = """#!/bin/bash
 echo started > "$JOB_DIR/started"

@@ -1,11 +1,11 @@
 """The regression guard: megatok's default policy, trained on the positive control at its strongest level,
 learns to start chunks at the spaces before words on every seed it is given, and these are seeds on which the
-published estimator (boundary.lr_scale 1) goes the other way: it avoids those spaces (0.03, 0.01 and 0.02 of
-them start a chunk at step 600 in docs/replication/control-screen/). A change that breaks the estimator (its
-sign, its credit, the returns, the rate term, the sampling) leaves the policy where it started, and one that
-breaks its pace (the drift the default exists to stop) lets it wander off; either fails here. The control
-config as the map trains it, 400 steps of its 600-step schedule on a 3 MB corpus: about 90 seconds of one core
-a seed."""
+published estimator (boundary.lr_scale 1, no latch) goes the other way in this very setting: it avoids those
+spaces (0.004 of them start a chunk at step 400 on all three), and on one of them (11) the quarter pace without
+the latch does too (0.007). A change that breaks the estimator (its sign, its credit, the returns, the rate
+term, the sampling) or the latch that holds it until the main network can use a chunk leaves the policy where it
+started, and one that breaks its pace lets it wander off; either fails here. The control config as the map
+trains it, 400 steps of its 600-step schedule on a 3 MB corpus: about 90 seconds of one core a seed."""
 
 import json
 
@@ -15,9 +15,10 @@ from tests.conftest import ROOT, pretrain, run_main
 
 pytestmark = pytest.mark.dist
 
-#: Seeds on which the published estimator avoids the spaces before words and the default aligns by step 320,
-#: 300 and 190 (docs/replication/control-screen/).
-SEEDS = (14, 15, 19)
+#: Seeds on which, in this setting, the published estimator avoids the spaces before words and the default
+#: aligns by step 290, 290 and 280 (of 10 seeds screened, the default aligned on 9, the published one on 3:
+#: docs/replication/README.md, "Reliable placement").
+SEEDS = (11, 12, 19)
 STEPS = 400
 
 
