@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -90,6 +91,10 @@ class Watchdog(Callback):
             self.dog.stop()
 
 
+#: When this process imported the trainer (before it built anything): a stop file touched since counts.
+STARTED = time.time()
+
+
 class StopRequest(Callback):
     """SIGTERM/SIGINT (a scheduler's pre-emption, Ctrl-C), or a file RUN_DIR/STOP (or the file the
     environment variable MEGATOK_STOP_FILE names: the Slurm template's time-limit trap touches it),
@@ -98,15 +103,24 @@ class StopRequest(Callback):
     same step and the checkpoint is complete. The file works with any launcher and from any machine
     that sees it; rank 0 alone looks for it (the collective tells the others) and removes it once the
     run has stopped. The handlers are installed when the fit starts (a Trainer built and not fitted leaves
-    them alone) and restored at its end, also when it raises."""
+    them alone) and restored at its end, also when it raises. A stop file that was already there, older
+    than the run's start (left by a run killed before it could remove it), is removed with a line when
+    the fit starts instead of stopping this run after its first step; one touched after the start counts."""
 
     def __init__(self, run_dir: Path, rank: int):
         self.signalled, self.rank, self.previous = False, rank, {}
         self.files = [Path(run_dir) / "STOP"] + ([Path(os.environ["MEGATOK_STOP_FILE"])]
                                                  if os.environ.get("MEGATOK_STOP_FILE") else [])
+        self.stale = {f: m for f in self.files if rank == 0 and (m := _mtime(f)) is not None and m < STARTED}
 
     def on_fit_start(self, trainer):
         self.previous = {sig: signal.signal(sig, self._handle) for sig in (signal.SIGTERM, signal.SIGINT)}
+        for f, mtime in self.stale.items():
+            if _mtime(f) == mtime:  # not touched since the run started
+                f.unlink(missing_ok=True)
+                print(f"megatok: removed {f}, a stop file older than this run's start (an earlier run's, "
+                      f"killed before it removed it); touch it again to stop this run", flush=True)
+        self.stale = {}
 
     def _handle(self, signum, frame):
         self.signalled = True
@@ -145,6 +159,13 @@ class StopRequest(Callback):
 
     def on_fit_error(self, trainer, error):
         self.restore()  # Ctrl-C interrupts again
+
+
+def _mtime(path: Path) -> float | None:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return None
 
 
 class LogMetrics(Callback):

@@ -202,6 +202,26 @@ def test_stop_request_watches_megatok_stop_file(tmp_path, monkeypatch):
         stop.restore()
 
 
+def test_a_stop_file_older_than_the_run_is_removed_with_a_line_and_a_new_one_counts(tmp_path, capsys):
+    import time
+
+    from megatok.train.callbacks import StopRequest
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "STOP").touch()  # left by a run killed before it could remove it
+    os.utime(run / "STOP", (time.time() - 60, time.time() - 60))
+    stop = StopRequest(run, rank=0)
+    try:
+        stop.on_fit_start(None)
+        assert not stop.requested and not (run / "STOP").exists()
+        assert f"megatok: removed {run / 'STOP'}, a stop file older than this run's start" in capsys.readouterr().out
+        (run / "STOP").touch()  # one touched while the run trains stops it
+        assert stop.requested and stop.reason() == f"stopped by {run / 'STOP'}"
+    finally:
+        stop.restore()
+
+
 def test_sbatch_default_launch_is_srun_and_torchrun_without_ssh(tmp_path):
     cmd = launch_line(render(tmp_path, None))
     assert cmd[:cmd.index("torchrun")] == ["srun", "--nodes", "2", "--ntasks-per-node", "1", "--cpus-per-task", "96",
