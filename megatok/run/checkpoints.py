@@ -11,6 +11,7 @@ Only JSON is parsed here; DeepSpeed's archives are checked for completeness, not
 from __future__ import annotations
 
 import json
+import re
 import zipfile
 from pathlib import Path
 
@@ -161,8 +162,16 @@ def resume_tag(run_dir: str | Path, requested: str, warn: bool = True) -> str | 
     latest = latest_tag(run_dir)
     if latest is None:
         return None
+    tags = published_tags(run_dir)
+    if re.fullmatch(r"step\d{8}", latest) is None:  # empty or torn: the newest usable one instead
+        if warn:
+            print(f"megatok: warning: {checkpoint_dir(run_dir) / 'latest'} names no checkpoint "
+                  f"({json.dumps(latest[:40])}); resuming from the newest usable one", flush=True)
+        latest = tags[-1] if tags else None
+        if latest is None:
+            return None
     skipped = []
-    for tag in [latest, *reversed([t for t in published_tags(run_dir) if t < latest])]:
+    for tag in [latest, *reversed([t for t in tags if t < latest])]:
         problem = damage(run_dir, tag)
         if problem is None:
             if skipped and warn:

@@ -131,6 +131,19 @@ def test_damaged_checkpoints_are_named_and_auto_resume_falls_back_past_them(tmp_
         checkpoints.resume_tag(tmp_path, "latest")
 
 
+@pytest.mark.parametrize("content", ["", "\n", "step0000", "\x00\x00garbage"])
+def test_an_empty_or_torn_latest_falls_back_to_the_newest_usable_checkpoint(tmp_path, capsys, content):
+    published(tmp_path, "step00000002", 2, world=1)
+    published(tmp_path, "step00000004", 4, world=1)
+    (tmp_path / "checkpoints" / "latest").write_text(content)
+    assert checkpoints.resume_tag(tmp_path, "auto") == "step00000004"
+    assert f"{tmp_path / 'checkpoints' / 'latest'} names no checkpoint" in capsys.readouterr().out
+    shutil.rmtree(tmp_path / "checkpoints" / "step00000004")
+    assert checkpoints.resume_tag(tmp_path, "auto", warn=False) == "step00000002"
+    shutil.rmtree(tmp_path / "checkpoints" / "step00000002")
+    assert checkpoints.resume_tag(tmp_path, "auto", warn=False) is None  # none left: a fresh start
+
+
 def test_what_else_counts_as_damage_and_what_does_not(tmp_path):
     d = published(tmp_path, "step00000002", 2, world=1)
     (d / "rng_rank0.json").write_text("{}")
