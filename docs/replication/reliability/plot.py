@@ -1,6 +1,7 @@
 """mechanism.png from the files in this directory: the published policy on the control (level 1) on a seed
 where it aligns (11) and one where it avoids the spaces before words (14), at level 0 where nothing pays
-(seed 11), the reliable default (lr_scale 0.25) on seed 14, and uniform chunks (seed 0). Panels: the share of
+(seed 11), a quarter of the pace alone (lr_scale 0.25, no latch) and megatok's default (that pace and the latch,
+which opened at step 240) on seed 14, and uniform chunks (seed 0). Panels: the share of
 spaces before words that start a chunk in each training row; the capped logit there minus elsewhere; the
 estimator's mean per-decision term at those spaces (u = G (b - p), what moves their logit); and, from
 megatok-boundary-value at the runs' checkpoints, what the main network carries across chunks (bits per byte
@@ -21,7 +22,8 @@ HERE = Path(__file__).parent
 RUNS = {"published-L1-seed11": ("published, level 1, seed 11 (aligns)", "C0", "-"),
         "published-L1-seed14": ("published, level 1, seed 14 (avoids)", "C3", "-"),
         "published-L0-seed11": ("published, level 0, seed 11 (drifts)", "C1", "--"),
-        "default-L1-seed14": ("default (lr_scale 0.25), level 1, seed 14", "C2", "-"),
+        "slow-L1-seed14": ("lr_scale 0.25 alone, level 1, seed 14", "C2", "--"),
+        "default-L1-seed14": ("default (lr_scale 0.25 and the latch), level 1, seed 14", "C2", "-"),
         "uniform-L1-seed0": ("uniform chunks, level 1, seed 0", "C7", ":")}
 
 
