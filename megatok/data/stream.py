@@ -45,6 +45,20 @@ class BadShardWarning(UserWarning):
     """A shard could not be read completely and was skipped (after the documents read before the damage)."""
 
 
+def from_run_config(spec, key: str = "data.shards"):
+    """``spec`` (``key`` of a run directory's config.json, which a tool reads when no --data is given):
+    itself, or a DataError (one line) when it holds a ``pipe:`` command. A tool that reads someone else's
+    run (megatok-summarize, megatok-boundary-value, megatok-estimator-variance) runs no command written in
+    it unasked; passing the same spec as --data runs it."""
+    specs = list(spec) if isinstance(spec, dict) else spec if isinstance(spec, list) else [spec]
+    command = next((s for s in specs if isinstance(s, str) and s.strip().startswith("pipe:")), None)
+    if command is not None:
+        raise DataError(f"{key} of the run's config.json is a command ({command[:80]}); megatok does not run "
+                        f"a command read from a run directory: pass the data as --data (the same spec runs it, "
+                        f"if you trust it)")
+    return spec
+
+
 def is_local(spec: str) -> bool:
     """A local path, not a URL (pipe:, https:, file:, s3:// ...)."""
     return ":" not in spec.split("/")[0]

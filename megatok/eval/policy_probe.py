@@ -34,11 +34,13 @@ CLASSES = ("space_before_word", "word_start", "inside_word", "other")
 def fixed_batch(cfg, data: str | None, batch_size: int, seq_len: int) -> torch.Tensor:
     """The first ``batch_size`` packed sequences [B, seq_len + 1] of the validation split (or of
     ``data``: a shard directory's val split or text/JSONL files). DataError (one line naming the data) for
-    data that cannot be read or holds fewer than ``batch_size`` sequences."""
+    data that cannot be read or holds fewer than ``batch_size`` sequences, or for a run's own data that is a
+    ``pipe:`` command (megatok.data.stream.from_run_config)."""
     from megatok.data.inputs import read_documents
-    from megatok.data.stream import pack_documents
+    from megatok.data.stream import from_run_config, pack_documents
 
-    spec = data or cfg.data.val_shards or cfg.data.shards
+    spec = data or from_run_config(cfg.data.val_shards or cfg.data.shards,
+                                   "data.val_shards" if cfg.data.val_shards else "data.shards")
     texts, have, need = [], 0, batch_size * (seq_len + 1)
     for d in read_documents(list(spec) if isinstance(spec, dict) else spec, "val"):
         texts.append(d.text)

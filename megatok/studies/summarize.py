@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from megatok.data.stream import iter_shard_documents, resolve_shards
+from megatok.data.stream import from_run_config, iter_shard_documents, resolve_shards
 from megatok.metrics import finite_or_none, read_metrics
 from megatok.run.checkpoints import latest_tag
 from megatok.run.reader import run_config
@@ -46,7 +46,7 @@ def summarize(run: str | Path, data=None, eval_file: str | None = None) -> dict:
     if not (run / "config.json").is_file() or not (run / "metrics.jsonl").is_file():
         raise StudyError(f"{run}: not a run directory (needs config.json and metrics.jsonl)")
     cfg = run_config(run)
-    data = data or cfg.data.shards
+    data = data or from_run_config(cfg.data.shards)
     rows = read_metrics(run)
     train = [r for r in rows if r.get("split") == "train"]
     val = [r for r in rows if r.get("split") == "val"]
