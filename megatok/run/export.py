@@ -33,6 +33,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from megatok.config import Config
+from megatok.files import umask as current_umask
 from megatok.run.checkpoints import CheckpointError, read_meta
 from megatok.run.merge import LazyTensor
 from megatok.run.reader import (MODEL_FILES, checkpoint_to_read, checkpoint_weights, load_model, materialise,
@@ -119,8 +120,7 @@ def export(run_dir: str | Path, out_dir: str | Path, *, dtype: str = "fp32", tag
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     where = {dst: (src, lo, n) for dst, src, lo, n in plan}
-    umask = os.umask(0)
-    os.umask(umask)
+    umask = current_umask()
     held: tuple[str, torch.Tensor] | None = None  # the last source tensor read (q, k and v share one)
     for filename, names in split.filename_to_tensors.items():
         shard = {}
