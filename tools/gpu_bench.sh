@@ -97,9 +97,11 @@ if [ "$PLAN" = 1 ]; then plan; exit 0; fi
 mkdir -p "$OUT"
 plan | tee "$OUT/plan.txt"
 if [ "$SMOKE" = 0 ] && compgen -G ".whl/*.whl" > /dev/null; then  # the smoke runs here, on this machine's packages
-  "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+  SITE=$(mktemp -d "${TMPDIR:-/tmp}/megatok-site.XXXXXX")  # its own, not a fixed /tmp path another user may hold
+  trap 'rm -rf "$SITE"' EXIT
+  "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl \
     || { echo "gpu_bench: installing .whl/ failed" >&2; exit 1; }
-  export PYTHONPATH=/tmp/site
+  export PYTHONPATH=$SITE
 fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 WANDB_MODE=disabled
 {

@@ -4,8 +4,8 @@
 # and the checkout there, and install the wheels there with --no-index. Pinned to requirements.txt; Python
 # 3.12, x86-64 Linux by default.
 #   bash tools/gpu_wheels.sh                 # -> .whl/ (about 7 MB), ignored by git
-#   there, in the checkout: python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl &&
-#          PYTHONPATH=/tmp/site:$PWD python3 -m megatok.cli.gpu_check --json-out gpu_check.json
+#   there, in the checkout: SITE=$(mktemp -d) && python3 -m pip install -q --no-index --no-deps --target "$SITE" .whl/*.whl &&
+#          PYTHONPATH=$SITE:$PWD python3 -m megatok.cli.gpu_check --json-out gpu_check.json
 # DeepSpeed's own dependencies (einops, msgpack, ninja, packaging, psutil, py-cpuinfo, pyyaml, tqdm) come
 # too, pinned to the versions tested here: an image may lack any of them. numpy is not carried (torch's
 # own must stay). EXTRA="name==version ..." adds more.

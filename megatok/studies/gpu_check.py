@@ -6,10 +6,10 @@ MFU, memory, attention backends.
     megatok-gpu-check --cpu-smoke           # the same code paths on a CPU with a tiny config (the tests)
 
 On a bare GPU machine (an image with torch and nothing else: carry the checkout and the wheels of
-tools/gpu_wheels.sh there, installed with ``pip install --no-index --no-deps --target /tmp/site``), run it
-from the checkout without installing megatok:
+tools/gpu_wheels.sh there, installed with ``pip install --no-index --no-deps --target "$SITE"`` into a directory
+of your own, ``SITE=$(mktemp -d)``), run it from the checkout without installing megatok:
 
-    PYTHONPATH=/tmp/site:$PWD python3 -m megatok.cli.gpu_check --json-out gpu_check.json
+    PYTHONPATH=$SITE:$PWD python3 -m megatok.cli.gpu_check --json-out gpu_check.json
 
 It runs four sections, by default in this order (--sections picks and orders them), and prints each:
 
