@@ -90,7 +90,8 @@ def test_policy_loss_gradient_equals_the_reinforce_expression_by_hand():
     torch.manual_seed(0)
     B, T, D, lam, gamma, cap = 3, 6, 4, 0.01, 0.9, 6.0
     strat = build_strategy("policy", d_model=D, target_rate=0.2,
-                           options={"gamma": gamma, "lambda_policy": lam, "lambda_rate": 0.0, "logit_cap": cap})
+                           options={"gamma": gamma, "lambda_policy": lam, "lambda_rate": 0.0, "logit_cap": cap,
+                                    "start_step": 0, "start_margin": None})  # its terms on from the start
     strat.train()
     with torch.no_grad():
         strat.head.weight.normal_()
@@ -151,7 +152,8 @@ def test_rate_loss_per_sequence_holds_each_sequence_not_only_the_average():
 
 def test_policy_starts_at_the_target_rate_and_forces_the_first_boundary():
     torch.manual_seed(0)
-    strat = build_strategy("policy", d_model=8, target_rate=0.2, options={}).train()
+    strat = build_strategy("policy", d_model=8, target_rate=0.2,
+                           options={"start_step": 0, "start_margin": None}).train()  # its terms on from the start
     h = torch.zeros(64, 200, 8)
     b = strat(h, None, torch.ones(64, 200, dtype=torch.bool))
     assert b.starts[:, 0].all()
@@ -186,7 +188,8 @@ def test_reward_is_detached_and_gradients_go_where_they_should():
     from megatok.config import load_config
     from megatok.model.unet import ByteUNet
 
-    cfg = load_config(None, ["model.d_model=32", "model.n_heads=2", "train.micro_batch_size=2"], world_size=1)
+    cfg = load_config(None, ["model.d_model=32", "model.n_heads=2", "train.micro_batch_size=2",
+                             "boundary.start_step=0", "boundary.start_margin=null"], world_size=1)  # terms on at once
     torch.manual_seed(0)
     model = ByteUNet(cfg.model, cfg.boundary).train()
     x = torch.randint(0, 256, (4, 33))

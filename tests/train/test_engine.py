@@ -33,7 +33,10 @@ def test_the_engine_trains_on_inputs_and_next_bytes_with_weight_decay_on_matrice
     assert engine.lr == cfg.train.lr / cfg.train.warmup_steps  # the first step's
     before = weights(engine)
     assert engine_step(engine, 1, tokens) == 0
-    assert all(not torch.equal(w, p) for w, p in zip(before, weights(engine)) if w.dim() == 2)
+    own = [id(p) in {id(q) for q in engine.ds.module.boundary.parameters()} for p in engine.ds.module.parameters()]
+    moved = [not torch.equal(w, p) for w, p in zip(before, weights(engine))]
+    assert all(m for m, o, w in zip(moved, own, before) if w.dim() == 2 and not o)  # every other matrix trains
+    assert not any(m for m, o in zip(moved, own) if o)  # the policy's heads wait for start_step (50)
 
 
 def test_skipped_updates_are_counted_and_a_streak_longer_than_the_limit_ends_the_run(single_rank, shards,
@@ -65,7 +68,7 @@ def test_the_policys_own_learning_rate_under_the_deepspeed_engine(single_rank, s
     put for two updates while the rest of the model trains, then move at half the model's learning rate;
     a resumed engine restores each group's rate."""
     cfg = tiny_config(shards, tmp_path, "boundary.strategy=policy", "boundary.start_step=2", "boundary.lr_scale=0.5",
-                      "deepspeed.zero_optimization.stage=2")
+                      "boundary.start_margin=null", "deepspeed.zero_optimization.stage=2")  # no latch after step 2
     engine, tokens = tiny_engine(cfg), random_batch(cfg)
     model = engine.ds.module
     groups = param_groups(model, 0.1)
@@ -92,5 +95,6 @@ def test_the_policys_own_learning_rate_under_the_deepspeed_engine(single_rank, s
     resumed.load_state_dict(engine.state_dict())
     assert [g["lr"] for g in resumed.ds.optimizer.param_groups] == pytest.approx(
         [g["lr"] for g in engine.ds.optimizer.param_groups])
-    published = tiny_engine(tiny_config(shards, tmp_path, "boundary.strategy=policy", "boundary.lr_scale=1.0"))
+    published = tiny_engine(tiny_config(shards, tmp_path, "boundary.strategy=policy", "boundary.lr_scale=1.0",
+                                        "boundary.start_step=0", "boundary.start_margin=null"))
     assert len(published.ds.optimizer.param_groups) == 2  # the published setting: the groups (and checkpoints) of before
