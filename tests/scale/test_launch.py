@@ -203,14 +203,13 @@ def test_stop_request_watches_megatok_stop_file(tmp_path, monkeypatch):
 
 
 def test_a_stop_file_older_than_the_run_is_removed_with_a_line_and_a_new_one_counts(tmp_path, capsys):
-    import time
-
+    from megatok.train import callbacks
     from megatok.train.callbacks import StopRequest
 
     run = tmp_path / "run"
     run.mkdir()
-    (run / "STOP").touch()  # left by a run killed before it could remove it
-    os.utime(run / "STOP", (time.time() - 60, time.time() - 60))
+    (run / "STOP").touch()  # left by a run killed before it could remove it: older than this process's start
+    os.utime(run / "STOP", (callbacks.STARTED - 60, callbacks.STARTED - 60))
     stop = StopRequest(run, rank=0)
     try:
         stop.on_fit_start(None)

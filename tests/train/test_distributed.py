@@ -131,7 +131,8 @@ def test_compiled_blocks_train_like_eager_and_their_checkpoints_load_without(sha
     block as a ZeRO-3 leaf compiles whole (3: the byte and chunk rotary tables, and eval's no-grad)."""
     common = ["--config", "configs/tiny.json", "--set", *TINY, f"data.shards={shards}", "train.max_steps=3",
               "train.save_every=2", "train.micro_batch_size=4", "train.global_batch_size=4", "eval.every=2",
-              "deepspeed.zero_optimization.stage=3", "model.activation_checkpointing=true"]
+              "deepspeed.zero_optimization.stage=3", "model.activation_checkpointing=true",
+              "train.dist_timeout_s=900"]  # the first step compiles: minutes on a loaded machine
     eager, compiled = tmp_path / "eager", tmp_path / "compiled"
     pretrain(common + [f"train.run_dir={eager}"])
     cache = tmp_path / "inductor"  # a cold cache, and proof that inductor compiled kernels
