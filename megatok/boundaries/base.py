@@ -191,6 +191,12 @@ class BoundaryStrategy(nn.Module):
         return None
 
     @property
+    def holds_lr(self) -> bool:
+        """With lr_factor: whether the strategy's own learning rate holds at the model's peak after warmup
+        (times lr_factor) instead of following the model's decay."""
+        return bool(getattr(self.options, "lr_hold", False))
+
+    @property
     def reads_earlier_decisions(self) -> bool:
         """Whether a sampled decision depends on the decisions sampled before it (then generation, which
         holds earlier decisions fixed, uses the threshold rule)."""

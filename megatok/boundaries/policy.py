@@ -94,6 +94,10 @@ class Options(BaseModel):
                             "at the target rate); 0 is the published estimator")
     lr_warmup_steps: int = Field(0, ge=0, description="after start_step, the heads' learning rate rises linearly from "
                                  "0 over this many steps")
+    lr_hold: bool = Field(True, description="the heads' learning rate holds at lr_scale x train.lr after the model's "
+                          "warmup instead of following its decay: a policy whose latch opens late in the run (when "
+                          "the model's learning rate has decayed) still learns at its pace (docs/method.md, 'The "
+                          "policy's pace'); false: the model's schedule, as published")
     explore: float = Field(0.0, ge=0, lt=1, description="epsilon: training draws from (1 - epsilon) p + epsilon "
                            "target_rate (the log-probability is that of the draw; evaluation uses p)")
     entropy: float = Field(0.0, ge=0, description="weight of an entropy bonus relative to the target rate: the "
@@ -211,10 +215,11 @@ class Strategy(BoundaryStrategy):
         return o.gamma_start + (o.gamma - o.gamma_start) * frac
 
     def lr_factor(self, step: int) -> float | None:
-        """0 before start_step, then lr_scale, reached linearly over lr_warmup_steps; None when all three are
-        at their defaults (the heads then follow the model's schedule in its own parameter groups)."""
+        """0 before start_step, then lr_scale, reached linearly over lr_warmup_steps; None at the published
+        setting (lr_scale 1, start_step 0, lr_warmup_steps 0, lr_hold false: the heads then follow the model's
+        schedule in its own parameter groups)."""
         o = self.options
-        if o.lr_scale == 1 and not o.start_step and not o.lr_warmup_steps:
+        if o.lr_scale == 1 and not o.start_step and not o.lr_warmup_steps and not o.lr_hold:
             return None
         if step < o.start_step:
             return 0.0

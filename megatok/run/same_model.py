@@ -109,15 +109,16 @@ def check_same_optimizer_groups(groups: int, cfg: Config, where: Path) -> None:
     o = cfg.boundary.options
     if groups < now:
         raise CheckpointError(f"{where} was trained with the boundary policy's parameters in the model's optimizer "
-                              f"groups (boundary.lr_scale 1, start_step 0, lr_warmup_steps 0: the published setting, "
-                              f"the default before 2026-12-07) and the config gives them their own learning rate "
-                              f"(lr_scale {o.lr_scale:g}, start_step {o.start_step}, lr_warmup_steps "
-                              f"{o.lr_warmup_steps}), which DeepSpeed cannot resume; set boundary.lr_scale=1.0 (and "
-                              f"start_step, lr_warmup_steps 0) to resume it, or use another train.run_dir")
+                              f"groups (boundary.lr_scale 1, start_step 0, lr_warmup_steps 0, lr_hold false: the "
+                              f"published setting, the default before 2026-12-07) and the config gives them their "
+                              f"own learning rate (lr_scale {o.lr_scale:g}, start_step {o.start_step}, lr_warmup_steps "
+                              f"{o.lr_warmup_steps}, lr_hold {str(o.lr_hold).lower()}), which DeepSpeed cannot "
+                              f"resume; set boundary.lr_scale=1.0, start_step=0, lr_warmup_steps=0 and lr_hold=false "
+                              f"to resume it, or use another train.run_dir")
     raise CheckpointError(f"{where} was trained with the boundary policy's own learning rate (its parameters in "
                           f"optimizer groups of their own) and the config gives it none (boundary.lr_scale 1, "
-                          f"start_step 0, lr_warmup_steps 0), which DeepSpeed cannot resume; set them as the run was "
-                          f"trained (its config.json), or use another train.run_dir")
+                          f"start_step 0, lr_warmup_steps 0, lr_hold false), which DeepSpeed cannot resume; set them "
+                          f"as the run was trained (its config.json), or use another train.run_dir")
 
 
 def check_same_model(run_dir: str | Path, tag: str, cfg: Config) -> None:

@@ -20,16 +20,18 @@ from megatok.metrics import finite_number, read_metrics
 VR_OPTIONS = {"samples": 2}
 
 #: The published estimator's settings where megatok's default differs (its pace: docs/method.md).
-PUBLISHED = ("boundary.strategy=policy", "boundary.lr_scale=1.0", "boundary.start_step=0", "boundary.start_margin=null")
+PUBLISHED = ("boundary.strategy=policy", "boundary.lr_scale=1.0", "boundary.start_step=0", "boundary.start_margin=null",
+             "boundary.lr_hold=false")
 #: The policy learning from step 0 with no latch (the pace arms screened before the latch became the default).
-UNLATCHED = ("boundary.strategy=policy", "boundary.start_step=0", "boundary.start_margin=null")
+UNLATCHED = ("boundary.strategy=policy", "boundary.start_step=0", "boundary.start_margin=null",
+             "boundary.lr_hold=false")
 
 #: method -> (--set items for the preset's config, what it is). "bpe" is the sentencepiece BPE token model
 #: matched to the preset in training FLOPs per byte (megatok-match-bpe), not a boundary strategy.
 METHODS: dict[str, tuple[list[str], str]] = {
     "policy": (["boundary.strategy=policy"], "score function, megatok's default pace (its own parameters at a quarter "
-                                             "of the learning rate, learning once the full model beats the early-exit "
-                                             "head)"),
+                                             "of the peak learning rate, held, learning once the full model beats the "
+                                             "early-exit head)"),
     "policy-published": ([*PUBLISHED], "score function, the published estimator (Dauncey & Wattenhofer)"),
     # the published estimator with one change each
     "policy-vr": ([*PUBLISHED, *(f"boundary.{k}={v}" for k, v in VR_OPTIONS.items())],
@@ -62,9 +64,10 @@ METHODS: dict[str, tuple[list[str], str]] = {
                         "policy-slow from step 100 (uniform random chunks before)"),
     "policy-warmslow200": ([*UNLATCHED, "boundary.start_step=200"],
                            "policy-slow from step 200 (uniform random chunks before)"),
-    "policy-latch": (["boundary.strategy=policy", "boundary.start_step=50", "boundary.start_margin=0.02"],
-                     "megatok's default named explicitly: a quarter of the learning rate, learning once the full "
-                     "model beats the early-exit head by 0.02 bits per byte (a moving average from step 50)"),
+    "policy-latch": (["boundary.strategy=policy", "boundary.start_step=50", "boundary.start_margin=0.02",
+                      "boundary.lr_hold=false"],
+                     "the default before lr_hold: a quarter of the model's (decaying) learning rate, learning once "
+                     "the full model beats the early-exit head by 0.02 bits per byte (a moving average from step 50)"),
     "policy-latchfast": ([*PUBLISHED, "boundary.start_step=50", "boundary.start_margin=0.02"],
                          "the published estimator, learning once the full model beats the early-exit head by 0.02 "
                          "bits per byte (a moving average from step 50)"),

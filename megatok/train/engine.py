@@ -74,12 +74,16 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
     return groups
 
 
-def group_schedules(model: torch.nn.Module, schedule: Callable[[int], float], groups: int) -> list[Callable]:
+def group_schedules(model: torch.nn.Module, schedule: Callable[[int], float], groups: int,
+                    warmup_steps: int = 0) -> list[Callable]:
     """The learning-rate factor of each of param_groups' groups: the model's ``schedule``, and for the
-    strategy's own groups (the last two, with own_lr) that times the strategy's lr_factor."""
+    strategy's own groups (the last two, with own_lr) that times the strategy's lr_factor; where the strategy
+    holds its rate (holds_lr), the schedule stops at its value after ``warmup_steps`` (its peak)."""
     if not own_lr(model):
         return [schedule] * groups
     boundary = model.boundary
+    if boundary.holds_lr:
+        return [schedule] * (groups - 2) + [lambda s: schedule(min(s, warmup_steps)) * boundary.lr_factor(s)] * 2
     return [schedule] * (groups - 2) + [lambda s: schedule(s) * boundary.lr_factor(s)] * 2
 
 
@@ -97,7 +101,7 @@ class Engine:
         self.train_cfg, self.schedule = train, schedule
         self.n_params = sum(full_shape(p).numel() for p in model.parameters())
         groups = param_groups(model, train.weight_decay)
-        self.schedules = group_schedules(model, schedule, len(groups))
+        self.schedules = group_schedules(model, schedule, len(groups), train.warmup_steps)
         self.ds, _, _, _ = deepspeed.initialize(model=model, config=ds_config, model_parameters=groups,
                                                 lr_scheduler=lambda opt: LambdaLR(opt, self.schedules))
         self.skipped_in_row = 0

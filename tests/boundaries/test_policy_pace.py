@@ -22,7 +22,7 @@ def policy(**options):
 
 
 def test_the_learning_rate_factor_of_the_policys_own_parameters():
-    assert policy(lr_scale=1.0).lr_factor(0) is None  # the published setting: the heads follow the model's schedule
+    assert policy(lr_scale=1.0, lr_hold=False).lr_factor(0) is None  # the published setting: the heads follow the model's schedule
     assert [policy().lr_factor(s) for s in (0, 500)] == [0.25, 0.25]  # a quarter, from step 0
     default = build_strategy("policy", d_model=6, target_rate=0.2, options={})
     assert [default.lr_factor(s) for s in (0, 49, 50, 500)] == [0, 0, 0.25, 0.25]  # the default: still until step 50

@@ -96,5 +96,26 @@ def test_the_policys_own_learning_rate_under_the_deepspeed_engine(single_rank, s
     assert [g["lr"] for g in resumed.ds.optimizer.param_groups] == pytest.approx(
         [g["lr"] for g in engine.ds.optimizer.param_groups])
     published = tiny_engine(tiny_config(shards, tmp_path, "boundary.strategy=policy", "boundary.lr_scale=1.0",
-                                        "boundary.start_step=0", "boundary.start_margin=null"))
+                                        "boundary.start_step=0", "boundary.start_margin=null",
+                                        "boundary.lr_hold=false"))
     assert len(published.ds.optimizer.param_groups) == 2  # the published setting: the groups (and checkpoints) of before
+
+
+@pytest.mark.parametrize("hold", [True, False])
+def test_the_policys_held_learning_rate_stays_at_its_peak_while_the_models_decays(hold, shards, tmp_path):
+    """lr_hold (the default): after the model's warmup the heads' factor is lr_scale x the peak, whatever the
+    model's cosine has decayed to; lr_hold false: lr_scale x the model's factor at every step."""
+    from megatok.config import lr_lambda
+    from megatok.flops import build_meta_model
+    from megatok.train.engine import group_schedules
+
+    cfg = tiny_config(shards, tmp_path, "boundary.strategy=policy", "boundary.start_step=3", "boundary.lr_scale=0.5",
+                      f"boundary.lr_hold={str(hold).lower()}", "train.warmup_steps=5", "train.max_steps=100",
+                      "train.lr_schedule=cosine", "train.min_lr_ratio=0.1")
+    model, schedule = build_meta_model(cfg), lr_lambda(cfg)
+    main, _, own, _ = group_schedules(model, schedule, 4, cfg.train.warmup_steps)
+    assert [own(s) for s in (0, 2)] == [0, 0]  # before start_step
+    assert own(3) == pytest.approx(0.5 * schedule(3)) and schedule(3) < 1  # in warmup: the model's ramp
+    assert main(99) == pytest.approx(0.1, abs=1e-3)  # the model at the end of its cosine
+    assert [own(s) for s in (5, 50, 99)] == pytest.approx([0.5, 0.5, 0.5] if hold else [0.5 * schedule(s)
+                                                                                        for s in (5, 50, 99)])

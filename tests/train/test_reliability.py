@@ -642,7 +642,7 @@ def test_resuming_under_another_zero_stage_or_precision_is_refused_before_anythi
     # the policy's own learning rate puts its parameters in optimizer groups of their own: the other setting is
     # refused the same way, naming the keys
     own = checkpoints.read_meta(run, "step00000008")["engine"].get("optimizer_groups", 2) == 4
-    other = ["boundary.lr_scale=1.0", "boundary.start_step=0"] if own else ["boundary.lr_scale=0.5"]
+    other = ["boundary.lr_scale=1.0", "boundary.start_step=0", "boundary.lr_hold=false"] if own else ["boundary.lr_scale=0.5"]
     assert launch.main(args(shards, run, "train.max_steps=10", "train.global_batch_size=8", *other)) == 2
     (line,) = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("error:")]
     assert line.startswith(f"error: --resume auto: {run / 'checkpoints' / 'step00000008'} was trained with the "
