@@ -10,9 +10,12 @@ Only JSON is parsed here; DeepSpeed's archives are checked for completeness, not
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import re
 import zipfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from megatok.data.stream import is_cursor
@@ -99,12 +102,42 @@ def _archive_problem(path: Path) -> str | None:
         return f"{path.name} is damaged ({exn})"
 
 
+def file_sum(path: Path) -> dict:
+    """A file's size and SHA-256, as megatok.json's ``files`` records them."""
+    with open(path, "rb") as f:
+        return {"bytes": path.stat().st_size, "sha256": hashlib.file_digest(f, "sha256").hexdigest()}
+
+
+def summed_files(d: Path) -> list[str]:
+    """The files of checkpoint directory ``d`` that megatok.json's ``files`` covers: all but itself."""
+    return sorted(str(p.relative_to(d)) for p in d.rglob("*") if p.is_file() and p.name != META)
+
+
+def checksum_problem(d: Path, recorded: dict) -> str | None:
+    """The first file of ``d`` whose size or SHA-256 differs from ``recorded`` (megatok.json's ``files``),
+    or that is missing; sizes first (cheap), then the sums."""
+    for name, want in sorted(recorded.items()):
+        path = d / name
+        if not path.is_file():
+            return f"{name} missing (recorded at the save)"
+        if path.stat().st_size != want["bytes"]:
+            return f"{name} is damaged ({path.stat().st_size} bytes, {want['bytes']} at the save)"
+    names = sorted(recorded)
+    with ThreadPoolExecutor(min(8, os.cpu_count() or 1)) as pool:  # hashlib lets go of the GIL: files in parallel
+        sums = pool.map(lambda name: file_sum(d / name)["sha256"], names)
+        for name, got in zip(names, sums):
+            if got != recorded[name]["sha256"]:
+                return f"{name} is damaged (its SHA-256 differs from the one recorded at the save)"
+    return None
+
+
 def damage(run_dir: str | Path, tag: str) -> str | None:
     """What makes a published checkpoint unusable, or None. Checks that megatok's files read (the
     metadata, every rank's RNG states and data cursors), that every DeepSpeed file is a complete
     archive (see _archive_problem: the data itself is not read), that DeepSpeed's model states are there
     (one file, or one per rank under ZeRO-3), and that a ZeRO checkpoint has one optimizer partition per
-    rank of the run that wrote it. A checkpoint a killed re-save had moved
+    rank of the run that wrote it; where megatok.json records the files' sums (``files``), that every file
+    has its recorded size and SHA-256. A checkpoint a killed re-save had moved
     aside counts as in place (the next start restores it)."""
     d = restorable(run_dir, tag)
     try:
@@ -137,6 +170,8 @@ def damage(run_dir: str | Path, tag: str) -> str | None:
     partitions = len(list(d.glob("*_optim_states.pt")))
     if (partitions or stage >= 1) and partitions != world:  # none at all under ZeRO 1-3
         return f"{partitions} optimizer partitions for the {world} ranks that wrote it"
+    if isinstance(meta.get("files"), dict):
+        return checksum_problem(d, meta["files"])
     return None
 
 
@@ -191,9 +226,11 @@ def parse_meta(text: str) -> dict:
          "engine": {"zero_stage": 2, "precision": "fp32", "skipped_in_row": 0, "optimizer_groups": 2},
          "data": {"layout": {...}, "epoch": 0, "stream_origin": {...}, "data_digest": "...", ...},
          "metrics": {"bytes_seen": 24576.0, "flops": 4.1e9},
-         "evaluation": {"pending": false}}
+         "evaluation": {"pending": false},
+         "files": {"mp_rank_00_model_states.pt": {"bytes": 1234, "sha256": "..."}, ...}}
 
-    ``world_size``: the ranks that wrote it. Each training component's ``state_dict()`` is its part, and a
+    ``files``: every other file's size and SHA-256, recorded at the save (verified by :func:`damage`;
+    checkpoints saved before it hold none). ``world_size``: the ranks that wrote it. Each training component's ``state_dict()`` is its part, and a
     resume gives each part back to that component alone. A flat file (as written before the parts: no
     "format") is read into this layout (PARTS says which key goes where); a ValueError for a format
     newer than this code reads."""

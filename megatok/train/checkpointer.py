@@ -33,9 +33,9 @@ import torch.distributed as tdist
 
 from megatok.config import Config, TrainConfig
 from megatok.run import same_model
-from megatok.run.checkpoints import (CHECKPOINTS, FORMAT, META, CheckpointError, checkpoint_dir, last_good,
-                                     latest_tag, parse_meta, published_tags, read_cursors, read_meta,
-                                     resume_tag, stream_file, tag_for)
+from megatok.run.checkpoints import (CHECKPOINTS, FORMAT, META, CheckpointError, checkpoint_dir, file_sum,
+                                     last_good, latest_tag, parse_meta, published_tags, read_cursors, read_meta,
+                                     resume_tag, stream_file, summed_files, tag_for)
 from megatok.run.lock import RunDirInUse, RunLock
 
 # --------------------------------------------------------------------------- the files of a checkpoint
@@ -219,11 +219,21 @@ def _publish(run_dir: str | Path, tmp: Path, tag: str, meta: dict) -> None:
     set_latest(run_dir, tag)
 
 
+def _sum_share(tmp: Path) -> dict:
+    """Collective: the sizes and SHA-256 of this rank's share of the files in ``tmp`` (rank r hashes every
+    world-th file of rank 0's sorted list, so the ranks read a checkpoint's bytes in parallel)."""
+    names = [summed_files(tmp) if tdist.get_rank() == 0 else None]
+    tdist.broadcast_object_list(names, src=0)
+    rank, world = tdist.get_rank(), tdist.get_world_size()
+    return {name: file_sum(tmp / name) for name in names[0][rank::world]}
+
+
 def save(engine, run_dir: str | Path, step: int, meta: dict, keep: int = 3,
          cursors: dict[int, dict] | None = None, keep_every: int | None = None) -> str:
     """Collective: every rank calls it, with its readers' data ``cursors``; ``meta`` is megatok.json's
     content (run.checkpoints.parse_meta), its tag added. Returns the published tag. Afterwards the newest
-    ``keep`` checkpoints remain, and every one whose step is a multiple of ``keep_every``."""
+    ``keep`` checkpoints remain, and every one whose step is a multiple of ``keep_every``. megatok.json,
+    written last, records every other file's size and SHA-256 (``files``: verified at a resume)."""
     if not weights_finite(engine):
         raise FloatingPointError(f"weights are not finite at step {step}: checkpoint not written "
                                  f"(last good: {last_good(run_dir)})")
@@ -244,14 +254,16 @@ def save(engine, run_dir: str | Path, step: int, meta: dict, keep: int = 3,
         # say which ranks share a machine (no LOCAL_RANK).
         if os.environ.get("LOCAL_RANK", "0") == "0":
             sync_tree(tmp)
+        sums = _sum_share(tmp)
     except (OSError, RuntimeError) as exn:  # a full disk, a quota, a lost mount: the last good one stays
         if not _write_failed(exn):
             raise
         raise _unwritten(run_dir, tmp, step, exn) from None
-    tdist.barrier()
+    shares = [None] * tdist.get_world_size()
+    tdist.all_gather_object(shares, sums)
     if rank == 0:
         try:
-            _publish(run_dir, tmp, tag, meta)
+            _publish(run_dir, tmp, tag, {**meta, "files": {k: v for share in shares for k, v in share.items()}})
         except OSError as exn:
             if not _write_failed(exn):
                 raise

@@ -4,6 +4,7 @@ before it is published, the layout of megatok.json and the flat one written befo
 Checkpointer over the real DeepSpeed engine (a save of the components' parts, the start that resumes it)."""
 
 import errno
+import hashlib
 import json
 import shutil
 import os
@@ -389,9 +390,17 @@ def test_a_save_holds_each_parts_state_and_a_start_resumes_it(single_rank, shard
     tag = saver.save(engine, 2, parts, cursors={3: CURSOR})
     drawn = torch.rand(4)  # the generator as saved, drawn from
     saver.release_lock()
-    written = json.loads((tmp_path / "run" / "checkpoints" / tag / checkpoints.META).read_text())
+    d = tmp_path / "run" / "checkpoints" / tag
+    written = json.loads((d / checkpoints.META).read_text())
+    # every other file's size and SHA-256 (the states DeepSpeed wrote, the generators, the cursors)
+    files = {str(p.relative_to(d)) for p in d.rglob("*") if p.is_file() and p.name != checkpoints.META}
+    assert set(written["files"]) == files and {"mp_rank_00_model_states.pt", "rng_rank0.json",
+                                              "stream_rank0.json"} <= files
+    assert written["files"]["rng_rank0.json"] == {"bytes": (d / "rng_rank0.json").stat().st_size, "sha256":
+                                                  hashlib.sha256((d / "rng_rank0.json").read_bytes()).hexdigest()}
     assert written == {"tag": "step00000002", "format": checkpoints.FORMAT, "step": 2, "world_size": 1,
-                       "model": {"param_shapes": model_shapes(cfg), "model_files": {}}, **parts}
+                       "model": {"param_shapes": model_shapes(cfg), "model_files": {}}, **parts,
+                       "files": written["files"]}
 
     cfg = tiny_config(shards, tmp_path / "run", "train.lr=0.002")
     resumer = Checkpointer(cfg.train, 0)
@@ -412,3 +421,50 @@ def test_a_save_holds_each_parts_state_and_a_start_resumes_it(single_rank, shard
     resumer.load(tiny_engine(cfg), start, restore_rng=False)  # this rank's generators left alone
     assert not torch.equal(torch.rand(4), drawn)
     resumer.release_lock()
+
+
+def flip(path, at=0.5):
+    """One byte inside ``path`` (by default in its middle: tensor data, not the zip directory) inverted."""
+    data = bytearray(path.read_bytes())
+    data[int(len(data) * at)] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def test_bytes_damaged_inside_a_checkpoint_are_found_by_their_sums_and_auto_resume_falls_back(
+        single_rank, shards, tmp_path, capsys):
+    """A flipped byte inside a DeepSpeed file leaves its zip directory whole (the completeness check passes)
+    but not its SHA-256, recorded at the save: the checkpoint is named damaged, with the file, and a start
+    resumes the one before it; one whose size changed is found without reading it. A checkpoint saved before
+    the sums were recorded is still usable."""
+    cfg = tiny_config(shards, tmp_path / "run")
+    engine, saver = tiny_engine(cfg), Checkpointer(cfg.train, 0)
+    saver.start(cfg, "auto", deepspeed_config(cfg, 1))
+    tags = []
+    for n in (1, 2, 3, 4):
+        engine_step(engine, n, random_batch(cfg, n))
+        if n % 2 == 0:
+            tags.append(saver.save(engine, n, {"engine": engine.state_dict()}, cursors={}))
+    saver.release_lock()
+    run = tmp_path / "run"
+    d = run / "checkpoints" / tags[1]
+    states = d / "mp_rank_00_model_states.pt"
+    flip(states)
+    assert checkpoints._archive_problem(states) is None  # the archive still reads
+    assert checkpoints.damage(run, tags[1]) == ("mp_rank_00_model_states.pt is damaged (its SHA-256 differs from "
+                                                "the one recorded at the save)")
+    start = Checkpointer(cfg.train, 0).start(cfg, "auto", deepspeed_config(cfg, 1))
+    assert start.tag == tags[0]
+    (line,) = [ln for ln in capsys.readouterr().out.splitlines() if "skipping damaged" in ln]
+    assert f"{tags[1]} (mp_rank_00_model_states.pt is damaged" in line and f"resuming from {tags[0]}" in line
+    with pytest.raises(checkpoints.CheckpointError, match=f"{d}: cannot be resumed: mp_rank_00_model_states.pt"):
+        checkpoints.resume_tag(run, tags[1])
+    flip(states)  # back as saved
+    assert checkpoints.damage(run, tags[1]) is None
+    size = (d / "rng_rank0.json").stat().st_size
+    with open(d / "rng_rank0.json", "a") as f:
+        f.write(" ")  # still valid JSON, one byte longer
+    assert checkpoints.damage(run, tags[1]) == f"rng_rank0.json is damaged ({size + 1} bytes, {size} at the save)"
+    meta = json.loads((d / checkpoints.META).read_text())
+    del meta["files"]  # as saved before the sums were recorded
+    (d / checkpoints.META).write_text(json.dumps(meta))
+    assert checkpoints.damage(run, tags[1]) is None
