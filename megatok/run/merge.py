@@ -29,6 +29,8 @@ from typing import Callable
 
 import torch
 
+from megatok.run.safe_load import weights_only_loads
+
 
 @dataclass
 class LazyTensor:
@@ -96,7 +98,8 @@ def checkpoint_tensors(ckpt: str | Path) -> dict[str, LazyTensor]:
     ckpt = Path(ckpt)
     stage = zero_stage_of(ckpt)
     if stage == 0:
-        state = torch.load(ckpt / "mp_rank_00_model_states.pt", map_location="cpu", mmap=True, weights_only=True)
+        with weights_only_loads():
+            state = torch.load(ckpt / "mp_rank_00_model_states.pt", map_location="cpu", mmap=True)
         module = state["module"]
         return {k: LazyTensor(v.shape, torch.float32 if v.is_floating_point() else v.dtype,
                               (lambda dtype, v=v: v.to(dtype, copy=True)))
@@ -109,7 +112,7 @@ def checkpoint_tensors(ckpt: str | Path) -> dict[str, LazyTensor]:
 def _zero3(ckpt: Path) -> dict[str, LazyTensor]:
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
-    with _quiet():
+    with _quiet(), weights_only_loads():
         state = get_fp32_state_dict_from_zero_checkpoint(str(ckpt.parent), tag=ckpt.name, lazy_mode=True)
     out = {}
     for name, t in state.items():
@@ -143,8 +146,8 @@ def _zero2(ckpt: Path) -> dict[str, LazyTensor]:
     from deepspeed.utils.zero_to_fp32 import get_optim_files, parse_optim_states
 
     # the model states file holds the whole module in the training dtype: memory-mapped, only its buffers read
-    model_state = torch.load(ckpt / "mp_rank_00_model_states.pt", map_location="cpu", mmap=True, weights_only=False)
-    with _quiet():
+    with _quiet(), weights_only_loads():
+        model_state = torch.load(ckpt / "mp_rank_00_model_states.pt", map_location="cpu", mmap=True)
         stage, world, flat_groups, paddings = parse_optim_states(get_optim_files(str(ckpt)), str(ckpt))
     out: dict[str, LazyTensor] = {}
     buffer_names = model_state[BUFFER_NAMES]

@@ -37,6 +37,7 @@ from megatok.run.checkpoints import (CHECKPOINTS, FORMAT, META, CheckpointError,
                                      last_good, latest_tag, parse_meta, published_tags, read_cursors, read_meta,
                                      resume_tag, stream_file, summed_files, tag_for)
 from megatok.run.lock import RunDirInUse, RunLock
+from megatok.run.safe_load import weights_only_loads
 
 # --------------------------------------------------------------------------- the files of a checkpoint
 
@@ -294,7 +295,8 @@ def load(engine, run_dir: str | Path, tag: str, *, restore_rng: bool = True) -> 
     """Collective. Loads a published checkpoint into the DeepSpeed ``engine`` (and this rank's generators,
     with ``restore_rng``); returns its megatok metadata."""
     meta = read_meta(run_dir, tag)
-    path, _ = engine.load_checkpoint(str(checkpoint_dir(run_dir)), tag=tag)
+    with weights_only_loads():  # DeepSpeed's reads, without running code from the files
+        path, _ = engine.load_checkpoint(str(checkpoint_dir(run_dir)), tag=tag)
     if path is None:
         raise RuntimeError(f"{checkpoint_dir(run_dir) / tag}: DeepSpeed could not load this checkpoint")
     rng = checkpoint_dir(run_dir) / tag / f"rng_rank{tdist.get_rank()}.json"
@@ -317,9 +319,10 @@ def universal(run_dir: str | Path, tag: str, ds_config: dict) -> str:
         from deepspeed.checkpoint import ds_to_universal
 
         shutil.rmtree(out, ignore_errors=True)
-        ds_to_universal.main(argparse.Namespace(
-            input_folder=str(ckdir / tag), output_folder=str(out), num_extract_workers=1, num_merge_workers=1,
-            keep_temp_folder=False, strict=True, inject_missing_state=True))
+        with weights_only_loads():
+            ds_to_universal.main(argparse.Namespace(
+                input_folder=str(ckdir / tag), output_folder=str(out), num_extract_workers=1, num_merge_workers=1,
+                keep_temp_folder=False, strict=True, inject_missing_state=True))
         shutil.copy(ckdir / tag / META, out / META)
     tdist.barrier()
     ds_config["checkpoint"] = {**ds_config.get("checkpoint", {}), "load_universal": True}
