@@ -141,9 +141,9 @@ def weights_finite(engine) -> bool:
 
 def remove_stale(run_dir: str | Path) -> None:
     """Rank 0 at start: drop half-written ``*.tmp`` checkpoints and ``latest`` updates left by a killed or
-    failed run, and ``universal-*`` conversions a killed run did not get to remove (derived copies: a
-    later resume converts afresh, and must not load one made from an earlier checkpoint of the same
-    step). A published checkpoint that a re-save at its step had moved aside (``<tag>.old-<pid>.tmp``)
+    failed run, and ``universal-*`` conversions that are not complete copies of a published checkpoint
+    (:func:`converted`: a resume must not load one made from an earlier checkpoint of the same step; a
+    complete one is kept for the next start at the same world size). A published checkpoint that a re-save at its step had moved aside (``<tag>.old-<pid>.tmp``)
     when the run was killed goes back in place first."""
     d = checkpoint_dir(run_dir)
     for old in sorted(d.glob("step*.old-*.tmp")) if d.is_dir() else []:
@@ -151,7 +151,8 @@ def remove_stale(run_dir: str | Path) -> None:
         if not final.exists() and (old / META).is_file():
             os.replace(old, final)
     for p in [*d.glob("*.tmp"), *d.glob("universal-*")] if d.is_dir() else []:
-        shutil.rmtree(p, ignore_errors=True)
+        if not p.name.startswith("universal-") or not converted(d, p.name.removeprefix("universal-")):
+            shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
     for p in d.glob("latest.tmp-*") if d.is_dir() else []:  # a ``latest`` update that never landed
         p.unlink(missing_ok=True)
 
@@ -272,6 +273,7 @@ def save(engine, run_dir: str | Path, step: int, meta: dict, keep: int = 3,
         for old_tag in rotated_out(published_tags(run_dir), keep, keep_every):
             if old_tag != tag:
                 shutil.rmtree(ckdir / old_tag, ignore_errors=True)
+                shutil.rmtree(ckdir / f"universal-{old_tag}", ignore_errors=True)  # its conversion, if any
         _warn_if_the_next_will_not_fit(ckdir / tag, step, keep)
     tdist.barrier()
     return tag
@@ -305,25 +307,66 @@ def load(engine, run_dir: str | Path, tag: str, *, restore_rng: bool = True) -> 
     return meta
 
 
+def converted(ckdir: Path, tag: str) -> bool:
+    """Whether ``universal-<tag>`` is a complete conversion of published checkpoint ``tag`` (its megatok.json,
+    copied last, records the same files as the checkpoint's; or is the same file, for one saved before the
+    sums were recorded)."""
+    try:
+        copy, source = (json.loads((ckdir / name / META).read_text()) for name in (f"universal-{tag}", tag))
+    except (OSError, ValueError):
+        return False
+    return copy.get("files", copy) == source.get("files", source)
+
+
+def _wait_for_conversion(ckdir: Path, tag: str, poll_s: float = 1.0, tell_s: float = 60.0,
+                         limit_s: float = 24 * 3600) -> None:
+    """Ranks other than 0: wait, outside any collective (whose timeout a large conversion can exceed), until
+    rank 0 has converted ``tag`` or written why it could not."""
+    failed, t0, told = ckdir / f"universal-{tag}.failed", time.monotonic(), 0.0
+    while not converted(ckdir, tag):
+        if failed.is_file():
+            raise CheckpointError(failed.read_text().strip())
+        waited = time.monotonic() - t0
+        if waited > limit_s:
+            raise CheckpointError(f"{ckdir / tag}: rank 0 has not converted it in {limit_s:.0f} s")
+        if waited - told >= tell_s:
+            told = waited
+            print(f"megatok: rank {tdist.get_rank()}: waiting for rank 0 to convert {tag} ({waited:.0f} s)",
+                  flush=True)
+        time.sleep(poll_s)
+
+
 def universal(run_dir: str | Path, tag: str, ds_config: dict) -> str:
     """Collective. Re-partition a ZeRO checkpoint for a different world size through DeepSpeed's
-    universal format (rank 0 converts once into ``universal-<tag>``); switches ``ds_config`` to load
-    it. Returns the tag to load. ZeRO-0 checkpoints hold full states and need no conversion."""
+    universal format (rank 0 converts once into ``universal-<tag>``, kept for later starts; the other ranks
+    wait for it outside the collective timeout); switches ``ds_config`` to load it. Returns the tag to
+    load. ZeRO-0 checkpoints hold full states and need no conversion."""
     import argparse
 
     if ds_config.get("zero_optimization", {}).get("stage", 0) == 0:
         return tag
     ckdir = checkpoint_dir(run_dir)
-    out = ckdir / f"universal-{tag}"
-    if tdist.get_rank() == 0 and not (out / META).is_file():
-        from deepspeed.checkpoint import ds_to_universal
+    out, failed = ckdir / f"universal-{tag}", ckdir / f"universal-{tag}.failed"
+    if tdist.get_rank() == 0:
+        if not converted(ckdir, tag):
+            from deepspeed.checkpoint import ds_to_universal
 
-        shutil.rmtree(out, ignore_errors=True)
-        with weights_only_loads():
-            ds_to_universal.main(argparse.Namespace(
-                input_folder=str(ckdir / tag), output_folder=str(out), num_extract_workers=1, num_merge_workers=1,
-                keep_temp_folder=False, strict=True, inject_missing_state=True))
-        shutil.copy(ckdir / tag / META, out / META)
+            failed.unlink(missing_ok=True)
+            shutil.rmtree(out, ignore_errors=True)
+            print(f"megatok: converting {tag} for {tdist.get_world_size()} ranks (DeepSpeed's universal format, "
+                  f"into {out.name}, kept)", flush=True)
+            try:
+                with weights_only_loads():
+                    ds_to_universal.main(argparse.Namespace(
+                        input_folder=str(ckdir / tag), output_folder=str(out), num_extract_workers=1,
+                        num_merge_workers=1, keep_temp_folder=False, strict=True, inject_missing_state=True))
+                shutil.copy(ckdir / tag / META, out / META)  # last: marks the copy complete
+            except BaseException as exn:
+                _write_atomic(failed, f"{ckdir / tag}: the conversion for {tdist.get_world_size()} ranks failed on "
+                                      f"rank 0 ({type(exn).__name__}: {str(exn)[:300]})")
+                raise
+    else:
+        _wait_for_conversion(ckdir, tag)
     tdist.barrier()
     ds_config["checkpoint"] = {**ds_config.get("checkpoint", {}), "load_universal": True}
     return out.name

@@ -468,3 +468,62 @@ def test_bytes_damaged_inside_a_checkpoint_are_found_by_their_sums_and_auto_resu
     del meta["files"]  # as saved before the sums were recorded
     (d / checkpoints.META).write_text(json.dumps(meta))
     assert checkpoints.damage(run, tags[1]) is None
+
+
+CONVERT = """
+import datetime, json, os, shutil, sys, time, torch, torch.distributed as dist
+from pathlib import Path
+from deepspeed.checkpoint import ds_to_universal
+from megatok.train import checkpointer
+rank, store, out = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+run = Path(store).parent / "run"
+dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2,
+                        timeout=datetime.timedelta(seconds=5))
+calls = []
+def slow(args):  # a conversion longer than the collective timeout
+    calls.append(args.input_folder)
+    time.sleep(12)
+    Path(args.output_folder).mkdir()
+    if os.environ.get("FAIL"):
+        raise RuntimeError("no space left")
+ds_to_universal.main = slow
+ds = {"zero_optimization": {"stage": 2}}
+try:
+    result = {"tag": checkpointer.universal(run, "step00000002", ds), "ds": ds, "calls": calls}
+except Exception as e:
+    result = {"error": f"{type(e).__name__}: {e}", "calls": calls}
+torch.save(result, out)
+os._exit(0)
+"""
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_a_conversion_for_another_world_size_outlasts_the_collective_timeout_and_is_kept(tmp_path, monkeypatch,
+                                                                                         fail):
+    """Rank 0 converts (here: 12 s, with a 5 s collective timeout) while rank 1 waits outside any collective;
+    the complete conversion is kept for the next start and converted again only when it no longer matches
+    the checkpoint. A failed conversion ends rank 1 too, with rank 0's reason."""
+    from tests.conftest import two_gloo_ranks
+
+    published(tmp_path / "run", "step00000002", 2, world=2)
+    monkeypatch.setenv("FAIL", "1" if fail else "")
+    zero, one = two_gloo_ranks(tmp_path, CONVERT)
+    ckdir = tmp_path / "run" / "checkpoints"
+    if fail:
+        assert zero["error"] == "RuntimeError: no space left"
+        assert one["error"] == (f"CheckpointError: {ckdir / 'step00000002'}: the conversion for 2 ranks failed on "
+                                f"rank 0 (RuntimeError: no space left)")
+        checkpointer.remove_stale(tmp_path / "run")  # the next start clears the failed one
+        assert sorted(p.name for p in ckdir.iterdir()) == ["step00000002"]
+        return
+    assert zero["tag"] == one["tag"] == "universal-step00000002" and zero["ds"]["checkpoint"]["load_universal"]
+    assert len(zero["calls"]) == 1 and one["calls"] == []
+    checkpointer.remove_stale(tmp_path / "run")
+    assert checkpointer.converted(ckdir, "step00000002")  # kept: a second start converts nothing
+    zero, one = two_gloo_ranks(tmp_path, CONVERT)
+    assert zero["calls"] == one["calls"] == [] and zero["tag"] == one["tag"] == "universal-step00000002"
+    # re-saved at the same step (a rollback): the old conversion no longer matches, and a start drops it
+    (ckdir / "step00000002" / checkpoints.META).write_text(json.dumps(meta(2, 2, files={"x": 1})))
+    assert not checkpointer.converted(ckdir, "step00000002")
+    checkpointer.remove_stale(tmp_path / "run")
+    assert not (ckdir / "universal-step00000002").exists()
