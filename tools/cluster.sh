@@ -16,23 +16,27 @@
 # a shared filesystem. Daemons: one munged (a UNIX socket every node reaches); on head, slurmctld and its
 # accounting (slurmdbd over a MariaDB of its own, so that sacct works); on every node a slurmd and an sshd
 # (root logs in with a key made here, for DeepSpeed's pdsh/ssh path). The node names resolve inside the
-# nodes (each has a mount namespace whose /etc/hosts names the hosts) and for ssh from anywhere
-# (/etc/ssh/ssh_config.d/megatok-cluster.conf). Slurm's client commands read /etc/slurm/slurm.conf, which
-# up writes when there is none (else it prints the `export SLURM_CONF=...` to use). State and logs:
-# $MEGATOK_CLUSTER_DIR (default /run/megatok-cluster).
+# hosts (each has a mount namespace whose /etc/hosts names the hosts, and whose /etc/ssh/ssh_config
+# knows them: the machine's own ssh settings are not touched). Slurm's client commands read
+# /etc/slurm/slurm.conf, which up writes when there is none (else it prints the `export SLURM_CONF=...` to
+# use). State and logs: $MEGATOK_CLUSTER_DIR (default /run/megatok-cluster), which up makes (it refuses a
+# directory that is there and not its own) and marks; the subnet: $MEGATOK_CLUSTER_NET (default
+# 10.213.47), refused when a route of the machine overlaps it.
 #
 # Needs root and network namespaces; installs slurmctld, slurmd, slurmdbd, slurm-client, munge,
 # mariadb-server, openssh-server and pdsh with apt-get when missing (no package starts its service). Every
-# daemon runs in the foreground of a process whose id is kept in the state directory; down ends those and
-# every process left in the nodes' namespaces (jobs), and removes the namespaces, the bridge and every
-# file up wrote. up after a crash cleans up first.
+# daemon runs in the foreground of a process whose id and start time are kept in the state directory,
+# and every namespace, link, mount and file up makes outside it is listed there ($STATE/made); down ends
+# those daemons (a pid now held by another process is left alone) and every process in the namespaces
+# it made (jobs), and undoes what the list names, nothing else. up after a crash cleans up first.
 set -euo pipefail
 
 STATE=${MEGATOK_CLUSTER_DIR:-/run/megatok-cluster}
-NET=10.213.47
+NET=${MEGATOK_CLUSTER_NET:-10.213.47}
 BRIDGE=mtkbr0
 MARK="# written by megatok tools/cluster.sh"
-SSH_CONF=/etc/ssh/ssh_config.d/megatok-cluster.conf
+OWN=.megatok-cluster                              # in $STATE: the mark of a directory up made
+SSH_CONF=/etc/ssh/ssh_config.d/megatok-cluster.conf  # written by versions before 2026-12-07: down removes it
 SLURM_ETC=/etc/slurm/slurm.conf
 KILL_WAIT=${MEGATOK_CLUSTER_KILL_WAIT:-10}       # Slurm's KillWait: SIGTERM to SIGKILL, seconds
 SLURMD_TIMEOUT=${MEGATOK_CLUSTER_SLURMD_TIMEOUT:-60}
@@ -53,14 +57,29 @@ on() {
         --wd="$PWD" -- "$@"
 }
 
-# Start a daemon in the foreground on a host, detached, its pid kept in $STATE/pids/NAME.
+# Start a daemon in the foreground on a host, detached, its pid kept in $STATE/pids/NAME and its start
+# time in $STATE/starts/NAME.
 start() {
     local name=$1 host=$2; shift 2
     # one simple command, each program exec'ing the next: $! is the daemon's own pid
     nsenter --net="/run/netns/$(ns "$host")" --uts="$STATE/ns/$host.uts" --mount="$STATE/ns/$host.mnt" \
         --wd=/ -- setsid "$@" > "$STATE/log/$name.out" 2>&1 < /dev/null &
     echo $! > "$STATE/pids/$name"
+    started_at $! > "$STATE/starts/$name" || true
 }
+
+# A process's start time (field 22 of /proc/PID/stat, after the command name in parentheses), or fail.
+started_at() {
+    local stat
+    stat=$(cat "/proc/$1/stat" 2> /dev/null) || return 1
+    stat=${stat##*) }
+    set -- $stat
+    echo "${20}"
+}
+
+# Record something up made outside $STATE (KIND NAME): down undoes exactly these, last first.
+made() { echo "$*" >> "$STATE/made"; }
+made_list() { [[ -f $STATE/made ]] && tac "$STATE/made" | awk -v k="$1" '$1 == k {print $2}' || true; }
 
 need_root() {
     [[ $(id -u) == 0 ]] || die "must run as root (network namespaces, daemons)"
@@ -86,10 +105,15 @@ install_packages() {
         DEBIAN_FRONTEND=noninteractive apt-get update -qq
         # no package starts its service here (as in a container): this script starts what it needs
         local policy=/usr/sbin/policy-rc.d made_policy=""
-        if [[ ! -e $policy ]]; then printf '#!/bin/sh\nexit 101\n' > "$policy"; chmod 755 "$policy"; made_policy=1; fi
+        if [[ ! -e $policy ]]; then
+            # removed however this ends (a failed install, Ctrl-C, a kill): the machine as it was
+            trap 'rm -f /usr/sbin/policy-rc.d' EXIT
+            trap 'rm -f /usr/sbin/policy-rc.d; exit 130' INT TERM HUP
+            printf '#!/bin/sh\nexit 101\n' > "$policy"; chmod 755 "$policy"; made_policy=1
+        fi
         local rc=0
         DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" > /dev/null || rc=$?
-        [[ -z $made_policy ]] || rm -f "$policy"  # also when the install failed: the machine as it was
+        if [[ -n $made_policy ]]; then rm -f "$policy"; trap - EXIT INT TERM HUP; fi
         (( rc == 0 )) || die "apt-get install ${missing[*]} failed (exit $rc)"
     fi
 }
@@ -112,32 +136,49 @@ stop_pids() {
     for pid in "${left[@]}"; do while alive "$pid"; do sleep 0.05; done; done
 }
 
+# Whether $STATE is a directory up made (its mark), and not something else of the same name.
+ours() { [[ -d $STATE && -f $STATE/$OWN && ! -L $STATE ]]; }
+
 cmd_down() {
+    [[ -e $STATE ]] || return 0
+    ours || die "$STATE was not made by tools/cluster.sh up (no $OWN in it): not touching it"
     need_root
-    local f name pid host pids
-    # the daemons first, by the ids recorded when they started
+    local f name pid host pids want
+    # the daemons first, by the ids recorded when they started, if those ids still hold the same processes
     local daemons=()
-    for f in "$STATE"/pids/*; do [[ -f $f ]] && daemons+=("$(cat "$f")"); done
+    for f in "$STATE"/pids/*; do
+        [[ -f $f ]] || continue
+        pid=$(cat "$f"); name=$(basename "$f")
+        want=$(cat "$STATE/starts/$name" 2> /dev/null || true)
+        if [[ -n $want && $(started_at "$pid" 2> /dev/null) == "$want" ]]; then daemons+=("$pid")
+        elif alive "$pid"; then say "not ending pid $pid ($name): it is another process now"; fi
+    done
     stop_pids "${daemons[@]}"
-    rm -rf "$STATE/pids"
-    # whatever is left on the hosts (jobs, their ssh sessions): the processes in their namespaces, by id
-    for name in $(ip netns list | awk '{print $1}' | grep '^mtk-' || true); do
+    rm -rf "$STATE/pids" "$STATE/starts"
+    # whatever is left on the hosts (jobs, their ssh sessions): the processes in the namespaces up made
+    for name in $(made_list netns); do
+        ip netns list | awk '{print $1}' | grep -qx "$name" || continue
         pids=$(ip netns pids "$name" 2> /dev/null || true)
         for pid in $pids; do kill -KILL "$pid" 2> /dev/null || true; done
         for pid in $pids; do while alive "$pid"; do sleep 0.05; done; done
         ip netns del "$name"
     done
-    ip link del "$BRIDGE" 2> /dev/null || true
-    for host in head $(nodes); do ip link del "$(veth "$host")" 2> /dev/null || true; done
+    for name in $(made_list link); do ip link del "$name" 2> /dev/null || true; done
     if [[ -d $STATE/ns ]]; then
         for f in "$STATE"/ns/*; do [[ -e $f ]] && { umount "$f" 2> /dev/null || true; }; done
         umount "$STATE/ns" 2> /dev/null || true
     fi
-    [[ -f $SSH_CONF ]] && grep -q "^$MARK" "$SSH_CONF" && rm -f "$SSH_CONF"
-    [[ -f $SLURM_ETC ]] && grep -q "^$MARK" "$SLURM_ETC" && rm -f "$SLURM_ETC"
-    [[ -f $STATE/made-run-sshd ]] && rmdir /run/sshd 2> /dev/null || true
+    for f in $(made_list file); do [[ -f $f ]] && grep -q "^$MARK" "$f" && rm -f "$f"; done
+    [[ -f $SSH_CONF ]] && grep -q "^$MARK" "$SSH_CONF" && rm -f "$SSH_CONF"  # an older version's
+    for f in $(made_list dir); do rmdir "$f" 2> /dev/null || true; done
     rm -rf "$STATE"
     return 0
+}
+
+# The routes of this machine that overlap $NET.0/24 (none: the cluster's subnet is free).
+overlapping_routes() {
+    { ip -4 route show root "$NET.0/24"; ip -4 route show match "$NET.1" | grep -v '^default'; } 2> /dev/null \
+        | sort -u
 }
 
 write_slurm_conf() {
@@ -215,23 +256,57 @@ EOF
     sacctmgr -i add cluster megatok > /dev/null
 }
 
+# ssh's settings on the cluster's hosts (bound over their /etc/ssh/ssh_config): root to the nodes with the
+# key made here, then the machine's own settings.
+write_ssh_config() {
+    local host
+    mkdir -p "$STATE/ssh"
+    {
+        echo "$MARK"
+        for host in $(nodes); do
+            printf 'Host %s\n    HostName %s\n' "$host" "$(addr "$host")"
+        done
+        printf 'Host %s\n' "$(nodes)"
+        echo "    User root"
+        echo "    IdentityFile $STATE/ssh/id_ed25519"
+        echo "    IdentitiesOnly yes"
+        echo "    UserKnownHostsFile $STATE/ssh/known_hosts"
+        echo "    StrictHostKeyChecking yes"
+        echo "    BatchMode yes"
+        echo "Host *"
+        cat /etc/ssh/ssh_config
+    } > "$STATE/ssh/ssh_config"
+}
+
 cmd_up() {
     local n=${1:-2} host i
     [[ $n =~ ^[1-9]$ ]] || die "up N: N from 1 to 9, not '$n'"
+    [[ $NET =~ ^[0-9]+\.[0-9]+\.[0-9]+$ ]] || die "MEGATOK_CLUSTER_NET: three octets such as 10.213.47, not '$NET'"
     need_root
-    if [[ -d $STATE ]] || ip netns list | grep -q '^mtk-'; then
+    if [[ -e $STATE ]]; then
+        ours || die "$STATE is there and was not made by tools/cluster.sh up: choose another MEGATOK_CLUSTER_DIR"
         say "cleaning up what an earlier up left"
         cmd_down
     fi
+    [[ -z $(overlapping_routes) ]] || die "the subnet $NET.0/24 overlaps this machine's routes ($(overlapping_routes \
+        | tr '\n' ';')): set MEGATOK_CLUSTER_NET to a free one"
+    local taken=""
+    for host in head $(for ((i = 1; i <= n; i++)); do echo "node$i"; done); do
+        if ip netns list | awk '{print $1}' | grep -qx "$(ns "$host")"; then taken+=" $(ns "$host")"; fi
+    done
+    if ip link show "$BRIDGE" > /dev/null 2>&1; then taken+=" $BRIDGE"; fi
+    [[ -z $taken ]] || die "network namespaces or links of these names are there and not this cluster's:$taken"
     install_packages
-    mkdir -p "$STATE"/{pids,log,run,munge,slurmctld,slurmd,ssh,ns,mysql}
+    mkdir -p "$STATE"
     chmod 700 "$STATE"
+    touch "$STATE/$OWN"
+    mkdir -p "$STATE"/{pids,starts,log,run,munge,slurmctld,slurmd,ssh,ns,mysql}
     echo $(for ((i = 1; i <= n; i++)); do echo "node$i"; done) > "$STATE/nodes"
     # a hostname and a mount namespace per host, each kept by a bind mount of its file (on a private
     # mount, as ip netns keeps its own)
     mount --bind "$STATE/ns" "$STATE/ns"
     mount --make-private "$STATE/ns"
-    ip link add "$BRIDGE" type bridge
+    ip link add "$BRIDGE" type bridge && made link "$BRIDGE"
     ip addr add "$NET.1/24" dev "$BRIDGE"
     ip link set "$BRIDGE" up
     # the hosts by name, also as the IPv4-mapped IPv6 addresses a dual-stack socket sees (torch's store); no
@@ -240,18 +315,21 @@ cmd_up() {
       for host in head $(nodes); do echo "$(addr "$host") $host"; echo "::ffff:$(addr "$host") $host"; done
     } > "$STATE/hosts"
     echo "nameserver 127.0.0.1" > "$STATE/resolv.conf"
+    [[ -f /etc/ssh/ssh_config ]] || die "no /etc/ssh/ssh_config (openssh-client) to extend on the hosts"
+    write_ssh_config
     for host in head $(nodes); do
-        ip netns add "$(ns "$host")"
-        ip link add "$(veth "$host")" type veth peer name eth0 netns "$(ns "$host")"
+        ip netns add "$(ns "$host")" && made netns "$(ns "$host")"
+        ip link add "$(veth "$host")" type veth peer name eth0 netns "$(ns "$host")" && made link "$(veth "$host")"
         ip link set "$(veth "$host")" master "$BRIDGE" up
         ip -n "$(ns "$host")" addr add "$(addr "$host")/24" dev eth0
         ip -n "$(ns "$host")" link set eth0 up
         ip -n "$(ns "$host")" link set lo up
         touch "$STATE/ns/$host.uts" "$STATE/ns/$host.mnt"
         unshare --uts="$STATE/ns/$host.uts" hostname "$host"
-        # the machine's mounts as they change (a slave), but /etc/hosts of its own
+        # the machine's mounts as they change (a slave), but /etc/hosts and ssh's settings of its own
         unshare --mount="$STATE/ns/$host.mnt" --propagation slave \
-            sh -c "mount --bind $STATE/hosts /etc/hosts && mount --bind $STATE/resolv.conf /etc/resolv.conf"
+            sh -c "mount --bind $STATE/hosts /etc/hosts && mount --bind $STATE/resolv.conf /etc/resolv.conf \
+                   && mount --bind $STATE/ssh/ssh_config /etc/ssh/ssh_config"
     done
 
     # munge: one daemon, one key; every node reaches its socket through the shared filesystem
@@ -291,28 +369,15 @@ UsePAM no
 PrintMotd no
 AcceptEnv LANG LC_*
 EOF
-    if [[ ! -d /run/sshd ]]; then mkdir -p /run/sshd; touch "$STATE/made-run-sshd"; fi
+    if [[ ! -d /run/sshd ]]; then mkdir -p /run/sshd; made dir /run/sshd; fi
     for host in $(nodes); do
         start "sshd-$host" "$host" /usr/sbin/sshd -D -e -f "$STATE/ssh/sshd_config" \
             -o "ListenAddress=$(addr "$host")" -o "PidFile=$STATE/run/sshd-$host.pid"
     done
-    mkdir -p "$(dirname "$SSH_CONF")"
-    {
-        echo "$MARK"
-        for host in $(nodes); do
-            printf 'Host %s\n    HostName %s\n' "$host" "$(addr "$host")"
-        done
-        printf 'Host %s\n' "$(nodes)"
-        echo "    User root"
-        echo "    IdentityFile $STATE/ssh/id_ed25519"
-        echo "    IdentitiesOnly yes"
-        echo "    UserKnownHostsFile $STATE/ssh/known_hosts"
-        echo "    StrictHostKeyChecking yes"
-        echo "    BatchMode yes"
-    } > "$SSH_CONF"
     if [[ ! -e $SLURM_ETC ]] || grep -q "^$MARK" "$SLURM_ETC"; then
         mkdir -p "$(dirname "$SLURM_ETC")"
         cp "$SLURM_CONF" "$SLURM_ETC"
+        made file "$SLURM_ETC"
     fi
 
     # ready: every node idle in Slurm, every sshd answering
@@ -325,8 +390,8 @@ EOF
     [[ $(sinfo -h -N -o '%T' 2> /dev/null | grep -c '^idle$' || true) == "$n" ]] \
         || die "the nodes did not come up in Slurm (${state:-no answer from slurmctld}); logs in $STATE/log"
     for host in $(nodes); do
-        for i in $(seq 100); do ssh "$host" true 2> /dev/null && break; sleep 0.1; done
-        ssh "$host" true || die "ssh to $host does not work; logs in $STATE/log"
+        for i in $(seq 100); do on node1 ssh "$host" true 2> /dev/null && break; sleep 0.1; done
+        on node1 ssh "$host" true || die "ssh from node1 to $host does not work; logs in $STATE/log"
     done
     say "up: $n node(s) ($(nodes)), controller head ($(addr head)), state in $STATE"
     if grep -q "^$MARK" "$SLURM_ETC" 2> /dev/null; then

@@ -185,7 +185,9 @@ class RunLock:
 
     def join(self, token: str, timeout_s: float = 30.0) -> None:
         """Every rank but 0, once rank 0 holds the lock with ``token``: a shared lock on ``lock.ranks``
-        for as long as this process runs, so a later run waits for it too."""
+        for as long as this process runs, so a later run waits for it too. First (:meth:`check_shared`):
+        that this rank sees rank 0's lock file, and that on another host rank 0's lock excludes it too."""
+        self.check_shared(token, timeout_s)
         self.token = token
         self.ranks_fd = os.open(self.ranks_path, os.O_RDWR | os.O_CREAT, 0o644)
         deadline = time.monotonic() + timeout_s
@@ -194,6 +196,36 @@ class RunLock:
                 raise RunDirInUse(f"{self.ranks_path}: another run holds it exclusively")
             time.sleep(0.2)
         _held[self.run_dir.resolve()] = self
+
+    def check_shared(self, token: str, timeout_s: float = 30.0) -> None:
+        """RunDirInUse (not waitable) when this rank does not see the lock file rank 0 wrote with ``token``
+        within ``timeout_s`` (the run directory is not one directory shared by every node), or when, on another
+        host than rank 0's, it can take that lock itself: the filesystem's locks are local to each node (NFS
+        mounted with local_lock, Lustre with localflock, ...), so nothing keeps a second run out. That one is a
+        warning instead with MEGATOK_ALLOW_NODE_LOCAL_LOCKS=1."""
+        deadline, holder = time.monotonic() + timeout_s, None
+        while (holder := self.holder()) is None or holder.token != token:  # (a shared filesystem may lag)
+            if time.monotonic() > deadline:
+                raise RunDirInUse(f"{self.path}: rank 0's lock file is not there as rank 0 wrote it, seen from host "
+                                  f"{socket.gethostname()} ({'no such file' if holder is None else holder}): "
+                                  f"train.run_dir must be one directory shared by every node", waitable=False)
+            time.sleep(0.2)
+        if holder.host == socket.gethostname():
+            return  # one kernel: its locks exclude
+        fd = os.open(self.path, os.O_RDWR)
+        try:
+            local = _flock(fd, fcntl.LOCK_EX, self.path)  # granted only where rank 0's lock is not seen
+        finally:
+            os.close(fd)  # (and with it the lock, if it was granted)
+        if not local:
+            return
+        why = (f"{self.path}: rank 0 (host {holder.host}) holds this lock, and host {socket.gethostname()} could "
+               f"take it too: the filesystem's locks are local to each node (NFS local_lock, Lustre localflock, "
+               f"BeeGFS without global locks), so a second run on this directory would not be kept out")
+        if os.environ.get("MEGATOK_ALLOW_NODE_LOCAL_LOCKS") != "1":
+            raise RunDirInUse(f"{why}; mount it with shared locks, or set MEGATOK_ALLOW_NODE_LOCAL_LOCKS=1 to run "
+                              f"anyway", waitable=False)
+        print(f"megatok: warning: {why} (MEGATOK_ALLOW_NODE_LOCAL_LOCKS=1: running anyway)", flush=True)
 
     def verify(self) -> None:
         """Rank 0, before publishing a checkpoint: the lock file is still this run's."""

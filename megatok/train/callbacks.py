@@ -4,6 +4,7 @@ Trainer; extra callbacks (``Trainer(callbacks=...)``) run after these, in order.
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import time
@@ -91,8 +92,19 @@ class Watchdog(Callback):
             self.dog.stop()
 
 
-#: When this process imported the trainer (before it built anything): a stop file touched since counts.
-STARTED = time.time()
+def _started() -> float:
+    """When this run started: when this process imported the trainer (before it built anything), or the
+    job's start where the launcher recorded it earlier (MEGATOK_JOB_STARTED, seconds since the epoch: the
+    Slurm template's trap may touch the stop file before the trainer is up). A stop file touched since counts."""
+    now = time.time()
+    try:
+        job = float(os.environ.get("MEGATOK_JOB_STARTED", "nan"))
+    except ValueError:
+        return now
+    return job if math.isfinite(job) and job <= now else now
+
+
+STARTED = _started()
 
 
 class StopRequest(Callback):

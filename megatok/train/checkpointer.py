@@ -26,6 +26,7 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
@@ -231,11 +232,14 @@ def _sum_share(tmp: Path) -> dict:
 
 
 def save(engine, run_dir: str | Path, step: int, meta: dict, keep: int = 3,
-         cursors: dict[int, dict] | None = None, keep_every: int | None = None) -> str:
+         cursors: dict[int, dict] | None = None, keep_every: int | None = None,
+         still_ours: Callable[[], None] | None = None) -> str:
     """Collective: every rank calls it, with its readers' data ``cursors``; ``meta`` is megatok.json's
     content (run.checkpoints.parse_meta), its tag added. Returns the published tag. Afterwards the newest
     ``keep`` checkpoints remain, and every one whose step is a multiple of ``keep_every``. megatok.json,
-    written last, records every other file's size and SHA-256 (``files``: verified at a resume)."""
+    written last, records every other file's size and SHA-256 (``files``: verified at a resume).
+    ``still_ours`` (rank 0: the run lock's verify) is called right before the checkpoint is published; what it
+    raises ends every rank, the checkpoint unpublished."""
     if not weights_finite(engine):
         raise FloatingPointError(f"weights are not finite at step {step}: checkpoint not written "
                                  f"(last good: {last_good(run_dir)})")
@@ -263,6 +267,16 @@ def save(engine, run_dir: str | Path, step: int, meta: dict, keep: int = 3,
         raise _unwritten(run_dir, tmp, step, exn) from None
     shares = [None] * tdist.get_world_size()
     tdist.all_gather_object(shares, sums)
+    taken = [None]
+    if rank == 0:
+        try:
+            if still_ours is not None:
+                still_ours()
+        except RunDirInUse as e:
+            taken[0] = str(e)
+    tdist.broadcast_object_list(taken, src=0)
+    if taken[0]:
+        raise RunDirInUse(taken[0], waitable=False)
     if rank == 0:
         try:
             _publish(run_dir, tmp, tag, {**meta, "files": {k: v for share in shares for k, v in share.items()}})
@@ -521,8 +535,16 @@ class Checkpointer:
                     status = ["wait" if e.waitable and time.monotonic() < deadline else "refused", str(e), e.waitable]
             tdist.broadcast_object_list(status, src=0)
             if status[0] == "held":
+                problem = None
                 if self.rank != 0:
-                    self.lock.join(status[1])
+                    try:
+                        self.lock.join(status[1])
+                    except RunDirInUse as e:
+                        problem = str(e)
+                problems = [None] * tdist.get_world_size()
+                tdist.all_gather_object(problems, problem)  # every rank ends when one cannot share the lock
+                if seen := next((p for p in problems if p), None):
+                    raise RunDirInUse(seen, waitable=False)
                 return
             if status[0] == "refused":
                 raise RunDirInUse(status[1], waitable=status[2])
@@ -572,7 +594,7 @@ class Checkpointer:
         meta = {"format": FORMAT, "step": step, "world_size": tdist.get_world_size(), "model": self.identity,
                 **parts}
         return save(engine.ds, self.run_dir, step, meta, keep=self.keep, keep_every=self.keep_every,
-                    cursors=cursors)
+                    cursors=cursors, still_ours=self.lock.verify if self.rank == 0 else None)
 
     def update(self, tag: str, part: str, state: dict) -> None:
         """Rank 0: a component's state changed after checkpoint ``tag`` was published (an evaluation it left

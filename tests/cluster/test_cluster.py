@@ -171,6 +171,9 @@ def test_the_nodes_are_hosts_of_a_slurm_cluster(cluster):
     r = cluster_sh("exec", "node1", "bash", "-c", "ssh node2 hostname; getent ahostsv4 node2 | head -1; pwd")
     assert r.stdout.split() == ["node2", "10.213.47.12", "STREAM", "node2", str(ROOT)]
     assert cluster_sh("status").returncode == 0
+    # ssh's settings for the nodes live on the cluster's hosts only: the machine's own are untouched
+    assert not Path("/etc/ssh/ssh_config.d/megatok-cluster.conf").exists()
+    assert "megatok" not in Path("/etc/ssh/ssh_config").read_text()
 
 
 def test_torchrun_multinode_script_on_two_nodes_equals_one_node(cluster, shards, reference, tmp_path):

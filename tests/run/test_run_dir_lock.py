@@ -205,3 +205,72 @@ def test_a_second_launch_on_a_live_run_directory_fails_at_once_or_waits(shards, 
     assert f"megatok: {run} is in use by another run: host " in r.stdout and "waiting up to 120 s" in r.stdout
     assert (run / "checkpoints" / "step00000001").is_dir()
     assert (run / "lock").read_text() == ""
+
+
+def test_a_rank_that_does_not_see_rank_0s_lock_file_ends_the_start(tmp_path, processes):
+    """A run directory that is not one directory shared by every node: another rank does not find the lock
+    file rank 0 wrote (or finds another run's), and says so in one line."""
+    for d in ("a", "b"):
+        (tmp_path / d).mkdir()  # b: the same path on another node, not shared
+    processes.append(zero := holder(tmp_path / "a", "rank0"))
+    for where, token in ((tmp_path / "b", zero.token), (tmp_path / "a", "another run's")):
+        with pytest.raises(RunDirInUse) as e:
+            RunLock(where).join(token, timeout_s=0.5)
+        assert not e.value.waitable and "\n" not in str(e.value)
+        assert str(e.value).startswith(f"{where / 'lock'}: rank 0's lock file is not there as rank 0 wrote it, seen "
+                                       f"from host {socket.gethostname()} (")
+        assert str(e.value).endswith("train.run_dir must be one directory shared by every node")
+    RunLock(tmp_path / "a").join(zero.token)  # the same directory: joined
+
+
+def test_on_another_host_a_lock_that_does_not_exclude_it_is_an_error_unless_allowed(tmp_path, processes, monkeypatch,
+                                                                                   capsys):
+    """A rank on another host than rank 0's tries rank 0's lock: refused where the filesystem's locks are shared
+    (here: one kernel); granted where they are local to each node (simulated), which ends the start with one
+    line, or warns with MEGATOK_ALLOW_NODE_LOCAL_LOCKS=1."""
+    processes.append(zero := holder(tmp_path, "rank0"))
+    host = socket.gethostname()
+    monkeypatch.setattr(socket, "gethostname", lambda: "node-b")
+    RunLock(tmp_path).join(zero.token)  # rank 0's lock excludes this host: nothing said
+    assert capsys.readouterr().out == ""
+    real = run_lock._flock
+    monkeypatch.setattr(run_lock, "_flock", lambda fd, how, path: path.name == "lock" or real(fd, how, path))
+    with pytest.raises(RunDirInUse) as e:
+        RunLock(tmp_path).join(zero.token)
+    assert not e.value.waitable and "\n" not in str(e.value)
+    assert str(e.value).startswith(f"{tmp_path / 'lock'}: rank 0 (host {host}) holds this lock, and host node-b could "
+                                   f"take it too: the filesystem's locks are local to each node")
+    assert str(e.value).endswith("set MEGATOK_ALLOW_NODE_LOCAL_LOCKS=1 to run anyway")
+    monkeypatch.setenv("MEGATOK_ALLOW_NODE_LOCAL_LOCKS", "1")
+    RunLock(tmp_path).join(zero.token)
+    (line,) = capsys.readouterr().out.splitlines()
+    assert line.startswith("megatok: warning: ") and line.endswith("(MEGATOK_ALLOW_NODE_LOCAL_LOCKS=1: running anyway)")
+
+
+UNSHARED = """
+import os, sys, types, torch, torch.distributed as dist
+from megatok.run.lock import RunLock
+from megatok.train.checkpointer import Checkpointer
+rank, store, out = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+RunLock.join.__defaults__ = (1.0,)  # look for rank 0's lock file for 1 s (30 s in a run)
+train = types.SimpleNamespace(run_dir=os.path.join(os.environ["RUNS"], "a" if rank == 0 else "b"), save_every=10,
+                              keep_checkpoints=3, keep_every=None, save_timeout_s=None)
+try:
+    Checkpointer(train, rank).take_lock()
+    result = "held"
+except Exception as e:
+    result = f"{type(e).__name__}: {e}"
+torch.save(result, out)
+os._exit(0)
+"""
+
+
+def test_a_run_directory_one_rank_does_not_share_ends_the_start_on_every_rank(tmp_path, monkeypatch):
+    from tests.conftest import two_gloo_ranks
+
+    (tmp_path / "b").mkdir()
+    monkeypatch.setenv("RUNS", str(tmp_path))
+    zero, one = two_gloo_ranks(tmp_path, UNSHARED)
+    assert zero == one and zero.startswith(f"RunDirInUse: {tmp_path / 'b' / 'lock'}: rank 0's lock file is not "
+                                           f"there as rank 0 wrote it"), zero

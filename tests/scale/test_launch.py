@@ -221,6 +221,33 @@ def test_a_stop_file_older_than_the_run_is_removed_with_a_line_and_a_new_one_cou
         stop.restore()
 
 
+def test_a_stop_file_touched_by_the_jobs_trap_before_the_trainer_started_counts(tmp_path, monkeypatch):
+    """The Slurm template records the job's start (MEGATOK_JOB_STARTED): a stop file its time-limit trap
+    touched after that, before this process started, stops the run; one older than the job is stale."""
+    import time
+
+    from megatok.train import callbacks
+    from megatok.train.callbacks import StopRequest
+
+    now = time.time()
+    for value, want in (("nan", now), ("soon", now), (str(now + 3600), now), (str(now - 30), now - 30)):
+        monkeypatch.setenv("MEGATOK_JOB_STARTED", value)
+        assert callbacks._started() == pytest.approx(want, abs=5)
+    monkeypatch.setattr(callbacks, "STARTED", callbacks._started())  # the job began 30 s before this process
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "STOP").touch()
+    os.utime(run / "STOP", (now - 10, now - 10))  # the trap's, 20 s into the job
+    stop = StopRequest(run, rank=0)
+    try:
+        stop.on_fit_start(None)
+        assert stop.requested and (run / "STOP").exists()
+    finally:
+        stop.restore()
+    os.utime(run / "STOP", (now - 60, now - 60))  # from before the job: stale
+    assert StopRequest(run, rank=0).stale
+
+
 def test_sbatch_default_launch_is_srun_and_torchrun_without_ssh(tmp_path):
     cmd = launch_line(render(tmp_path, None))
     assert cmd[:cmd.index("torchrun")] == ["srun", "--nodes", "2", "--ntasks-per-node", "1", "--cpus-per-task", "96",

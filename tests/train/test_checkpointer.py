@@ -452,7 +452,9 @@ def test_bytes_damaged_inside_a_checkpoint_are_found_by_their_sums_and_auto_resu
     assert checkpoints._archive_problem(states) is None  # the archive still reads
     assert checkpoints.damage(run, tags[1]) == ("mp_rank_00_model_states.pt is damaged (its SHA-256 differs from "
                                                 "the one recorded at the save)")
-    start = Checkpointer(cfg.train, 0).start(cfg, "auto", deepspeed_config(cfg, 1))
+    resumer = Checkpointer(cfg.train, 0)
+    start = resumer.start(cfg, "auto", deepspeed_config(cfg, 1))
+    resumer.release_lock()
     assert start.tag == tags[0]
     (line,) = [ln for ln in capsys.readouterr().out.splitlines() if "skipping damaged" in ln]
     assert f"{tags[1]} (mp_rank_00_model_states.pt is damaged" in line and f"resuming from {tags[0]}" in line
@@ -476,9 +478,11 @@ from pathlib import Path
 from deepspeed.checkpoint import ds_to_universal
 from megatok.train import checkpointer
 rank, store, out = int(sys.argv[1]), sys.argv[2], sys.argv[3]
-run = Path(store).parent / "run"
+run = Path(os.environ["RUN"])
 dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2,
-                        timeout=datetime.timedelta(seconds=5))
+                        timeout=datetime.timedelta(seconds=120))  # connecting on a busy machine
+dist.barrier()
+dist.distributed_c10d._set_pg_timeout(datetime.timedelta(seconds=5))  # then collectives time out after 5 s
 calls = []
 def slow(args):  # a conversion longer than the collective timeout
     calls.append(args.input_folder)
@@ -507,7 +511,9 @@ def test_a_conversion_for_another_world_size_outlasts_the_collective_timeout_and
 
     published(tmp_path / "run", "step00000002", 2, world=2)
     monkeypatch.setenv("FAIL", "1" if fail else "")
-    zero, one = two_gloo_ranks(tmp_path, CONVERT)
+    monkeypatch.setenv("RUN", str(tmp_path / "run"))
+    (tmp_path / "first").mkdir()
+    zero, one = two_gloo_ranks(tmp_path / "first", CONVERT)
     ckdir = tmp_path / "run" / "checkpoints"
     if fail:
         assert zero["error"] == "RuntimeError: no space left"
@@ -520,10 +526,27 @@ def test_a_conversion_for_another_world_size_outlasts_the_collective_timeout_and
     assert len(zero["calls"]) == 1 and one["calls"] == []
     checkpointer.remove_stale(tmp_path / "run")
     assert checkpointer.converted(ckdir, "step00000002")  # kept: a second start converts nothing
-    zero, one = two_gloo_ranks(tmp_path, CONVERT)
+    (tmp_path / "second").mkdir()  # (a file store of its own)
+    zero, one = two_gloo_ranks(tmp_path / "second", CONVERT)
     assert zero["calls"] == one["calls"] == [] and zero["tag"] == one["tag"] == "universal-step00000002"
     # re-saved at the same step (a rollback): the old conversion no longer matches, and a start drops it
     (ckdir / "step00000002" / checkpoints.META).write_text(json.dumps(meta(2, 2, files={"x": 1})))
     assert not checkpointer.converted(ckdir, "step00000002")
     checkpointer.remove_stale(tmp_path / "run")
     assert not (ckdir / "universal-step00000002").exists()
+
+
+def test_the_lock_is_checked_again_right_before_a_checkpoint_is_published(tmp_path, single_rank):
+    """A run whose lock was taken while it wrote its files does not publish them: the checkpoint stays
+    unpublished (the next start removes the partial copy) and ``latest`` names the one before."""
+    from megatok.run.lock import RunDirInUse
+
+    first = checkpointer.save(FilesEngine(), tmp_path, 2, meta(2), still_ours=lambda: None)
+
+    def taken():
+        raise RunDirInUse(f"{tmp_path} was taken over by another run", waitable=False)
+
+    with pytest.raises(RunDirInUse, match="was taken over by another run"):
+        checkpointer.save(FilesEngine(), tmp_path, 4, meta(4), still_ours=taken)
+    assert checkpoints.latest_tag(tmp_path) == first == "step00000002"
+    assert checkpoints.published_tags(tmp_path) == ["step00000002"]
