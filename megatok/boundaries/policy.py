@@ -73,7 +73,7 @@ class Options(BaseModel):
     lambda_value: float = Field(0.01, ge=0, description="weight of the value head's squared-error loss")
     normalize_advantage: bool = Field(False, description="divide the returns by their standard deviation over the "
                                       "micro-batch's decisions")
-    start_margin: float | None = Field(0.02, ge=0, description="the policy learns once the early-exit head trails "
+    start_margin: float | None = Field(0.01, ge=0, description="the policy learns once the early-exit head trails "
                                        "the full model by this many bits per byte (a moving average over micro-batches "
                                        "and all ranks, from start_step on): until then neither its term nor the rate "
                                        "term is on; latched on from then (docs/method.md, 'The policy's pace'); null: "

@@ -66,8 +66,9 @@ METHODS: dict[str, tuple[list[str], str]] = {
                            "policy-slow from step 200 (uniform random chunks before)"),
     "policy-latch": (["boundary.strategy=policy", "boundary.start_step=50", "boundary.start_margin=0.02",
                       "boundary.lr_hold=false"],
-                     "the default before lr_hold: a quarter of the model's (decaying) learning rate, learning once "
-                     "the full model beats the early-exit head by 0.02 bits per byte (a moving average from step 50)"),
+                     "the default before 2026-12-07's second change: a quarter of the model's (decaying) learning "
+                     "rate, learning once the full model beats the early-exit head by 0.02 bits per byte (a moving "
+                     "average from step 50)"),
     "policy-latchfast": ([*PUBLISHED, "boundary.start_step=50", "boundary.start_margin=0.02"],
                          "the published estimator, learning once the full model beats the early-exit head by 0.02 "
                          "bits per byte (a moving average from step 50)"),

@@ -26,7 +26,7 @@ def test_the_learning_rate_factor_of_the_policys_own_parameters():
     assert [policy().lr_factor(s) for s in (0, 500)] == [0.25, 0.25]  # a quarter, from step 0
     default = build_strategy("policy", d_model=6, target_rate=0.2, options={})
     assert [default.lr_factor(s) for s in (0, 49, 50, 500)] == [0, 0, 0.25, 0.25]  # the default: still until step 50
-    assert default.options.start_margin == 0.02 and default.started.item() is False  # and then until the latch opens
+    assert default.options.start_margin == 0.01 and default.started.item() is False  # and then until the latch opens
     strat = policy(start_step=10, lr_warmup_steps=4, lr_scale=0.5)
     assert [strat.lr_factor(s) for s in (0, 9, 10, 11, 13, 100)] == [0, 0, 0.125, 0.25, 0.5, 0.5]
 
