@@ -141,6 +141,9 @@ def damage(run_dir: str | Path, tag: str) -> str | None:
     aside counts as in place (the next start restores it)."""
     d = restorable(run_dir, tag)
     try:
+        raw = json.loads((d / META).read_text())
+        if isinstance(raw, dict) and (problem := self_problem(raw)):
+            return problem
         meta = parse_meta((d / META).read_text())
         world = int(meta["world_size"])
     except (OSError, ValueError, KeyError, TypeError) as exn:
@@ -248,6 +251,25 @@ def parse_meta(text: str) -> dict:
     for part, keys in PARTS.items():
         out[part] = {key: meta[old] for old, key in keys.items() if old in meta}
     return out
+
+
+SELF = "self_sha256"
+
+
+def meta_text(meta: dict) -> str:
+    """megatok.json's text for ``meta``, with its own digest (``self_sha256``: the SHA-256 of the rest,
+    keys sorted), so that a changed byte in it is damage too (:func:`damage`)."""
+    rest = {k: v for k, v in meta.items() if k != SELF}
+    digest = hashlib.sha256(json.dumps(rest, sort_keys=True).encode()).hexdigest()
+    return json.dumps({**rest, SELF: digest}, indent=2)
+
+
+def self_problem(meta: dict) -> str | None:
+    """Why megatok.json's content does not match its own digest (None where it does, or has none: written
+    before 2026-12-07)."""
+    if "format" in meta and SELF in meta and json.loads(meta_text(meta))[SELF] != meta[SELF]:
+        return f"{META} is damaged (its content differs from the digest it was written with)"
+    return None
 
 
 def read_meta(run_dir: str | Path, tag: str) -> dict:

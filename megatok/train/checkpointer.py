@@ -35,8 +35,8 @@ import torch.distributed as tdist
 from megatok.config import Config, TrainConfig
 from megatok.run import same_model
 from megatok.run.checkpoints import (CHECKPOINTS, FORMAT, META, CheckpointError, checkpoint_dir, file_sum,
-                                     last_good, latest_tag, parse_meta, published_tags, read_cursors, read_meta,
-                                     resume_tag, stream_file, summed_files, tag_for)
+                                     last_good, latest_tag, meta_text, parse_meta, published_tags, read_cursors,
+                                     read_meta, resume_tag, stream_file, summed_files, tag_for)
 from megatok.run.lock import RunDirInUse, RunLock
 from megatok.run.safe_load import weights_only_loads
 
@@ -66,7 +66,7 @@ def update_meta(run_dir: str | Path, tag: str, part: str, state: dict) -> None:
     """Rank 0: replace ``part`` of published checkpoint ``tag``'s megatok.json by ``state`` (the file
     rewritten atomically, in the current layout whichever it was written in)."""
     path = checkpoint_dir(run_dir) / tag / META
-    _write_atomic(path, json.dumps({**parse_meta(path.read_text()), part: state}, indent=2))
+    _write_atomic(path, meta_text({**parse_meta(path.read_text()), part: state}))
 
 
 def _write_atomic(path: Path, text: str) -> None:
@@ -209,7 +209,7 @@ def _publish(run_dir: str | Path, tmp: Path, tag: str, meta: dict) -> None:
     """Rank 0: the metadata, the rename into place (moving aside a copy saved before at this step), then
     ``latest``, each durable before the next."""
     ckdir = tmp.parent
-    _write_atomic(tmp / META, json.dumps({"tag": tag, **meta}, indent=2))
+    _write_atomic(tmp / META, meta_text({"tag": tag, **meta}))
     final = ckdir / tag
     if final.exists():  # saved again at the same step (e.g. a pre-emption right after a save)
         old = ckdir / f"{tag}.old-{os.getpid()}.tmp"

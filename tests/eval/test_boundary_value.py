@@ -10,6 +10,7 @@ import torch
 from megatok.config import load_config
 from megatok.eval.policy_probe import CLASSES, boundary_values, byte_classes, discounted_future, main_context
 from megatok.model import build_model
+from megatok.run import checkpoints
 from tests.conftest import run_tool
 
 
@@ -92,7 +93,7 @@ def test_the_trend_over_every_kept_checkpoint(tiny_run, tmp_path):
     shutil.copytree(ckpts / tag, early)
     meta = json.loads((early / "megatok.json").read_text())
     meta["step"], meta["metrics"]["bytes_seen"] = 1, 10.0
-    (early / "megatok.json").write_text(json.dumps(meta))
+    (early / "megatok.json").write_text(checkpoints.meta_text(meta))  # with its own digest, as a save writes it
     out, plot = tmp_path / "trend.json", tmp_path / "trend.png"
     r = run_tool("boundary_value", "--run", run, "--checkpoint", "all", "--rounds", "1", "--batch-size", "2",
                  "--seq-len", "64", "--out", out, "--plot", plot)

@@ -11,6 +11,11 @@ the Trainer, chosen by environment variables:
     MEGATOK_FAULT_OOM=0:2             rank 0 raises torch.OutOfMemoryError at step 2 (as a GPU would)
     MEGATOK_FAULT_STEP_SLEEP=0.3      every rank sleeps 0.3 s at the start of every step (a slower model:
                                       the same losses, more time to act in the middle of a run)
+    MEGATOK_FAULT_DIE_AT=1:5          rank 1 SIGKILLs itself at the start of step 5 ("all:5": every rank)
+    MEGATOK_FAULT_DIE_BEFORE_LATEST=8 rank 0 SIGKILLs itself when the step-8 checkpoint is renamed into
+                                      place and ``latest`` does not name it yet
+    MEGATOK_FAULT_STOP_AT=6           rank 0 touches RUN_DIR/STOP at the start of step 6 (the run saves and
+                                      ends cleanly after it)
 
 The faults inside a save wrap functions of megatok.train.checkpointer for the process they run in.
 """
@@ -113,4 +118,33 @@ def from_env() -> list[Callback]:
         out.append(InSave("rng_state", int(step), lambda: time.sleep(float(seconds))))
     if step := os.environ.get("MEGATOK_FAULT_DIE_IN_SAVE"):
         out.append(InSave("_publish", int(step), lambda: os.kill(os.getpid(), signal.SIGKILL)))
+    if step := os.environ.get("MEGATOK_FAULT_DIE_BEFORE_LATEST"):
+        out.append(InSave("set_latest", int(step), lambda: os.kill(os.getpid(), signal.SIGKILL)))
+    if spec := os.environ.get("MEGATOK_FAULT_DIE_AT"):
+        who, step = spec.split(":")
+        out.append(DieAt(None if who == "all" else int(who), int(step)))
+    if step := os.environ.get("MEGATOK_FAULT_STOP_AT"):
+        out.append(StopAt(int(step)))
     return out
+
+
+class DieAt(Callback):
+    """SIGKILL of ``rank`` (None: every rank) at the beginning of optimizer step ``step``."""
+
+    def __init__(self, rank: int | None, step: int):
+        self.rank, self.step = rank, step
+
+    def on_step_begin(self, trainer):
+        if trainer.step + 1 == self.step and self.rank in (None, trainer.rank):
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+class StopAt(Callback):
+    """Rank 0 touches RUN_DIR/STOP at the beginning of optimizer step ``step``."""
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_step_begin(self, trainer):
+        if trainer.rank == 0 and trainer.step + 1 == self.step:
+            (trainer.checkpointer.run_dir / "STOP").touch()

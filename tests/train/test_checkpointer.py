@@ -373,7 +373,9 @@ def test_a_flat_megatok_json_is_read_into_the_parts_of_the_current_layout(tmp_pa
     d = published(tmp_path, "step00000002", 2)
     (d / checkpoints.META).write_text(json.dumps(FLAT))
     checkpointer.update_meta(tmp_path, "step00000002", "evaluation", {"pending": True})
-    assert json.loads((d / checkpoints.META).read_text()) == {**current, "evaluation": {"pending": True}}
+    rewritten = json.loads((d / checkpoints.META).read_text())
+    assert rewritten == {**current, "evaluation": {"pending": True}, "self_sha256": rewritten["self_sha256"]}
+    assert checkpoints.self_problem(rewritten) is None  # with its own digest again
 
 
 def test_a_save_holds_each_parts_state_and_a_start_resumes_it(single_rank, shards, tmp_path):
@@ -400,7 +402,7 @@ def test_a_save_holds_each_parts_state_and_a_start_resumes_it(single_rank, shard
                                                   hashlib.sha256((d / "rng_rank0.json").read_bytes()).hexdigest()}
     assert written == {"tag": "step00000002", "format": checkpoints.FORMAT, "step": 2, "world_size": 1,
                        "model": {"param_shapes": model_shapes(cfg), "model_files": {}}, **parts,
-                       "files": written["files"]}
+                       "files": written["files"], "self_sha256": written["self_sha256"]}
 
     cfg = tiny_config(shards, tmp_path / "run", "train.lr=0.002")
     resumer = Checkpointer(cfg.train, 0)
@@ -416,7 +418,9 @@ def test_a_save_holds_each_parts_state_and_a_start_resumes_it(single_rank, shard
     resumed.load_state_dict(start.meta["engine"])
     assert resumed.lr == 0.002 * lr_lambda(cfg)(2) and resumed.skipped_in_row == 0
     resumer.update(tag, "evaluation", {"pending": False})
-    assert checkpoints.read_meta(tmp_path / "run", tag) == {**written, "evaluation": {"pending": False}}
+    updated = checkpoints.read_meta(tmp_path / "run", tag)
+    assert updated == {**written, "evaluation": {"pending": False}, "self_sha256": updated["self_sha256"]}
+    assert checkpoints.damage(tmp_path / "run", tag) is None  # its own digest written anew
     torch.manual_seed(99)
     resumer.load(tiny_engine(cfg), start, restore_rng=False)  # this rank's generators left alone
     assert not torch.equal(torch.rand(4), drawn)
@@ -467,7 +471,10 @@ def test_bytes_damaged_inside_a_checkpoint_are_found_by_their_sums_and_auto_resu
         f.write(" ")  # still valid JSON, one byte longer
     assert checkpoints.damage(run, tags[1]) == f"rng_rank0.json is damaged ({size + 1} bytes, {size} at the save)"
     meta = json.loads((d / checkpoints.META).read_text())
-    del meta["files"]  # as saved before the sums were recorded
+    (d / checkpoints.META).write_text(json.dumps(meta, indent=2).replace('"step": 4', '"step": 5'))
+    assert checkpoints.damage(run, tags[1]) == ("megatok.json is damaged (its content differs from the digest it "
+                                                "was written with)")  # megatok.json itself: its own digest
+    del meta["files"], meta["self_sha256"]  # as saved before the sums were recorded
     (d / checkpoints.META).write_text(json.dumps(meta))
     assert checkpoints.damage(run, tags[1]) is None
 
