@@ -21,10 +21,11 @@ warnings.filterwarnings("ignore", message=r".*all_gather_into_tensor.*", categor
 from megatok.config import ConfigError, load_config, warnings_for  # noqa: E402
 from megatok.data.documents import DataError  # noqa: E402
 from megatok.sizing import positive  # noqa: E402
+from megatok.cli import command_parser  # noqa: E402
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = command_parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", required=True, help="JSON config (may 'extends' another)")
     p.add_argument("--set", dest="overrides", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
                    help="override config values by dotted key, e.g. train.max_steps=20 data.shards=data/shards")
@@ -38,6 +39,9 @@ def parse_args(argv=None):
     p.add_argument("--dry-run", nargs="?", type=positive(int), const=0, default=None, metavar="RANKS",
                    help="resolve the config for RANKS ranks (default $WORLD_SIZE, else 8), build the model on the "
                         "meta device, print its size table and the DeepSpeed config, exit (no data, no process group)")
+    p.add_argument("--print-config", action="store_true",
+                   help="print the resolved configuration (every key, defaults and derived values included, as "
+                        "JSON) and exit: nothing is created, no process group starts")
     p.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)  # deepspeed launcher
     return p.parse_args(argv)
 
@@ -98,6 +102,11 @@ def main(argv=None) -> int:
         return dry_run(args.config, args.overrides, args.dry_run or None)
     try:
         cfg = load_config(args.config, args.overrides)
+        if args.print_config:
+            import json
+
+            print(json.dumps(cfg.to_dict(), indent=2))
+            return 0
         made = check_data(cfg)
     except (ConfigError, DataError) as e:
         if os.environ.get("LOCAL_RANK", "0") == "0":  # every rank finds it; one line per machine says it

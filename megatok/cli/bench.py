@@ -10,13 +10,14 @@ import torch
 
 from megatok.devices import device_option
 from megatok.studies import bench, bench_estimators, bench_inference
+from megatok.cli import command_parser
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The command line (tools/gpu_bench.sh's commands are checked against it)."""
     d = bench.Settings()
     docs = (bench.__doc__, bench_inference.__doc__, bench_estimators.__doc__)
-    ap = argparse.ArgumentParser(description="\n".join(docs),
+    ap = command_parser(description="\n".join(docs),
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", default=d.config, help="base config (default configs/tiny.json)")
     ap.add_argument("--set", dest="overrides", nargs="+", action="extend", default=[], metavar="KEY=VALUE",

@@ -21,10 +21,11 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from megatok.cli import command_parser
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = command_parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--run", required=True, help="run directory of a byte model (model.kind unet)")
     ap.add_argument("--checkpoint", default=None, help="checkpoint tag (default: latest); 'all' for every kept "
                     "checkpoint, or a comma-separated list of tags: the trend against training bytes")

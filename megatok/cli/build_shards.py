@@ -16,10 +16,11 @@ import time
 
 from megatok.data.documents import DataError, Fields
 from megatok.data.shards import build_shards, usable_cpus
+from megatok.cli import command_parser
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = command_parser(description=__doc__.splitlines()[0])
     parser.add_argument("inputs", nargs="+", metavar="INPUT",
                         help="files (.txt, .jsonl, .json.gz/.zst, .parquet, .arrow; .gz/.zst) or directories of them")
     parser.add_argument("--out", required=True, help="output shard directory")

@@ -8,10 +8,11 @@ import sys
 from megatok.data.documents import DataError
 from megatok.devices import device_option
 from megatok.studies import compare
+from megatok.cli import command_parser
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=compare.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = command_parser(description=compare.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run directories (config.json, metrics.jsonl)")
     ap.add_argument("--out", required=True, help="output directory")
     ap.add_argument("--heldout", default=None, help="held-out documents with \"lang\" (e.g. data/heldout_udhr.jsonl)")

@@ -6,10 +6,11 @@ import argparse
 import sys
 
 from megatok import config_reference
+from megatok.cli import command_parser
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=config_reference.__doc__,
+    ap = command_parser(description=config_reference.__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--check", metavar="FILE", help="compare with the copy between the markers in this file")
     ap.add_argument("--write", metavar="FILE", help="replace the copy between the markers in this file")

@@ -9,6 +9,7 @@ import sys
 
 from megatok.data.documents import DataError
 from megatok.studies import StudyError, estimator_variance
+from megatok.cli import command_parser
 
 
 def parse_variant(text: str) -> tuple[str, dict]:
@@ -29,7 +30,7 @@ def parse_variant(text: str) -> tuple[str, dict]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=estimator_variance.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = command_parser(description=estimator_variance.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--run", required=True, help="run directory of a policy run")
     ap.add_argument("--checkpoint", default=None, help="checkpoint tag (default: latest)")
     ap.add_argument("--gammas", default="0.9,0.95,0.99,1.0", help="one variant per gamma (without --variant)")

@@ -24,10 +24,11 @@ from megatok.config import ConfigError
 from megatok.data.documents import DataError
 from megatok.devices import device_option
 from megatok.eval.evaluate import evaluate_run
+from megatok.cli import command_parser
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = command_parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--run", required=True, help="run directory (holds config.json and checkpoints/) or an export "
                                                  "(megatok-export)")
     ap.add_argument("--data", required=True, nargs="+", help="files, directories, or a shard directory")

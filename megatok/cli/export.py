@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import argparse
 import sys
+from megatok.cli import command_parser
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = command_parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--run", required=True, help="run directory")
     ap.add_argument("--out", required=True, help="export directory (an earlier export there is replaced; anything else is refused)")
     ap.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], default="fp32")

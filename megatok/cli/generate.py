@@ -28,10 +28,11 @@ from pathlib import Path
 
 from megatok import sizing
 from megatok.devices import device_option
+from megatok.cli import command_parser
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = command_parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--run", required=True, help="run directory (its latest checkpoint, or --checkpoint) or an "
                                                  "export (megatok-export)")
     ap.add_argument("--checkpoint", "--tag", dest="checkpoint", default=None,

@@ -6,12 +6,13 @@ import argparse
 import sys
 
 from megatok.studies import gpu_check
+from megatok.cli import command_parser
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The command line (tools/gpu_bench.sh's commands are checked against it)."""
     d = gpu_check.Settings()
-    ap = argparse.ArgumentParser(description=gpu_check.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = command_parser(description=gpu_check.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--configs", nargs="+", default=d.configs,
                     help=f"the training section's configs (default: {' '.join(gpu_check.GPU_CONFIGS)}; not with "
                          f"--cpu-smoke, which runs configs/tiny.json)")

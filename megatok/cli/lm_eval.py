@@ -16,10 +16,11 @@ import sys
 
 from megatok import sizing
 from megatok.devices import device_option
+from megatok.cli import command_parser
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = command_parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True, help="run directory or export directory")
     ap.add_argument("--tasks", required=True, help="comma-separated task (or group) names")
     ap.add_argument("--include-path", default=None, help="a directory of task YAML files")

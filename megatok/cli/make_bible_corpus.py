@@ -6,10 +6,11 @@ import argparse
 import sys
 from megatok.data import bible
 from megatok.data.bible import TRANSLATIONS, CorpusError
+from megatok.cli import command_parser
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=bible.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = command_parser(description=bible.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, help="training documents (.jsonl or .jsonl.gz)")
     ap.add_argument("--heldout-out", default=None, help="parallel held-out chapters (.jsonl or .jsonl.gz)")
     ap.add_argument("--langs", default=",".join(TRANSLATIONS), help=f"comma-separated, from {','.join(TRANSLATIONS)}")

@@ -9,10 +9,11 @@ from pathlib import Path
 from megatok.data import corpus
 from megatok.data.corpus import ALL_SOURCES
 from megatok.data.corpus_sources import DEFAULT_UDHR_CODES, UDHR_CODE_OF_LANG, UDHR_HELDOUT_ARTICLES, udhr_codes
+from megatok.cli import command_parser
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=corpus.__doc__.split("\n\n")[0],
+    p = command_parser(description=corpus.__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True, type=Path, help="output .jsonl.gz path")
     p.add_argument("--preset", choices=["default", "prose", "control"], default="default",

@@ -7,10 +7,11 @@ import sys
 
 from megatok import bpe_config, sizing
 from megatok.config import ConfigError
+from megatok.cli import command_parser
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=bpe_config.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = command_parser(description=bpe_config.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", required=True, help="the megatok (unet) config to match")
     tok = ap.add_mutually_exclusive_group()
     tok.add_argument("--tokenizer", help="megatok-train-bpe output directory or its tokenizer.model")

@@ -23,10 +23,11 @@ import argparse
 import sys
 
 from megatok import size_report, sizing
+from megatok.cli import command_parser
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = command_parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     which = ap.add_mutually_exclusive_group(required=True)
     which.add_argument("--config", nargs="+", help="one config (full report) or several (summary table)")
     which.add_argument("--run", metavar="RUN_DIR", help="a run directory: its config at the world size of its "

@@ -10,6 +10,7 @@ from pathlib import Path
 from megatok.studies import replicate
 from megatok.studies.control import LEVELS as CONTROL_LEVELS
 from megatok.studies.replication import METHODS, PRESETS, Handover
+from megatok.cli import command_parser
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -55,7 +56,7 @@ def parse_handover(text: str) -> Handover:
 
 
 def parse_args(argv):
-    ap = argparse.ArgumentParser(description=replicate.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = command_parser(description=replicate.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--preset", required=True, choices=sorted(PRESETS))
     ap.add_argument("--out", required=True, type=Path, help="results directory (tables, plots, results.json)")
     ap.add_argument("--work", type=Path, default=None, help="runs, configs and data (default runs/replicate-PRESET)")

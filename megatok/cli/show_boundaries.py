@@ -25,10 +25,11 @@ import sys
 from pathlib import Path
 
 from megatok.eval.segments import show_boundaries
+from megatok.cli import command_parser
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = command_parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--run", action="append", default=[], help="run directory (repeat to compare runs)")
     ap.add_argument("--strategy", action="append", default=[],
                     help="a rule without training: fixed, uniform, whitespace, bpe[:model_path=...] (repeatable)")

@@ -8,10 +8,11 @@ import sys
 from megatok.config import ConfigError
 from megatok.data.documents import DataError
 from megatok.studies import StudyError, summarize
+from megatok.cli import command_parser
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=summarize.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = command_parser(description=summarize.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--run", required=True)
     ap.add_argument("--data", default=None, help="shard directory (default: the run's data.shards; a mixture's sources one after another)")
     ap.add_argument("--eval", default=None, help="megatok-evaluate output (default: RUN/eval.json if present)")

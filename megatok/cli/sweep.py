@@ -8,11 +8,12 @@ import sys
 from megatok import sizing
 from megatok.config import ConfigError
 from megatok.studies import sweep
+from megatok.cli import command_parser
 
 
 def main(argv=None) -> int:
     d = sweep.Settings(out="")
-    ap = argparse.ArgumentParser(description=sweep.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = command_parser(description=sweep.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, help="sweep directory")
     ap.add_argument("--sizes", default=d.sizes, help="comma-separated config names or paths")
     ap.add_argument("--strategies", default=d.strategies,

@@ -8,10 +8,11 @@ import sys
 from megatok import bpe
 from megatok.data import tokenizer
 from megatok.data.documents import DataError
+from megatok.cli import command_parser
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=tokenizer.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = command_parser(description=tokenizer.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", required=True, nargs="+", help="files, directories, or a shard directory (train split)")
     ap.add_argument("--vocab-size", type=int, required=True, help="number of pieces (256 byte pieces and 3 specials included)")
     ap.add_argument("--out", required=True, help="output directory (tokenizer.model, report.json)")

@@ -8,10 +8,11 @@ import sys
 from megatok import sizing
 from megatok.config import ConfigError
 from megatok.studies import zero_init
+from megatok.cli import command_parser
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=zero_init.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = command_parser(description=zero_init.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", required=True)
     ap.add_argument("--set", dest="overrides", nargs="+", action="extend", default=[], metavar="KEY=VALUE")
     ap.add_argument("--strategies", type=lambda s: s.split(","), default=None,

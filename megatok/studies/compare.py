@@ -15,6 +15,8 @@ boundary strategy, and the BPE token model: the same metric keys are read) and w
   megatok.flops.flops_at).
 - for runs trained on a data mixture (validation rows with ``by_source``): a table of the final
   validation bpb per source and ``val_bpb_by_source.png`` (one panel per source, one line per run).
+- a table of the configuration keys whose resolved values differ between the runs (``train.run_dir``
+  left out), e.g. the seed, the boundary strategy and its options.
 - ``compare.json``: every number above.
 
 With ``--heldout FILE`` (documents with "lang", e.g. the parallel UDHR set of ``megatok-make-corpus
@@ -91,8 +93,42 @@ def load_run(run_dir: str | Path) -> dict:
         "boundary_rule": last_val.get("boundary_rule"), "curve": curve,
         "by_source": {k: v.get("val_bpb") for k, v in (last_val.get("by_source") or {}).items()},
         "has_checkpoint": (run_dir / "checkpoints" / "latest").is_file(),
+        "config": _flat(cfg.to_dict()),
     }
     return out
+
+
+def _flat(tree: dict, prefix: str = "") -> dict:
+    """{dotted key: value} of a nested config dict (lists and other leaves as they are)."""
+    out = {}
+    for k, v in tree.items():
+        if isinstance(v, dict) and v:
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def config_differences(runs: list[dict]) -> dict[str, dict[str, object]]:
+    """{dotted key: {run name: value}} for every config key (train.run_dir left out) whose resolved value
+    differs between the runs, or that some run's config lacks (shown as "-")."""
+    keys = sorted(set().union(*(r["config"] for r in runs)) - {"train.run_dir"})
+    missing = object()
+    out = {}
+    for key in keys:
+        values = [r["config"].get(key, missing) for r in runs]
+        if any(json.dumps(v, sort_keys=True, default=str) != json.dumps(values[0], sort_keys=True, default=str)
+               for v in values):
+            out[key] = {r["name"]: ("-" if v is missing else v) for r, v in zip(runs, values)}
+    return out
+
+
+def differences_table(runs: list[dict], differences: dict) -> str:
+    lines = ["| key | " + " | ".join(r["name"] for r in runs) + " |", "|---|" + "---|" * len(runs)]
+    for key, by_run in differences.items():
+        lines.append(f"| `{key}` | " + " | ".join(f"`{json.dumps(by_run[r['name']], default=str)}`"
+                                                  for r in runs) + " |")
+    return "\n".join(lines)
 
 
 def runs_table(runs: list[dict]) -> str:
@@ -282,6 +318,10 @@ def compare(run_dirs: list[str], out: str | Path, *, heldout: str | None = None,
     out.mkdir(parents=True, exist_ok=True)
     result = {"runs": runs}
     md = ["# Run comparison", "", runs_table(runs), ""]
+    differences = config_differences(runs) if len(runs) > 1 else {}
+    if differences:
+        md += ["## Where the configurations differ", "", differences_table(runs, differences), ""]
+    result["config_differences"] = differences
     plots = []
     if plot(runs, "bytes", out / "val_bpb_vs_bytes.png", "training bytes seen"):
         plots.append("val_bpb_vs_bytes.png")

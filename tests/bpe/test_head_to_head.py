@@ -213,6 +213,10 @@ def test_compare_reads_and_evaluates_both_kinds(runs, capsys):
     md = (out / "compare.md").read_text()
     assert "| bpe | bpe | 6 |" in md and "bpe bpb" in md and (out / "val_bpb_vs_flops.png").is_file()
     assert (out / "per_language.png").read_bytes().startswith(b"\x89PNG") and "per_language.png" in result["plots"]
+    # where the two configurations differ: the model kind among them, the run directory left out
+    diff = result["config_differences"]
+    assert diff["model.kind"] == {"unet": "unet", "bpe": "bpe"} and "train.run_dir" not in diff
+    assert "## Where the configurations differ" in md and '| `model.kind` | `"unet"` | `"bpe"` |' in md
 
 
 def test_bad_head_to_head_inputs_fail_before_training(runs, tmp_path):
