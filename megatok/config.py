@@ -319,7 +319,8 @@ class LoggingConfig(_Section):
     wandb_entity: str | None = Field(None, description="wandb team or user")
     wandb_name: str | None = Field(None, description="wandb run name (default: the run directory's name); the id adds a hash of the directory's path")
     progress: bool = Field(True, description="on rank 0, a progress bar when stderr is a terminal; otherwise "
-                                             "(a job's log file) one line on stdout per training row: step, loss, "
+                                             "(a job's log file) one line on stdout per training row: step, the time, the "
+                                             "time trained and an estimate of what is left, loss, "
                                              "bpb, boundary rate, lr, bytes/s, MFU (TFLOP/s per device where the "
                                              "peak is unknown) and peak memory")
     profile_steps: list[int] | None = Field(

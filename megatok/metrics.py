@@ -77,7 +77,7 @@ class MetricsLogger:
         self.wandb = None
         self.bar = None
         self.lines = False  # one console line per training row instead of the bar
-        self.total_steps = total_steps
+        self.total_steps, self.start_step, self.t0 = total_steps, start_step, time.monotonic()
         if not enabled:
             return
         self.file = self.path.open("a")
@@ -117,11 +117,20 @@ class MetricsLogger:
             self.bar.write(f"step {row['step']}: " + "  ".join(
                 f"{k} {v:.4g}" for k, v in row.items() if k.endswith(SHOWN) and isinstance(v, (int, float))))
 
+    def when(self, step: int) -> str:
+        """The clock, the time this process has trained and an estimate of what is left (from its pace since
+        it started: "?" before its first step), for a log line."""
+        elapsed = time.monotonic() - self.t0
+        done = step - self.start_step
+        left = tqdm.format_interval((self.total_steps - step) * elapsed / done) if done > 0 else "?"
+        return f"{time.strftime('%Y-%m-%d %H:%M:%S')}, {tqdm.format_interval(elapsed)} elapsed, ~{left} left"
+
     def progress(self, step: int, **shown: float) -> None:
-        """The bar's position and figures; where stdout is a log, not a terminal, the same as one line."""
+        """The bar's position and figures; where stdout is a log, not a terminal, the same as one line, with
+        the time, the elapsed time and an estimate of the remaining (:meth:`when`)."""
         if self.lines:
-            print(f"step {step}/{self.total_steps}: " + "  ".join(f"{k} {v:.4g}" for k, v in shown.items()),
-                  flush=True)
+            print(f"step {step}/{self.total_steps} ({self.when(step)}): "
+                  + "  ".join(f"{k} {v:.4g}" for k, v in shown.items()), flush=True)
         elif self.bar is not None:
             self.bar.n = step
             self.bar.set_postfix({k: f"{v:.4g}" for k, v in shown.items()}, refresh=True)

@@ -2,6 +2,7 @@
 not a terminal, peak memory in every training row, and an opt-in torch.profiler window."""
 
 import json
+import re
 
 import pytest
 
@@ -18,11 +19,13 @@ def test_a_redirected_log_gets_a_line_per_row_with_memory_and_a_profiler_trace(s
                   "logging.progress=true", "logging.profile_steps=[2,4]"])
     rows = [row for row in read_metrics(run) if row["split"] == "train"]
     assert [row["step"] for row in rows] == [1, 2, 3, 4]
-    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("step ") and "/4: " in ln]
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("step ") and "/4 (" in ln]
     assert len(lines) == len(rows), r.stdout[-3000:]
     for line, row in zip(lines, rows):
         shown = line.split(": ", 1)[1].split("  ")
-        assert line.startswith(f"step {row['step']}/4: ")
+        # the time, the time trained and an estimate of what is left
+        assert re.match(rf"step {row['step']}/4 \(\d{{4}}-\d\d-\d\d \d\d:\d\d:\d\d, \d\d:\d\d elapsed, "
+                        rf"~(\d\d:\d\d|\?) left\): ", line), line
         assert [s.split(" ")[0] for s in shown] == ["loss", "bpb", "rate", "lr", "bytes/s", "tflops/device",
                                                     "host_peak_rss_gib"], line  # no peak known on a CPU: no MFU
         figures = dict(s.split(" ") for s in shown)
