@@ -318,6 +318,10 @@ class LoggingConfig(_Section):
     wandb_project: str = Field("megatok", description="wandb project")
     wandb_entity: str | None = Field(None, description="wandb team or user")
     wandb_name: str | None = Field(None, description="wandb run name (default: the run directory's name); the id adds a hash of the directory's path")
+    wandb_group: str | None = Field(None, description="wandb group: runs of one study or sweep together (megatok-replicate "
+                                    "and megatok-sweep set it)")
+    wandb_tags: list[str] = Field(default_factory=list, description="wandb tags (megatok-replicate sets the method, "
+                                  "the seed and the level; megatok-sweep the size and the strategy)")
     progress: bool = Field(True, description="on rank 0, a progress bar when stderr is a terminal; otherwise "
                                              "(a job's log file) one line on stdout per training row: step, the time, the "
                                              "time trained and an estimate of what is left, loss, "

@@ -71,7 +71,8 @@ def flatten(row: dict, prefix: str = "") -> dict:
 class MetricsLogger:
     def __init__(self, run_dir: str | Path, *, enabled: bool, total_steps: int, start_step: int = 0,
                  wandb_mode: str = "offline", wandb_project: str = "megatok", wandb_entity: str | None = None,
-                 wandb_name: str | None = None, config: dict | None = None, progress: bool = True):
+                 wandb_name: str | None = None, config: dict | None = None, progress: bool = True,
+                 wandb_group: str | None = None, wandb_tags: list[str] | None = None):
         self.enabled = enabled
         self.path = Path(run_dir) / "metrics.jsonl"
         self.wandb = None
@@ -95,6 +96,7 @@ class MetricsLogger:
                 # a 50-step run's 61 lines of output; the metrics file and megatok-summarize hold the same)
                 self.wandb = wandb.init(project=wandb_project, entity=wandb_entity, name=wandb_name or Path(run_dir).name,
                                         dir=str(run_dir), mode=wandb_mode, config=config, resume="allow",
+                                        group=wandb_group, tags=list(wandb_tags or []) or None,
                                         id=wandb_run_id(run_dir, wandb_name), settings=wandb.Settings(quiet=True))
             except Exception as e:  # wandb is a convenience, never a reason to stop training
                 warnings.warn(f"wandb disabled: {type(e).__name__}: {e}")

@@ -206,8 +206,10 @@ def write_config(preset: Preset, config: str, work: Path, data: dict, method: st
                  nproc: int, level: float | None, phase: list[str] = (), handover: dict | None = None) -> dict:
     """WORK/configs/<method>-seed<seed>.json for a byte method (``phase``: --set items after every other, a
     hand-over's; ``handover``: what the run is handed from, for its digest), written once; its run's record."""
+    tags = [method, f"seed{seed}"] + ([f"level{level:g}"] if level is not None else [])
     items = [f"train.seed={seed}", f"train.run_dir={work / 'runs' / run_name(method, seed)}",
-             f"data.shards={data['shards']}", *preset.overrides, *extra, *METHODS[method][0], *phase]
+             f"data.shards={data['shards']}", f"logging.wandb_group=replicate-{preset.name}",
+             f"logging.wandb_tags={json.dumps(tags)}", *preset.overrides, *extra, *METHODS[method][0], *phase]
     cfg = load_config(config, overrides=items, world_size=nproc)
     run_dir = Path(cfg.train.run_dir)
     path = work / "configs" / f"{run_dir.name}.json"
@@ -265,6 +267,8 @@ def config_digest(cfg, handover: dict | None = None) -> str:
         raw["train"].pop("init_from")
         raw["handover"] = handover
     raw["train"].pop("run_dir", None)
+    for key in ("wandb_group", "wandb_tags"):  # where it is logged, not what is trained
+        raw.get("logging", {}).pop(key, None)
     raw["data"].pop("shards", None)
     raw["model"].pop("tokenizer", None)
     for (section, key), value in ADDED_KEYS.items():

@@ -164,6 +164,8 @@ def run_config(size: str, strategy: str, n_bytes: float, out: Path, world: int, 
     t["global_batch_size"] = base.train.micro_batch_size * base.train.grad_accum * world
     t["grad_accum"] = None  # derived again for the world size the run is launched with
     t["run_dir"] = str(out / "runs" / f"{Path(size).stem}-{strategy}")
+    raw["logging"]["wandb_group"] = raw["logging"].get("wandb_group") or f"sweep-{out.name}"
+    raw["logging"]["wandb_tags"] = [*raw["logging"].get("wandb_tags", []), Path(size).stem, strategy]
     if raw["eval"]["every"] and raw["eval"]["every"] > t["max_steps"]:
         raw["eval"]["every"] = 0  # validation at the end only
     return raw

@@ -81,7 +81,8 @@ class Trainer:
             self.logger = MetricsLogger(t.run_dir, enabled=self.rank == 0, total_steps=t.max_steps,
                                         start_step=self.step, wandb_mode=lg.wandb_mode,
                                         wandb_project=lg.wandb_project, wandb_entity=lg.wandb_entity,
-                                        wandb_name=lg.wandb_name, config=cfg.to_dict(), progress=lg.progress)
+                                        wandb_name=lg.wandb_name, config=cfg.to_dict(), progress=lg.progress,
+                                        wandb_group=lg.wandb_group, wandb_tags=lg.wandb_tags)
         except BaseException:
             self.data.close()  # its reader worker would outlive the failed start
             raise

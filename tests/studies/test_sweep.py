@@ -28,6 +28,8 @@ def test_generated_configs_validate_at_equal_bytes(tmp_path, capsys):
         assert 2e9 <= r["training_bytes"] < 2e9 + per_step
         assert cfg.boundary.strategy == r["strategy"] and cfg.data.shards == "/shared/megatok/shards"
         assert cfg.train.run_dir == str(out.resolve() / "runs" / r["name"])
+        size = r["name"].split("-")[0]
+        assert cfg.logging.wandb_group == "sweep-s" and cfg.logging.wandb_tags == [size, r["strategy"]]
         assert cfg.train.warmup_steps <= cfg.train.max_steps // 10
         if r["strategy"] == "fixed":
             assert cfg.boundary.options.model_dump() == {}

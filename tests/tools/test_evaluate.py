@@ -109,6 +109,29 @@ def test_wandb_takes_a_run_directory_named_like_a_sweep_point(tmp_path, monkeypa
     logger.close()
 
 
+def test_wandb_runs_get_the_configs_group_and_tags(tmp_path, monkeypatch):
+    """logging.wandb_group and wandb_tags reach the wandb run (megatok-replicate and megatok-sweep set them);
+    a study's runs get them in their configs without changing what makes them one experiment (the digest)."""
+    from megatok.config import load_config
+    from megatok.metrics import MetricsLogger
+    from megatok.studies.replicate import config_digest, write_configs
+    from megatok.studies.replication import PRESETS
+
+    for k, v in {"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path), "WANDB_CONFIG_DIR": str(tmp_path / "config"),
+                 "WANDB_CACHE_DIR": str(tmp_path / "cache"), "WANDB_DATA_DIR": str(tmp_path / "data"),
+                 "WANDB_SILENT": "true"}.items():
+        monkeypatch.setenv(k, v)
+    logger = MetricsLogger(tmp_path, enabled=True, total_steps=1, wandb_mode="offline", progress=False,
+                           wandb_group="replicate-control", wandb_tags=["policy", "seed3"])
+    assert logger.wandb.group == "replicate-control" and set(logger.wandb.tags) == {"policy", "seed3"}
+    logger.close()
+    (run,) = write_configs(PRESETS["control"], tmp_path / "w", {"shards": "data/x"}, [3], ["policy"], [], 1, 0.5)
+    cfg = load_config(run["config"], world_size=1)
+    assert cfg.logging.wandb_group == "replicate-control" and cfg.logging.wandb_tags == ["policy", "seed3", "level0.5"]
+    bare = load_config(run["config"], ["logging.wandb_group=null", "logging.wandb_tags=[]"], world_size=1)
+    assert config_digest(cfg) == config_digest(bare) == run["digest"]
+
+
 def test_the_progress_bar_stays_out_of_a_log_file(tmp_path, capsys):
     """Output that is not a terminal (a job's log; pytest's capture) gets a line per training row and the
     evaluation lines, not a bar redrawn into one endless line."""
