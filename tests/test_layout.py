@@ -143,12 +143,18 @@ def test_tools_holds_shell_scripts_only():
         "cluster.sh", "gpu_bench.sh", "gpu_wheels.sh", "head_to_head.sh", "quickstart.sh", "setup.sh", "test.sh"]
 
 
-def test_pyproject_pins_are_requirements_txt_and_lists_every_package():
+def test_pyproject_ranges_start_at_requirements_txt_pins_and_list_every_package():
     pins = [ln.strip() for ln in (ROOT / "requirements.txt").read_text().splitlines()
             if ln.strip() and not ln.startswith("#")]
     project = PYPROJECT["project"]
-    assert project["dependencies"] == [p for p in pins if not p.startswith("pytest")]
-    assert project["optional-dependencies"]["test"] == [p for p in pins if p.startswith("pytest")]
+
+    def ranged(pin: str) -> str:  # name==X.Y.Z -> name>=X.Y.Z,<X+1 (<0.Y+1 for 0.x)
+        name, version = pin.split("==")
+        major, minor = (int(v) for v in version.split(".")[:2])
+        return f"{name}>={version},<{major + 1 if major else f'0.{minor + 1}'}"
+
+    assert project["dependencies"] == [ranged(p) for p in pins if not p.startswith("pytest")]
+    assert project["optional-dependencies"]["test"] == [ranged(p) for p in pins if p.startswith("pytest")]
     on_disk = {module_name(p.parent / "__init__.py") for p in PACKAGE.rglob("__init__.py")}
     configs = {"megatok.configs"} | {f"megatok.configs.{p.name}" for p in (ROOT / "configs").iterdir() if p.is_dir()}
     assert set(PYPROJECT["tool"]["setuptools"]["packages"]) == on_disk | configs
