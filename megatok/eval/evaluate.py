@@ -3,6 +3,7 @@ study scores its runs with it too)."""
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -28,7 +29,11 @@ def evaluate_run(run: str, data: list[str], *, checkpoint: str | None = None, bo
     docs = read_documents(data, "val")
     if max_bytes:
         docs = _limit(docs, int(max_bytes))
-    bar = tqdm(unit="B", unit_scale=True, desc="evaluate", file=sys.stderr, disable=None if progress else True)
+    total = _known_bytes(data, "val")
+    if max_bytes:
+        total = int(max_bytes) if total is None else min(total, int(max_bytes))
+    bar = tqdm(total=total, unit="B", unit_scale=True, desc="evaluate", file=sys.stderr,
+               disable=None if progress else True)
     result = evaluate_documents(model, docs, seq_len=seq_len or cfg.data.seq_len, batch_size=batch_size,
                                 mode=boundary, seed=seed, device=device, progress=bar, encoding=encoding_for(cfg))
     bar.close()
@@ -38,6 +43,25 @@ def evaluate_run(run: str, data: list[str], *, checkpoint: str | None = None, bo
                            "strategy": cfg.boundary.strategy if cfg.model.kind == "unet" else None,
                            "boundary_rule": boundary_rule(boundary, seed) if cfg.model.kind == "unet" else None,
                            **result})
+
+
+def _known_bytes(data: list[str], split: str) -> int | None:
+    """The bytes of text ``data`` holds, where that is known before reading it: a shard set's manifest
+    records its splits' bytes; plain files are counted as their size (their text, or more: a JSON line's
+    keys). None for a compressed file (its size says little) or a manifest without the figure."""
+    total = 0
+    for p in map(Path, data):
+        if (p / "manifest.json").is_file():
+            try:
+                total += int(json.loads((p / "manifest.json").read_text())["bytes"][split])
+            except (OSError, ValueError, KeyError, TypeError):
+                return None
+            continue
+        files = [p] if p.is_file() else sorted(f for f in p.rglob("*") if f.is_file()) if p.is_dir() else []
+        if any(f.suffix in (".gz", ".zst", ".parquet", ".arrow") for f in files):
+            return None
+        total += sum(f.stat().st_size for f in files)
+    return total
 
 
 def _limit(docs, max_bytes):

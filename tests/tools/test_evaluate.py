@@ -447,3 +447,17 @@ def test_metrics_with_a_last_row_cut_short_still_read(tmp_path):
     (tmp_path / "metrics.jsonl").write_text('\n{"step": 1, "spl\n' + text)  # line numbers count blank lines
     with pytest.raises(ValueError, match=r"metrics.jsonl:2: not a JSON row"):
         read_metrics(tmp_path)
+
+
+def test_the_evaluation_bar_knows_its_total_where_the_inputs_say(shards, tmp_path):
+    """A shard set's manifest gives its split's bytes, a plain file its size; a compressed file leaves the
+    total unknown (the bar then counts without one)."""
+    from megatok.eval.evaluate import _known_bytes
+
+    manifest = json.loads((shards / "manifest.json").read_text())
+    assert _known_bytes([str(shards)], "val") == manifest["bytes"]["val"] > 0
+    doc = tmp_path / "a.jsonl"
+    doc.write_text(json.dumps({"text": "déjà vu"}) + "\n")
+    assert _known_bytes([str(shards), str(doc)], "val") == manifest["bytes"]["val"] + doc.stat().st_size
+    (tmp_path / "b.jsonl.gz").write_bytes(gzip.compress(doc.read_bytes()))
+    assert _known_bytes([str(tmp_path)], "val") is None
