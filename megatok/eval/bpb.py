@@ -230,7 +230,7 @@ def evaluate_documents(model, docs: Iterator, *, seq_len: int, batch_size: int, 
             if len(pending) == batch_size * max(1, buffer):
                 flush()
         if progress is not None:
-            progress.update(len(d.text.encode("utf-8", "surrogatepass")))  # bytes, as the bar counts
+            progress.update(len(d.text) if isinstance(d.text, bytes) else len(d.text.encode("utf-8", "surrogatepass")))
     flush()
     module.train(was_training)
     if gather is not None:

@@ -79,6 +79,9 @@ METHODS: dict[str, tuple[list[str], str]] = {
     "uniform": (["boundary.strategy=uniform"], "uniform random positions at the target rate"),
     "fixed": (["boundary.strategy=fixed"], "a chunk every 1/rate bytes"),
     "whitespace": (["boundary.strategy=whitespace"], "a chunk after whitespace or punctuation"),
+    "oracle": (["boundary.strategy=whitespace", "boundary.position=at"],
+               "a chunk at every separator (whitespace or punctuation) itself: on the control, every position "
+               "where a start pays (its oracle)"),
     "bpe": ([], "BPE token model (sentencepiece) at matched FLOPs per byte"),
 }
 POLICY_METHODS = tuple(m for m in METHODS if m.startswith("policy"))
