@@ -287,3 +287,14 @@ def _ranks(script: str, args: list[str], nproc: int, env: dict, timeout: float, 
         stdout, stderr = job.output()
         job.close()
     return subprocess.CompletedProcess(job.args, job.returncode, stdout, stderr)
+
+
+def without_cursors(ckpt: Path) -> None:
+    """Checkpoint directory ``ckpt`` as megatok wrote checkpoints before the data readers' cursors: no
+    stream_rank*.json, and (older than those too) no file sums or own digest in its megatok.json."""
+    for p in ckpt.glob("stream_rank*.json"):
+        p.unlink()
+    meta = json.loads((ckpt / "megatok.json").read_text())
+    meta.pop("files", None)
+    meta.pop("self_sha256", None)
+    (ckpt / "megatok.json").write_text(json.dumps(meta, indent=2))

@@ -15,7 +15,7 @@ from megatok.data.shards import build_shards
 from megatok.metrics import read_metrics
 from megatok.run import checkpoints
 from megatok.train.evaluation import validation_batches
-from tests.conftest import PARALLEL, ROOT, TINY, pretrain
+from tests.conftest import PARALLEL, ROOT, TINY, pretrain, without_cursors
 
 pytestmark = pytest.mark.dist
 
@@ -116,8 +116,7 @@ def test_mixture_trains_resumes_exactly_and_reweights(shards, second_source, tmp
                        "--resume", "step00000002"])
     # without its readers' cursors (as in checkpoints older than cursors), the resumed run regenerates
     # the restarted stream from where it restarted
-    for p in (resumed / "checkpoints" / "step00000003").glob("stream_rank*.json"):
-        p.unlink()
+    without_cursors(resumed / "checkpoints" / "step00000003")
     r = pretrain(common + [mixture(shards, second_source, 1, 1), f"train.run_dir={resumed}"])  # from step 3
     assert "data stream resumed by regenerating 1 batches per rank" in r.stdout
     want = {r["step"]: r["loss"] for r in read_metrics(straight) if r.get("split") == "train"}
