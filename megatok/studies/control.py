@@ -51,11 +51,12 @@ def fit_alignment(points: list[tuple[float, bool]], floor: float) -> dict | None
     s, and for r50 and r90 (the ratio where P is 0.9) the median and the 95% central interval of the
     posterior (None where it lies beyond the largest ratio tested: the map cannot place it). A map whose
     aligned and unaligned runs are separated by r leaves r50 anywhere in the gap, and its interval says so.
-    None with fewer than two distinct ratios."""
+    None with fewer than two distinct ratios, or a floor of 1 (every seed aligned where nothing pays: P does
+    not depend on the ratio, as for the control's oracle)."""
     import numpy as np
     from scipy.special import expit, logsumexp
 
-    if len({r for r, _ in points}) < 2:
+    if len({r for r, _ in points}) < 2 or floor >= 1:
         return None
     r = np.array([x for x, _ in points], dtype=float)
     y = np.array([float(v) for _, v in points])

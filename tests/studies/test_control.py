@@ -192,3 +192,13 @@ def test_the_control_preset_trains_probes_and_merges_invocations(tmp_path):
     assert (tmp_path / "work/level1/data/control.jsonl.gz").is_file()
     cfg = json.loads((tmp_path / "work/level1/configs/policy-disarm-seed3.json").read_text())
     assert cfg["boundary"]["estimator"] == "disarm" and cfg["model"]["byte_window"] == 1
+
+
+def test_the_alignment_fit_says_nothing_when_every_seed_aligns_where_nothing_pays():
+    """A method aligned on every seed at level 0 (the oracle: chunks at every separator) has a floor of 1:
+    P(align) does not depend on the ratio, and the fit is None rather than a division by zero."""
+    from megatok.studies.control import fit_alignment
+
+    assert fit_alignment([(0.0, True), (0.2, True), (0.7, True)], floor=1.0) is None
+    fit = fit_alignment([(0.0, False), (0.2, False), (0.35, True), (0.7, True)], floor=0.0)
+    assert fit is not None and 0.2 <= fit["r50_mode"] <= 0.35
