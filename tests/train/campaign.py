@@ -7,7 +7,8 @@ uninterrupted run's, bit for bit.
 Faults (KINDS): SIGKILL of one rank or of every rank at a random step; SIGKILL of rank 0 inside a save,
 before the checkpoint is renamed into place or after it and before ``latest`` names it (the faults of
 tests/train/faults.py); after a clean stop at a random step, a byte flipped in a random file of the newest
-checkpoint, an emptied ``latest``, or a stop file older than the next start; with root, a full disk (the
+checkpoint (when an older one is there to fall back to: damage to the only one leaves nothing to resume),
+an emptied ``latest``, or a stop file older than the next start; with root, a full disk (the
 run directory on a size-limited tmpfs, filled up to the next save). Each run takes up to ``--per-run``
 faults, then trains to its end. What is counted: faults by kind; runs lost (a run that started from step
 0 again once it had a checkpoint, or did not end, or whose losses differ from the uninterrupted run's);
@@ -83,6 +84,17 @@ class Campaign:
         self.runs = self.runs_lost = self.checkpoints_lost = self.losses_equal = 0
         self.reference, self.queue = None, []
 
+    def resumable(self, run: Path) -> str | None:
+        """The checkpoint a start would resume (None: none published), or None with a note when every one
+        is damaged."""
+        if not published(run):
+            return None
+        try:
+            return checkpoints.resume_tag(run, "auto", warn=False)
+        except checkpoints.CheckpointError as e:
+            self.note(f"{run.parent.name}: no usable checkpoint ({e})")
+            return None
+
     def next_kind(self) -> str:
         """The kinds in a shuffled cycle: every kind once in each len(kinds) faults."""
         if not self.queue:
@@ -95,7 +107,7 @@ class Campaign:
 
     def fault(self, run: Path, kind: str) -> None:
         """Inject one fault of ``kind`` into ``run`` (its launch included where the fault is in one)."""
-        now = step_of(checkpoints.resume_tag(run, "auto", warn=False)) if published(run) else 0
+        now = step_of(self.resumable(run))
         saves = [s for s in range(now + 1, STEPS) if s % SAVE_EVERY == 0]
         if kind in ("kill_before_rename", "kill_before_latest") and not saves:
             kind = "kill_all_ranks"
@@ -121,6 +133,8 @@ class Campaign:
             if r.returncode != 0:
                 self.note(f"{run.parent.name}: a clean stop at step {step} exited {r.returncode}: {r.stderr[-500:]}")
             newest = checkpoints.latest_tag(run)
+            if kind == "flip_bytes" and len(published(run)) < 2:
+                kind = "empty_latest"  # damage to the only checkpoint leaves nothing to resume, by design
             if kind == "flip_bytes" and newest:
                 files = [p for p in (run / "checkpoints" / newest).iterdir() if p.is_file()]
                 victim = self.rng.choice(files)
@@ -146,7 +160,7 @@ class Campaign:
                 self.note(f"{run.parent.name}: {kind} (after {', '.join(self.done)}): published checkpoint {tag} "
                           f"is gone")
         self.done.append(kind)
-        if latest and checkpoints.resume_tag(run, "auto", warn=False) is None:
+        if latest and self.resumable(run) is None:
             self.note(f"{run.parent.name}: {kind}: nothing left to resume (it had {latest})")
 
     def one_run(self, i: int) -> None:
