@@ -105,9 +105,12 @@ class Campaign:
         self.unexpected.append(what)
         print(f"campaign: UNEXPECTED: {what}", flush=True)
 
-    def fault(self, run: Path, kind: str) -> None:
-        """Inject one fault of ``kind`` into ``run`` (its launch included where the fault is in one)."""
+    def fault(self, run: Path, kind: str) -> bool:
+        """Inject one fault of ``kind`` into ``run`` (its launch included where the fault is in one); False
+        when the run is too near its end for one."""
         now = step_of(self.resumable(run))
+        if now >= STEPS - 1:
+            return False  # nothing left of this run to break: it trains to its end
         saves = [s for s in range(now + 1, STEPS) if s % SAVE_EVERY == 0]
         if kind in ("kill_before_rename", "kill_before_latest") and not saves:
             kind = "kill_all_ranks"
@@ -160,18 +163,23 @@ class Campaign:
                 self.note(f"{run.parent.name}: {kind} (after {', '.join(self.done)}): published checkpoint {tag} "
                           f"is gone")
         self.done.append(kind)
+        return True
         if latest and self.resumable(run) is None:
             self.note(f"{run.parent.name}: {kind}: nothing left to resume (it had {latest})")
 
-    def one_run(self, i: int) -> None:
+    def one_run(self, i: int, most: int) -> None:
+        """Run ``i``: up to ``most`` (and ``per_run``) faults, then to its end; its losses compared."""
         run = self.out / f"run{i:03d}" / "run"
         run.parent.mkdir(parents=True)
         self.damaged, self.done = set(), []  # checkpoints this run's faults damaged; its faults so far
         if "full_disk" in self.kinds:  # a size-limited filesystem of its own
             subprocess.run(["mount", "-t", "tmpfs", "-o", "size=48m", "megatok-campaign", str(run.parent)], check=True)
         try:
-            for _ in range(self.per_run):
-                self.fault(run, self.next_kind())
+            for _ in range(min(self.per_run, most)):
+                kind = self.next_kind()
+                if not self.fault(run, kind):
+                    self.queue.append(kind)  # drawn again in the next run
+                    break
             for _ in range(3):  # to its end, with no fault (a damaged checkpoint may cost a second start)
                 r = launch(self.shards, run)
                 if r.returncode == 0 and max(losses(run), default=0) == STEPS:
@@ -208,10 +216,11 @@ def run_campaign(out: Path, shards: Path, faults: int, seed: int, per_run: int =
     if r.returncode != 0:
         raise RuntimeError(f"the uninterrupted run failed: {r.stderr[-2000:]}")
     c.reference = losses(ref)
-    runs = -(-faults // per_run)
-    for i in tqdm(range(runs), desc="fault campaign (runs)", disable=not sys.stderr.isatty()):
-        c.one_run(i)
-        (out / "campaign.json").write_text(json.dumps({"seed": seed, **c.report()}, indent=2) + "\n")
+    with tqdm(total=faults, desc="fault campaign (faults)", disable=not sys.stderr.isatty()) as bar:
+        while (done := sum(c.injected.values())) < faults:
+            c.one_run(c.runs, faults - done)
+            bar.update(sum(c.injected.values()) - done)
+            (out / "campaign.json").write_text(json.dumps({"seed": seed, **c.report()}, indent=2) + "\n")
     return {"seed": seed, **c.report()}
 
 

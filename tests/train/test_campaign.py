@@ -12,5 +12,5 @@ def test_a_short_fault_campaign_loses_nothing(shards, tmp_path):
     report = run_campaign(tmp_path / "campaign", shards, faults=kinds, seed=7, per_run=kinds // 2)
     assert report["unexpected"] == []
     assert report["faults"] == kinds and set(report["by_kind"]) == set(KINDS[:kinds])
-    assert report["runs"] == report["runs_with_equal_losses"] == 2
+    assert report["runs"] == report["runs_with_equal_losses"] >= 2
     assert report["runs_lost"] == report["published_checkpoints_lost"] == 0
