@@ -5,6 +5,7 @@ plan (order and budget) and what a SIGTERM leaves."""
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 
@@ -264,3 +265,29 @@ def test_a_training_row_runs_in_a_process_of_its_own_whose_failure_or_time_limit
     with pytest.raises(multiprocessing.TimeoutError):  # a spawned process needs more than a second to import
         isolated_train_check(0, "configs/tiny.json", SMOKE_SETS, **kw)
     assert not multiprocessing.active_children()
+
+
+def test_the_gpu_bench_installs_carried_wheels_into_a_directory_of_its_own(tmp_path):
+    """The wheels carried to a GPU machine (.whl/) go into a new directory under TMPDIR (not a fixed /tmp
+    path another user could hold), removed when the bench ends, also when the install fails."""
+    import shutil
+    import subprocess
+
+    from tests.conftest import ROOT
+
+    (tmp_path / "tools").mkdir()
+    shutil.copy(ROOT / "tools/gpu_bench.sh", tmp_path / "tools/gpu_bench.sh")
+    (tmp_path / ".whl").mkdir()
+    (tmp_path / ".whl" / "x-1.0-py3-none-any.whl").write_bytes(b"not a wheel")
+    fake = tmp_path / "python"  # records pip's --target, and the install fails
+    fake.write_text('#!/bin/bash\nwhile [ $# -gt 0 ]; do [ "$1" = --target ] && echo "$2" > "$RECORD"; shift; done\n'
+                    'exit 1\n')
+    fake.chmod(0o755)
+    env = {"PATH": "/usr/bin:/bin", "OUT": str(tmp_path / "out"), "PYTHON": str(fake), "TMPDIR": str(tmp_path / "t"),
+           "RECORD": str(tmp_path / "target")}
+    (tmp_path / "t").mkdir()
+    r = subprocess.run(["bash", str(tmp_path / "tools/gpu_bench.sh"), "--quick"], capture_output=True, text=True,
+                       timeout=60, env=env)
+    assert r.returncode == 1 and "gpu_bench: installing .whl/ failed" in r.stderr, r.stderr
+    target = Path((tmp_path / "target").read_text().strip())
+    assert target.parent == tmp_path / "t" and target.name.startswith("megatok-site.") and not target.exists()
