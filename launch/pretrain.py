@@ -117,13 +117,16 @@ def main(argv=None) -> int:
             print(f"warning: {line}", file=sys.stderr)
     # A damaged checkpoint, or one of another model, fails here, before any process group. One process per machine reads the
     # checkpoint's files (the launchers end its siblings when it exits 2; Slurm's srun path passes
-    # --kill-on-bad-exit), not every rank: that would be ranks x files reads on a shared filesystem.
+    # --kill-on-bad-exit), not every rank: that would be ranks x files reads on a shared filesystem. The
+    # files' SHA-256s are read by rank 0's machine only (the others check sizes), once: rank 0's start
+    # inside the trainer reuses them.
     if args.resume != "none" and os.environ.get("LOCAL_RANK", "0") == "0":
         from megatok.run.checkpoints import CheckpointError, resume_tag
         from megatok.run.same_model import check_same_model
 
         try:
-            if tag := resume_tag(cfg.train.run_dir, args.resume, warn=False):
+            if tag := resume_tag(cfg.train.run_dir, args.resume, warn=False,
+                                 sums=os.environ.get("RANK", "0") == "0"):
                 check_same_model(cfg.train.run_dir, tag, cfg)
         except CheckpointError as e:
             print(f"error: --resume {args.resume}: {e}", file=sys.stderr)

@@ -102,10 +102,19 @@ def _archive_problem(path: Path) -> str | None:
         return f"{path.name} is damaged ({exn})"
 
 
+_SUMS: dict[tuple, str] = {}  # SHA-256 by (path, inode, size, mtime): a file this process hashed, unchanged
+
+
 def file_sum(path: Path) -> dict:
-    """A file's size and SHA-256, as megatok.json's ``files`` records them."""
-    with open(path, "rb") as f:
-        return {"bytes": path.stat().st_size, "sha256": hashlib.file_digest(f, "sha256").hexdigest()}
+    """A file's size and SHA-256, as megatok.json's ``files`` records them. A file this process hashed before
+    and that has not changed since (same inode, size and modification time) is not read again: the check
+    before any process group and the trainer's start, in the same process, read a checkpoint's bytes once."""
+    st = path.stat()
+    key = (str(path.resolve()), st.st_ino, st.st_size, st.st_mtime_ns)
+    if key not in _SUMS:
+        with open(path, "rb") as f:
+            _SUMS[key] = hashlib.file_digest(f, "sha256").hexdigest()
+    return {"bytes": st.st_size, "sha256": _SUMS[key]}
 
 
 def summed_files(d: Path) -> list[str]:
@@ -113,31 +122,33 @@ def summed_files(d: Path) -> list[str]:
     return sorted(str(p.relative_to(d)) for p in d.rglob("*") if p.is_file() and p.name != META)
 
 
-def checksum_problem(d: Path, recorded: dict) -> str | None:
+def checksum_problem(d: Path, recorded: dict, sums: bool = True) -> str | None:
     """The first file of ``d`` whose size or SHA-256 differs from ``recorded`` (megatok.json's ``files``),
-    or that is missing; sizes first (cheap), then the sums."""
+    or that is missing; sizes first (cheap), then (with ``sums``) the SHA-256s."""
     for name, want in sorted(recorded.items()):
         path = d / name
         if not path.is_file():
             return f"{name} missing (recorded at the save)"
         if path.stat().st_size != want["bytes"]:
             return f"{name} is damaged ({path.stat().st_size} bytes, {want['bytes']} at the save)"
+    if not sums:
+        return None
     names = sorted(recorded)
     with ThreadPoolExecutor(min(8, os.cpu_count() or 1)) as pool:  # hashlib lets go of the GIL: files in parallel
-        sums = pool.map(lambda name: file_sum(d / name)["sha256"], names)
-        for name, got in zip(names, sums):
+        hashed = pool.map(lambda name: file_sum(d / name)["sha256"], names)
+        for name, got in zip(names, hashed):
             if got != recorded[name]["sha256"]:
                 return f"{name} is damaged (its SHA-256 differs from the one recorded at the save)"
     return None
 
 
-def damage(run_dir: str | Path, tag: str) -> str | None:
+def damage(run_dir: str | Path, tag: str, sums: bool = True) -> str | None:
     """What makes a published checkpoint unusable, or None. Checks that megatok's files read (the
     metadata, every rank's RNG states and data cursors), that every DeepSpeed file is a complete
     archive (see _archive_problem: the data itself is not read), that DeepSpeed's model states are there
     (one file, or one per rank under ZeRO-3), and that a ZeRO checkpoint has one optimizer partition per
     rank of the run that wrote it; where megatok.json records the files' sums (``files``), that every file
-    has its recorded size and SHA-256. A checkpoint a killed re-save had moved
+    has its recorded size and SHA-256 (with ``sums`` false, the sizes only). A checkpoint a killed re-save had moved
     aside counts as in place (the next start restores it)."""
     d = restorable(run_dir, tag)
     try:
@@ -174,11 +185,11 @@ def damage(run_dir: str | Path, tag: str) -> str | None:
     if (partitions or stage >= 1) and partitions != world:  # none at all under ZeRO 1-3
         return f"{partitions} optimizer partitions for the {world} ranks that wrote it"
     if isinstance(meta.get("files"), dict):
-        return checksum_problem(d, meta["files"])
+        return checksum_problem(d, meta["files"], sums)
     return None
 
 
-def resume_tag(run_dir: str | Path, requested: str, warn: bool = True) -> str | None:
+def resume_tag(run_dir: str | Path, requested: str, warn: bool = True, sums: bool = True) -> str | None:
     """The checkpoint to resume: ``requested`` (a tag, or "latest": the one checkpoints/latest names) if it is
     usable, else a CheckpointError; for "auto", ``latest`` or, when that is damaged, the newest usable
     checkpoint before it (rank 0 warns: the damaged ones are set aside with the abandoned trajectory, not
@@ -194,7 +205,7 @@ def resume_tag(run_dir: str | Path, requested: str, warn: bool = True) -> str | 
             raise CheckpointError(f"{checkpoint_dir(run_dir)}: no checkpoint {requested}; "
                                   + (f"its checkpoints: {', '.join(tags)} (or --resume auto)" if tags else
                                      "it holds none (--resume auto or none starts from step 0)"))
-        if problem := damage(run_dir, requested):
+        if problem := damage(run_dir, requested, sums):
             raise CheckpointError(f"{checkpoint_dir(run_dir) / requested}: cannot be resumed: {problem}")
         return requested
     latest = latest_tag(run_dir)
@@ -210,7 +221,7 @@ def resume_tag(run_dir: str | Path, requested: str, warn: bool = True) -> str | 
             return None
     skipped = []
     for tag in [latest, *reversed([t for t in tags if t < latest])]:
-        problem = damage(run_dir, tag)
+        problem = damage(run_dir, tag, sums)
         if problem is None:
             if skipped and warn:
                 print(f"megatok: warning: skipping damaged checkpoint(s) {'; '.join(skipped)}; resuming from "
