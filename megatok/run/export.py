@@ -12,8 +12,13 @@ the model needs, if any, so it can be moved and loaded anywhere (``megatok.load`
   (``tokenizer.json``, ``tokenizer_config.json``): ``LlamaForCausalLM.from_pretrained(dir)`` gives
   megatok's logits (tests/run/test_export.py). Its beginning-of-text token is ``</s>``, the separator
   megatok puts before every document, so ``tokenizer(text).input_ids`` are megatok's ids for a document.
-- The byte U-net (``format`` "megatok") keeps megatok's parameter names; no ``config.json`` (no
-  ``transformers`` class reads it).
+- The byte U-net (``format`` "megatok") keeps megatok's parameter names, and carries its own transformers
+  code (megatok/hf, copied in by megatok.run.hub): ``AutoModelForCausalLM.from_pretrained(dir,
+  trust_remote_code=True)`` and its AutoTokenizer give megatok's logits with no megatok installed
+  (tests/hf/test_byte_model.py), for the strategies that code carries (hub.TRANSFORMERS_STRATEGIES).
+
+Both kinds carry a model card (README.md: what the model is, its shape, training, held-out bits per byte,
+how to load it, its licence).
 
 Weights are streamed: each tensor is merged from the ZeRO partitions, converted to the output dtype and
 written with its shard before the next is read (megatok.run.merge). Loading reads only safetensors, JSON
@@ -35,6 +40,7 @@ from safetensors.torch import save_file
 from megatok.config import Config
 from megatok.files import umask as current_umask
 from megatok.run.checkpoints import CheckpointError, read_meta
+from megatok.run.hub import model_card, write_byte_transformers_files
 from megatok.run.merge import LazyTensor
 from megatok.run.reader import (MODEL_FILES, checkpoint_to_read, checkpoint_weights, load_model, materialise,
                                 run_config, written_config)
@@ -144,11 +150,17 @@ def export(run_dir: str | Path, out_dir: str | Path, *, dtype: str = "fp32", tag
             shutil.copyfile(src / "tokenizer.model" if src.is_dir() else src, tmp / name)
             raw[section][key] = name
     (tmp / CONFIG).write_text(json.dumps(raw, indent=2) + "\n")
+    transformers = fmt == "llama"
     if fmt == "llama":
         _write_llama_files(cfg, tmp, dtype)
+    else:
+        transformers = write_byte_transformers_files(cfg, tmp, dtype)
     meta = read_meta(run_dir, tag)
+    parameters = sum(w.numel for w in weights.values())
+    (tmp / "README.md").write_text(model_card(cfg, run_dir=run_dir, tag=tag, meta=meta, parameters=parameters,
+                                              dtype=dtype, transformers=transformers))
     (tmp / INFO).write_text(json.dumps({"format": fmt, "run_dir": str(run_dir), "tag": tag, "step": meta["step"],
-                                        "dtype": dtype, "parameters": sum(w.numel for w in weights.values()),
+                                        "dtype": dtype, "parameters": parameters, "transformers": transformers,
                                         "shards": len(split.filename_to_tensors)}, indent=2) + "\n")
     _publish(tmp, out_dir)
     return out_dir
