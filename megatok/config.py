@@ -322,6 +322,9 @@ class LoggingConfig(_Section):
                                     "and megatok-sweep set it)")
     wandb_tags: list[str] = Field(default_factory=list, description="wandb tags (megatok-replicate sets the method, "
                                   "the seed and the level; megatok-sweep the size and the strategy)")
+    tensorboard: bool = Field(False, description="rank 0 also writes every metrics row's figures as TensorBoard scalars "
+                              "under RUN_DIR/tensorboard, named as in wandb (train/loss, val/val_bpb, h2h/...): "
+                              "tensorboard --logdir RUN_DIR/tensorboard")
     progress: bool = Field(True, description="on rank 0, a progress bar when stderr is a terminal; otherwise "
                                              "(a job's log file) one line on stdout per training row: step, the time, the "
                                              "time trained and an estimate of what is left, loss, "

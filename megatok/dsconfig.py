@@ -37,6 +37,7 @@ KNOWN_DS_KEYS = {
 NOT_THROUGH_DEEPSPEED = {
     "activation_checkpointing": "megatok recomputes blocks itself: set model.activation_checkpointing",
     "compile": "megatok compiles its blocks itself: set train.compile",
+    "tensorboard": "megatok writes its metrics rows to TensorBoard itself: set logging.tensorboard",
 }
 
 
@@ -159,7 +160,7 @@ def deepspeed_config(cfg: Config, world_size: int, fused_adam: bool | None = Non
     (default: on CUDA, :func:`on_cuda`) makes torch's AdamW take its fused step (one kernel for all
     parameters instead of several per parameter); the CPU keeps the default step."""
     t = cfg.train
-    ds = json.loads(json.dumps(cfg.deepspeed))
+    ds = {k: v for k, v in json.loads(json.dumps(cfg.deepspeed)).items() if k not in NOT_THROUGH_DEEPSPEED}
     offload = ds.get("zero_optimization", {}).get("offload_optimizer", {}).get("device", "none") == "cpu"
     fused = (on_cuda() if fused_adam is None else fused_adam) and not offload
     ds.update(

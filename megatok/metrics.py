@@ -72,10 +72,10 @@ class MetricsLogger:
     def __init__(self, run_dir: str | Path, *, enabled: bool, total_steps: int, start_step: int = 0,
                  wandb_mode: str = "offline", wandb_project: str = "megatok", wandb_entity: str | None = None,
                  wandb_name: str | None = None, config: dict | None = None, progress: bool = True,
-                 wandb_group: str | None = None, wandb_tags: list[str] | None = None):
+                 wandb_group: str | None = None, wandb_tags: list[str] | None = None, tensorboard: bool = False):
         self.enabled = enabled
         self.path = Path(run_dir) / "metrics.jsonl"
-        self.wandb = None
+        self.wandb = self.tensorboard = None
         self.bar = None
         self.lines = False  # one console line per training row instead of the bar
         self.total_steps, self.start_step, self.t0 = total_steps, start_step, time.monotonic()
@@ -100,6 +100,11 @@ class MetricsLogger:
                                         id=wandb_run_id(run_dir, wandb_name), settings=wandb.Settings(quiet=True))
             except Exception as e:  # wandb is a convenience, never a reason to stop training
                 warnings.warn(f"wandb disabled: {type(e).__name__}: {e}")
+        if tensorboard:  # event files under RUN_DIR/tensorboard; a resumed run's first step drops the later events
+            from tensorboardX import SummaryWriter
+
+            self.tensorboard = SummaryWriter(str(Path(run_dir) / "tensorboard"), flush_secs=30,
+                                             purge_step=start_step + 1 if start_step else None)
 
     def log(self, row: dict[str, Any]) -> None:
         if not self.enabled:
@@ -111,10 +116,14 @@ class MetricsLogger:
             self.file.flush()
         except OSError as e:  # a full disk: name the file (a write error does not)
             raise OSError(e.errno, e.strerror, str(self.path)) from None
-        if self.wandb is not None:
+        if self.wandb is not None or self.tensorboard is not None:
             prefix = {"val": "val/", "h2h": "h2h/"}.get(row.get("split"), "train/")
-            self.wandb.log({prefix + k: v for k, v in flatten(row).items()
-                            if isinstance(v, (int, float)) and k != "step"}, step=row["step"])
+            scalars = {prefix + k: v for k, v in flatten(row).items() if isinstance(v, (int, float)) and k != "step"}
+            if self.wandb is not None:
+                self.wandb.log(scalars, step=row["step"])
+            if self.tensorboard is not None:
+                for key, value in scalars.items():
+                    self.tensorboard.add_scalar(key, value, global_step=row["step"])
         if self.bar is not None and row.get("split") in ("val", "h2h"):
             self.bar.write(f"step {row['step']}: " + "  ".join(
                 f"{k} {v:.4g}" for k, v in row.items() if k.endswith(SHOWN) and isinstance(v, (int, float))))
@@ -138,7 +147,8 @@ class MetricsLogger:
             self.bar.set_postfix({k: f"{v:.4g}" for k, v in shown.items()}, refresh=True)
 
     def close(self, failed: bool = False) -> None:
-        """The metrics file, the progress bar and the wandb run (marked failed with ``failed``); once."""
+        """The metrics file, the progress bar, the wandb run (marked failed with ``failed``) and the TensorBoard
+        writer; once."""
         if not self.enabled or self.file.closed:
             return
         try:
@@ -146,6 +156,8 @@ class MetricsLogger:
                 self.bar.close()
             if self.wandb is not None:
                 self.wandb.finish(exit_code=1 if failed else None)
+            if self.tensorboard is not None:
+                self.tensorboard.close()
         finally:
             self.file.close()
 

@@ -204,12 +204,18 @@ def test_deepspeed_section_is_checked(tmp_path):
               "data_types": {"grad_accum_dtype": "bf16" if stage == 0 else "fp32"}}
         assert load_config(write(tmp_path, "ok.json", {"deepspeed": ok})).deepspeed == ok
     # what megatok does itself: accepted (a run that set it stays readable), with a warning at launch
-    idle = {"activation_checkpointing": {"partition_activations": "yes"}, "compile": {"deepcompile": True}}
+    idle = {"activation_checkpointing": {"partition_activations": "yes"}, "compile": {"deepcompile": True},
+            "tensorboard": {"enabled": True}}
     cfg = load_config(write(tmp_path, "idle.json", {"deepspeed": idle}))
     assert warnings_for(cfg) == [
         "deepspeed.activation_checkpointing does nothing here: megatok recomputes blocks itself: set "
         "model.activation_checkpointing",
-        "deepspeed.compile does nothing here: megatok compiles its blocks itself: set train.compile"]
+        "deepspeed.compile does nothing here: megatok compiles its blocks itself: set train.compile",
+        "deepspeed.tensorboard does nothing here: megatok writes its metrics rows to TensorBoard itself: set "
+        "logging.tensorboard"]
+    from megatok.dsconfig import deepspeed_config  # and DeepSpeed is not handed them
+
+    assert not set(idle) & set(deepspeed_config(cfg, 1))
 
 
 def test_a_directory_given_as_config(tmp_path):

@@ -82,7 +82,8 @@ class Trainer:
                                         start_step=self.step, wandb_mode=lg.wandb_mode,
                                         wandb_project=lg.wandb_project, wandb_entity=lg.wandb_entity,
                                         wandb_name=lg.wandb_name, config=cfg.to_dict(), progress=lg.progress,
-                                        wandb_group=lg.wandb_group, wandb_tags=lg.wandb_tags)
+                                        wandb_group=lg.wandb_group, wandb_tags=lg.wandb_tags,
+                                        tensorboard=lg.tensorboard)
         except BaseException:
             self.data.close()  # its reader worker would outlive the failed start
             raise

@@ -34,6 +34,8 @@ def test_transformers_opens_the_exported_token_model_with_megatoks_logits(bpe_ru
     out = export(bpe_run, tmp_path / "hf", max_shard_size=60_000)  # a few shards
     info = json.loads((out / "export.json").read_text())
     assert info["format"] == "llama" and info["shards"] > 1 and (out / "model.safetensors.index.json").is_file()
+    card = (out / "README.md").read_text()  # the model card
+    assert "a BPE token model" in card and "AutoModelForCausalLM.from_pretrained" in card and "trust_remote" not in card
     ours = megatok.load(bpe_run)
     hf = AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32).eval()
     assert isinstance(hf, LlamaForCausalLM) and not hf.config.tie_word_embeddings

@@ -48,3 +48,38 @@ def test_a_row_averages_the_finite_micro_batches_and_bytes_and_flops_carry_acros
     assert later["bytes_seen"] == targets + stats[0]["targets"] and later["nonfinite_losses"] == 0
     assert later["flops"] == pytest.approx(row["flops"] + interval_flops(cfg, stats[0]), rel=1e-12)
     assert later["loss"] == pytest.approx(a.loss.item(), rel=1e-12) and later["grad_norm"] is None
+
+
+def read_scalars(folder) -> dict[str, list[tuple[int, float]]]:
+    """{tag: [(step, value)]} of the TensorBoard event files under ``folder`` (TFRecord: length, its CRC,
+    an Event proto, its CRC)."""
+    import struct
+
+    from tensorboardX.proto.event_pb2 import Event
+
+    out: dict[str, list[tuple[int, float]]] = {}
+    for path in sorted(folder.rglob("events.out.tfevents.*")):
+        data = path.read_bytes()
+        at = 0
+        while at < len(data):
+            (n,) = struct.unpack("<Q", data[at:at + 8])
+            event = Event.FromString(data[at + 12:at + 12 + n])
+            at += 12 + n + 4
+            for v in event.summary.value:
+                out.setdefault(v.tag, []).append((event.step, v.simple_value))
+    return out
+
+
+def test_tensorboard_scalars_hold_every_training_row(shards, tmp_path):
+    """logging.tensorboard: a 10-step run's event files hold its 10 training rows' figures, as its metrics file."""
+    from megatok.metrics import read_metrics
+    from tests.conftest import TINY, pretrain
+
+    run = tmp_path / "tb"
+    pretrain(["--config", "configs/tiny.json", "--set", *TINY, f"data.shards={shards}", f"train.run_dir={run}",
+              "train.max_steps=10", "train.micro_batch_size=2", "train.global_batch_size=2", "logging.tensorboard=true"])
+    rows = [r for r in read_metrics(run) if r.get("split") == "train"]
+    scalars = read_scalars(run / "tensorboard")
+    assert [step for step, _ in scalars["train/loss"]] == list(range(1, 11))
+    assert [v for _, v in scalars["train/loss"]] == pytest.approx([r["loss"] for r in rows], rel=1e-6)
+    assert len(scalars["train/bpb"]) == 10 and len(scalars["train/lr"]) == 10
