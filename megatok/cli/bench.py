@@ -6,11 +6,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-import torch
 
-from megatok.devices import device_option
 from megatok.studies import bench, bench_estimators, bench_inference
-from megatok.cli import command_parser
+from megatok.cli import add_device, command_parser, device_of
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -28,7 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--hot-path", action=argparse.BooleanOptionalAction, default=None,
                     help="also time document masking (FlexAttention and the dense mask) and a fixed chunk capacity "
                          "(no host sync) on the last shape (default: on a GPU)")
-    ap.add_argument("--device", type=device_option, default="cuda" if torch.cuda.is_available() else "cpu")
+    add_device(ap)
     ap.add_argument("--threads", type=int, default=d.threads, help="CPU threads (default 1: the machine may be shared)")
     ap.add_argument("--reps", type=int, default=d.reps, help="rounds of the interleaved timings")
     ap.add_argument("--steps", type=int, default=d.steps, help="training steps per variant per round")
@@ -58,7 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     ap = build_parser()
-    args = vars(ap.parse_args(argv))
+    args = ap.parse_args(argv)
+    args.device = device_of(args)
+    args = vars(args)
     try:
         settings = bench.Settings(**args)
     except ValueError as e:

@@ -6,9 +6,8 @@ import argparse
 import sys
 
 from megatok.data.documents import DataError
-from megatok.devices import device_option
 from megatok.studies import compare
-from megatok.cli import command_parser
+from megatok.cli import add_device, command_parser, device_of
 
 
 def main(argv=None) -> int:
@@ -21,8 +20,9 @@ def main(argv=None) -> int:
                     help="boundary rule for the per-language evaluation (as megatok-evaluate)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--batch-size", type=int, default=8)
-    ap.add_argument("--device", type=device_option, default=None, help="default: cuda if available, else cpu")
+    add_device(ap)
     args = ap.parse_args(argv)
+    args.device = device_of(args)
     if args.tokenizer and not args.heldout:
         ap.error("--tokenizer needs --heldout (the text to measure it on)")
     try:

@@ -17,14 +17,12 @@ import argparse
 import json
 import sys
 
-import torch
 
 from megatok import sizing
 from megatok.config import ConfigError
 from megatok.data.documents import DataError
-from megatok.devices import device_option
 from megatok.eval.evaluate import evaluate_run
-from megatok.cli import command_parser
+from megatok.cli import add_device, command_parser, device_of
 
 
 def main(argv=None) -> int:
@@ -38,10 +36,11 @@ def main(argv=None) -> int:
     ap.add_argument("--seq-len", type=sizing.positive(int), default=None,
                     help="window length (default: the run's data.seq_len)")
     ap.add_argument("--batch-size", type=sizing.positive(int), default=8)
-    ap.add_argument("--device", type=device_option, default="cuda" if torch.cuda.is_available() else "cpu")
+    add_device(ap)
     ap.add_argument("--max-bytes", type=float, default=None,
                     help="stop after the document that brings the total to this many bytes")
     args = ap.parse_args(argv)
+    args.device = device_of(args)
     # stdout carries the JSON result only: DeepSpeed's loggers print to whatever stdout is when it loads.
     result_out, sys.stdout = sys.stdout, sys.stderr
     try:

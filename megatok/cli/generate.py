@@ -8,7 +8,7 @@
 
 Each sample continues the prompt (read as a new document) until --max-bytes bytes or the model's
 document separator, one byte (or token) per step of the model over its cached keys and values (the --num
-samples together, as one batch), on the CPU unless --device says otherwise; on a GPU, --cuda-graph replays
+samples together, as one batch), on a GPU where the machine has one (--device); there, --cuda-graph replays
 that step as one CUDA graph; --compile runs it through torch.compile (CPU or GPU; it compiles first).
 --temperature 0 is greedy; --top-k and --top-p (nucleus) restrict the sampled ids as the Python API's
 generate(top_k=, top_p=) does (--top-k 0: no limit). Sample i uses seed
@@ -27,8 +27,7 @@ import sys
 from pathlib import Path
 
 from megatok import sizing
-from megatok.devices import device_option
-from megatok.cli import command_parser
+from megatok.cli import add_device, command_parser, device_of
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -54,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="byte model: boundaries sampled (seeded) or p > 0.5")
     ap.add_argument("--chunks", action="store_true", help="byte model: mark chunk starts")
     ap.add_argument("--sep", default="│", help="with --chunks: the mark before each chunk")
-    ap.add_argument("--device", type=device_option, default="cpu", help="cpu (default), cuda or cuda:N")
+    add_device(ap)
     ap.add_argument("--no-cache", dest="cache", action="store_false",
                     help="rerun the model over the whole window at every id (slower; a window sliding by one id)")
     ap.add_argument("--cuda-graph", action="store_true",
@@ -70,6 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     ap = build_parser()
     args = ap.parse_args(argv)
+    args.device = device_of(args)
     for flag in ("cuda_graph", "compile"):
         if getattr(args, flag) and not args.cache:
             ap.error(f"--{flag.replace('_', '-')} runs the cached step: not with --no-cache")

@@ -81,6 +81,12 @@ def test_a_prompt_that_is_not_utf8_is_used_byte_for_byte(tiny_run, tmp_path):
     assert len(text) == row["bytes"] and text.decode("utf-8", "replace") == row["text"]
 
 
+#: A byte model's export: weights, megatok's config and provenance, the model card, and transformers' files and code.
+EXPORT_FILES = sorted(["export.json", "megatok.json", "model.safetensors", "README.md", "config.json",
+                       "generation_config.json", "tokenizer_config.json", "configuration_megatok.py",
+                       "modeling_megatok.py", "tokenization_megatok.py"])
+
+
 def test_export_replaces_only_an_earlier_export(tiny_run, tmp_path, capsys):
     notes = tmp_path / "notes"
     notes.mkdir()
@@ -101,12 +107,12 @@ def test_export_replaces_only_an_earlier_export(tiny_run, tmp_path, capsys):
         r = run_main(capsys, "export", "--run", tiny_run, "--out", out)
         assert r.returncode == 0, r.stderr[-2000:]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "export", "notes"]
-    assert sorted(p.name for p in out.iterdir()) == ["export.json", "megatok.json", "model.safetensors"]
+    assert sorted(p.name for p in out.iterdir()) == EXPORT_FILES
     here = tmp_path / "here"  # --out . in an empty directory fills it (the same directory, not a new one)
     here.mkdir()
     inode = here.stat().st_ino
     r = run_tool("export", "--run", tiny_run, "--out", ".", cwd=here)  # a process, in that directory
     assert r.returncode == 0, r.stderr[-2000:]
-    assert sorted(p.name for p in here.iterdir()) == ["export.json", "megatok.json", "model.safetensors"]
+    assert sorted(p.name for p in here.iterdir()) == EXPORT_FILES
     assert here.stat().st_ino == inode and sorted(p.name for p in tmp_path.iterdir()) == [
         "afile", "export", "here", "notes"]
