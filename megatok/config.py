@@ -88,6 +88,7 @@ class ModelConfig(_Section):
     bytes_per_token: float | None = Field(None, gt=0, description="bpe: expected bytes per token of the training data (megatok-train-bpe reports it), for FLOPs per byte before training")
     chunk_capacity: float | None = Field(None, gt=0, le=1, description="the most chunks per byte the main network holds: its length never exceeds this x data.seq_len (rounded up to one of 8 sizes per octave), whatever rate the boundaries reach, so its memory is bounded (megatok-model-size sizes it); a row with more starts joins its last ones to the chunk before them. None: as many as the batch's busiest row. (unet only; a bpe model ignores it)")
     static_chunks: bool = Field(False, description="with chunk_capacity: the main network's length is always the capacity's, known without reading the boundaries (no device-to-host sync per forward), at the cost of computing the pad chunks up to it")
+    pack_chunks: float | None = Field(None, ge=1, le=8, description="the micro-batch's chunks packed across its rows into one sequence for the main network, of a fixed length: boundary.target_rate x rows x data.seq_len x this slack, rounded up to one of 8 sizes per octave; rows and documents kept apart by the attention mask, no device-to-host sync; starts past the length are dropped on the device (each row's last ones first) and counted (dropped_start_fraction), the policy's log-probabilities those of the decisions taken (megatok.model.chunking.pack). None: a [rows, chunks] layout")
 
     @model_validator(mode="after")
     def _check(self) -> "ModelConfig":
@@ -109,6 +110,9 @@ class ModelConfig(_Section):
                 raise ValueError(f"model.{given[0]} is only for model.kind 'bpe'")
         if self.static_chunks and self.chunk_capacity is None:
             raise ValueError("model.static_chunks needs model.chunk_capacity (the length it fixes)")
+        if self.pack_chunks is not None and self.chunk_capacity is not None:
+            raise ValueError("model.pack_chunks fixes the main network's length itself: leave model.chunk_capacity and "
+                             "model.static_chunks unset")
         width_default = "" if self.d_main else ", default model.d_model"
         heads_default = "" if self.n_main_heads else ", default model.n_heads"
         main = (f"the main network's width {self.main_width} (model.d_main{width_default})",

@@ -138,6 +138,8 @@ def ratios(s: dict[str, float]) -> dict[str, float]:
         out["bytes_per_chunk"] = div(s["positions"], s["chunks"])
         out["boundary_rate"] = div(s["chunks"], s["positions"])
         out["whitespace_boundary_fraction"] = div(s["ws_boundaries"], s["ws_positions"])
+    if "dropped_starts" in s:  # model.pack_chunks
+        out["dropped_start_fraction"] = div(s["dropped_starts"], s["chunks"] + s["dropped_starts"])
     if "tokens" in s:
         out["bytes_per_token"] = div(s["targets"], s["tokens"])
     if "word_starts" in s:

@@ -217,6 +217,12 @@ class BoundaryStrategy(nn.Module):
     def forward(self, h: torch.Tensor, x: torch.Tensor, mask: torch.Tensor, forced: torch.Tensor) -> Boundaries:
         raise NotImplementedError
 
+    def taken(self, b: Boundaries, starts: torch.Tensor) -> None:
+        """The starts the model actually used, ``starts`` [B, T] (a subset of ``b.starts``: the packed layout
+        drops those past its length, model.pack_chunks): ``b`` updated to describe those decisions (a strategy
+        with log-probabilities gives the ones of the decisions taken)."""
+        b.starts = starts
+
     def loss(self, b: Boundaries, ce_full: torch.Tensor, ce_early: torch.Tensor,
              mask: torch.Tensor) -> dict[str, torch.Tensor]:
         """Training terms, each a scalar added to the total loss. ``ce_*`` are per-byte [B, T]."""

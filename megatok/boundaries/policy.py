@@ -296,15 +296,30 @@ class Strategy(BoundaryStrategy):
             starts = finalize_starts(self._draw(h, mask, mode, forced), mask, forced)
             logits = self.logits(h, self.previous_decisions(starts, self.options.window, forced))
             probs = torch.sigmoid(logits)
-        if self.training and self.options.explore and self.exploring():
-            log_probs = torch.where(starts, probs.log(), torch.log1p(-probs))
-        else:
-            log_probs = torch.where(starts, F.logsigmoid(logits), F.logsigmoid(-logits))
+        log_probs = self._log_probs(starts, logits, probs)
         sbw = torch.zeros_like(mask) if x is None else space_before_word(x) & mask  # x None: bare tests
         extra = {"logits": logits, "sbw": sbw}
+        if self.window_head is not None:  # what ``taken`` needs to condition on other earlier decisions
+            extra["head_input"] = h
         if self.value_head is not None:
             extra["value"] = self.value_head(h.detach()).squeeze(-1).float()
         return Boundaries(starts=starts, log_probs=log_probs, probs=probs, extra=extra)
+
+    def _log_probs(self, starts, logits, probs):
+        """log pi of the decisions ``starts``: of the draw's own probability while exploring."""
+        if self.training and self.options.explore and self.exploring():
+            return torch.where(starts, probs.log(), torch.log1p(-probs))
+        return torch.where(starts, F.logsigmoid(logits), F.logsigmoid(-logits))
+
+    def taken(self, b, starts):
+        """The log-probabilities of the decisions the model took (some starts dropped by the packed layout): with
+        window > 1 each decision's probability conditioned on the earlier decisions taken."""
+        if self.window_head is not None:
+            b.extra["logits"] = self.logits(b.extra["head_input"],
+                                            self.previous_decisions(starts, self.options.window, b.forced))
+            b.probs = torch.sigmoid(b.extra["logits"])
+        b.starts = starts
+        b.log_probs = self._log_probs(starts, b.extra["logits"], b.probs)
 
     def loss(self, b, ce_full, ce_early, mask):
         o = self.options

@@ -13,11 +13,16 @@ the largest count is a device-to-host sync per forward. A ``capacity`` (chunks p
 what the window's length allows, so memory is bounded whatever the boundaries do: the starts past it
 in a row join the chunk before them (upsampling clamps to the last kept chunk, which started earlier:
 still causal); a ``static`` capacity fixes K from the window's length alone, with no sync.
+
+:func:`pack` is the other layout (``model.pack_chunks``): every row's chunks one after another in one
+sequence of a fixed length N for the whole micro-batch, the rows and documents kept apart by the main
+network's attention mask (a segment id per chunk), with no host read and no data-dependent shape.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
@@ -114,3 +119,51 @@ def ema_over_chunks(z: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
         a = torch.cat([a[:, :shift], a[:, shift:] * a[:, :-shift]], 1)
         shift *= 2
     return u
+
+
+def packed_length(rows: int, T: int, rate: float, slack: float) -> int:
+    """N, the packed sequence's length: rate x rows x T x slack, rounded up by :func:`bucket`, at most rows x T."""
+    return min(rows * T, bucket(math.ceil(rate * slack * rows * T)))
+
+
+@dataclass
+class Packing:
+    """Where a micro-batch's chunks sit in the packed sequence of length N. ``starts`` [B, T]: the starts
+    kept; ``dropped`` [B]: starts each row lost to the length; ``src`` [N]: the flat position (b T + t) of
+    slot j's start (the last real one's for the slots past them); ``positions`` [N]: its byte position t in
+    its row; ``segments`` [N]: the row and document it belongs to (slots past the real ones: each its own);
+    ``chunk_of`` [B x T]: the slot of each byte's chunk."""
+
+    starts: torch.Tensor
+    dropped: torch.Tensor
+    src: torch.Tensor
+    positions: torch.Tensor
+    segments: torch.Tensor
+    chunk_of: torch.Tensor
+
+
+def pack(starts: torch.Tensor, forced: torch.Tensor, N: int, docs: torch.Tensor | None = None) -> Packing:
+    """The packed layout of ``starts`` [B, T] (bool, a start at every row's t = 0) in N slots, on the device.
+
+    When the micro-batch has more than N starts, the ones kept are those earliest in their row: forced starts
+    (t = 0, documents) first, then each row's first start, each row's second, ... (ties: the earlier row), so
+    the rows with the most starts lose their last ones; a dropped start's bytes join the chunk before it
+    (still causal). Deterministic; one sort of B x T keys, no host read."""
+    B, T = starts.shape
+    flat = starts.reshape(-1)
+    rank = torch.where(forced, torch.zeros_like(starts, dtype=torch.long), starts.long().cumsum(1)).reshape(-1)
+    key = torch.where(flat, rank, torch.full_like(rank, T + 1))
+    order = torch.sort(key, stable=True).indices
+    keep = torch.zeros_like(flat)
+    keep[order[:N]] = True
+    keep &= flat
+    kept = keep.view(B, T)
+    cum = keep.long().cumsum(0)
+    src = torch.searchsorted(cum, torch.arange(1, N + 1, device=starts.device)).clamp_(max=B * T - 1)
+    real = torch.arange(N, device=starts.device) < cum[-1]
+    src = torch.where(real, src, src.gather(0, (cum[-1] - 1).clamp(min=0).expand(N)))
+    row = src // T
+    doc = docs.reshape(-1).gather(0, src) if docs is not None else torch.zeros_like(src)
+    segments = torch.where(real, row * (T + 1) + doc, -1 - torch.arange(N, device=starts.device))
+    return Packing(starts=kept, dropped=starts.sum(1) - kept.sum(1), src=src, positions=src % T,
+                   segments=segments, chunk_of=cum - 1)

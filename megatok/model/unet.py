@@ -35,7 +35,7 @@ from megatok.boundaries.base import Boundaries, Record, finalize_starts, forced_
 from megatok.config import BoundaryConfig, ModelConfig
 from megatok.model.blocks import Stack, ffn_hidden, init_matrices
 from megatok.model.cache import ByteCache
-from megatok.model.chunking import chunk_layout, downsample, ema_over_chunks, upsample
+from megatok.model.chunking import chunk_layout, downsample, ema_over_chunks, pack, packed_length, upsample
 from megatok.rl import masked_mean
 from megatok.stats import row_stats
 from megatok.vocab import PAD, SEP, VOCAB_SIZE
@@ -63,6 +63,8 @@ class ByteUNet(nn.Module):
         #: row). With static_chunks the length is the capacity's, with no device-to-host sync per forward.
         #: None: room for the batch's largest count, rounded up to one of a few sizes.
         self.chunk_capacity, self.static_chunks = cfg.chunk_capacity, cfg.static_chunks
+        #: model.pack_chunks: the slack of the packed layout (megatok.model.chunking.pack), or None
+        self.pack_slack = cfg.pack_chunks
         d, dm = cfg.d_model, cfg.main_width
 
         def stack(n, width, heads, window=None):
@@ -139,17 +141,20 @@ class ByteUNet(nn.Module):
                 pinned[:, :starts.shape[1]] = torch.where(keep, starts, pinned[:, :starts.shape[1]])
             b.starts = finalize_starts(pinned, real, forced)
 
-        # K chunks a row (the last ones pads); the main network's row-wise layers skip the pads (rows).
-        # Generation's cache keeps the main network's keys: every chunk enters it (the pads past a row's count
-        # stay out of its length).
-        K, rows = (None, None) if cache is not None else chunk_layout(b.starts, self.chunk_capacity,
-                                                                     static=self.static_chunks)
-        chunks, chunk_pos, _ = downsample(h, b.starts, K)
-        chunk_docs = None if docs is None else docs.gather(1, chunk_pos)
-        z = self.main_norm(self.main(self.down_proj(chunks), chunk_pos, chunk_docs, kv.get("main"), rows=rows))
-        if b.get("smooth") is not None:  # generic hook: the strategy's P at each chunk's start
-            z = ema_over_chunks(z, b.smooth.masked_fill(forced, 1.0).gather(1, chunk_pos))  # P = 1: a fresh start
-        up = upsample(self.up_proj(z), b.starts)  # project per chunk, before copying to every byte
+        if self.pack_slack is not None and cache is None:
+            up = self._packed_main(h, b, forced, docs)
+        else:
+            # K chunks a row (the last ones pads); the main network's row-wise layers skip the pads (rows).
+            # Generation's cache keeps the main network's keys: every chunk enters it (the pads past a row's
+            # count stay out of its length).
+            K, rows = (None, None) if cache is not None else chunk_layout(b.starts, self.chunk_capacity,
+                                                                         static=self.static_chunks)
+            chunks, chunk_pos, _ = downsample(h, b.starts, K)
+            chunk_docs = None if docs is None else docs.gather(1, chunk_pos)
+            z = self.main_norm(self.main(self.down_proj(chunks), chunk_pos, chunk_docs, kv.get("main"), rows=rows))
+            if b.get("smooth") is not None:  # generic hook: the strategy's P at each chunk's start
+                z = ema_over_chunks(z, b.smooth.masked_fill(forced, 1.0).gather(1, chunk_pos))  # P = 1: a fresh start
+            up = upsample(self.up_proj(z), b.starts)  # project per chunk, before copying to every byte
         if b.gate is not None:
             up = up * b.gate[..., None].to(up.dtype)
         y = self.decoder(h + up, positions, docs, kv.get("decoder"))
@@ -160,6 +165,20 @@ class ByteUNet(nn.Module):
         if targets is not None:
             self._losses(out, x, targets)
         return out
+
+    def _packed_main(self, h: torch.Tensor, b: Boundaries, forced: torch.Tensor, docs) -> torch.Tensor:
+        """The main network over the micro-batch's chunks packed into one sequence of a fixed length
+        (megatok.model.chunking.pack; model.pack_chunks): the upsampled chunk output at every byte [B, T, d].
+        Starts past the length are dropped: the strategy is told the decisions taken (``taken``)."""
+        B, T, D = h.shape
+        lay = pack(b.starts, forced, packed_length(B, T, self.boundary.target_rate, self.pack_slack), docs)
+        self.boundary.taken(b, lay.starts)
+        b.dropped = lay.dropped
+        chunks = h.reshape(B * T, D).index_select(0, lay.src)[None]
+        z = self.main_norm(self.main(self.down_proj(chunks), lay.positions[None], lay.segments[None]))
+        if b.get("smooth") is not None:
+            z = ema_over_chunks(z, b.smooth.masked_fill(forced, 1.0).reshape(-1).gather(0, lay.src)[None])
+        return self.up_proj(z)[0].index_select(0, lay.chunk_of).view(B, T, -1)
 
     def _fill(self, cache: ByteCache, rows: torch.Tensor, x, real, h, starts, z) -> None:
         """The rest of a prompt's state, after its stacks wrote their keys and values."""
@@ -289,6 +308,8 @@ class ByteUNet(nn.Module):
         out.loss = sum(terms.values())
         b = out.boundaries
         rows = {**row_stats(x, targets, b.starts, ce_full, ce_early, probs=b.probs), **b.extra.get("rows", {})}
+        if b.get("dropped") is not None:  # model.pack_chunks: starts the packed length had no room for
+            rows["dropped_starts"] = b.dropped.to(ce_full.dtype)
         k = self.boundary.samples if self.training else 1  # forward repeated the rows k times
         if k > 1:  # each sequence once: its samples' statistics averaged
             rows = {key: v.view(-1, k).mean(1) for key, v in rows.items()}
