@@ -138,3 +138,21 @@ def test_the_readme_python_example_runs(tiny_run, tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     out = r.stdout.splitlines()
     assert out[-2].endswith("bits/byte") and re.fullmatch(r"\d+ chunks started in \d+ bytes", out[-1]), r.stdout
+
+
+def test_no_readme_paragraph_a_newcomer_must_wade_through():
+    """README.md: no paragraph of prose over 120 words (code blocks, tables and headings aside)."""
+    paragraphs, lines, fence = [], [], False
+    for line in (ROOT / "README.md").read_text().splitlines() + [""]:
+        if line.startswith("```"):
+            fence, lines = not fence, []
+        elif fence:
+            continue
+        elif not line.strip() or line.startswith(("|", "#")):
+            if lines:
+                paragraphs.append(" ".join(lines))
+            lines = []
+        else:
+            lines.append(line)
+    long = [(len(p.split()), p[:60]) for p in paragraphs if len(p.split()) > 120]
+    assert long == [] and len(paragraphs) > 10
