@@ -50,7 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="instead: seconds per training step of these megatok-replicate methods on --config, and each "
                          "against the first (e.g. policy-published,policy,policy-disarm)")
     ap.add_argument("--profile", default=None, metavar="SHAPE/VARIANT",
-                    help="instead: torch.profiler's top operators over --steps steps of one variant, e.g. small/policy")
+                    help="instead: --steps training steps of one variant under torch.profiler, their time by part "
+                         "(byte layers, main network, attention, policy, heads and losses, optimizer, communication, "
+                         "host and idle), e.g. small/policy; with --json-out, the table as JSON and a Chrome trace")
     return ap
 
 

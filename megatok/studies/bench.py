@@ -3,7 +3,7 @@
     python -m megatok.cli.bench                          # CPU here (one thread), a GPU when present
     python -m megatok.cli.bench --quick                  # fewer repetitions and bytes (a smoke run)
     python -m megatok.cli.bench --json-out bench.json --reps 7 --threads 1
-    python -m megatok.cli.bench --profile small/policy   # torch.profiler's top operators of one variant
+    python -m megatok.cli.bench --profile small/policy   # one variant's step by part (torch.profiler)
     python -m megatok.cli.bench --inference              # generation: byte model and matched BPE model, batch 1 and 8
 
 The timed variants are built once and then run in turns, because the machine may be shared: ``--reps``
@@ -538,7 +538,10 @@ def show(report: dict) -> str:
 
 
 def profile(settings: Settings, device: torch.device, config) -> int:
-    from torch.profiler import ProfilerActivity, profile as torch_profile
+    """``--profile SHAPE/VARIANT``: --steps training steps of one variant under torch.profiler, their time by part
+    (megatok.studies.step_profile) printed, with the top operators; with --json-out the table as JSON and the
+    Chrome trace beside it (NAME.trace.json)."""
+    from megatok.studies.step_profile import profile_steps, table
 
     shape, _, variant = settings.profile.partition("/")
     if shape not in SHAPES or (variant not in VARIANTS and variant not in HOT_PATH):
@@ -547,11 +550,15 @@ def profile(settings: Settings, device: torch.device, config) -> int:
         return 2
     _, attrs, flex = HOT_PATH.get(variant, (None, {}, True))
     tr = Trainee(settings.profile, config(shape, variant), device, attrs, flex)
-    tr.run(1)
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    with torch_profile(activities=activities) as prof:
-        tr.run(settings.steps)
-    key = "cuda_time_total" if device.type == "cuda" else "cpu_time_total"
-    print(prof.key_averages().table(sort_by=key, row_limit=25))
+    tr.run(1)  # warm-up, outside the profile
+    batches = [tr.data[(tr.i + k) % len(tr.data)].to(device) for k in range(settings.steps)]
+    trace = str(Path(settings.json_out).with_suffix(".trace.json")) if settings.json_out else None
+    result = profile_steps(tr.model, tr.opt, batches, grad_clip=tr.cfg.train.grad_clip, bf16=tr.bf16, device=device,
+                           trace=trace)
+    result.update(profile=settings.profile, environment=environment(device, settings.threads))
+    print(table(result, f"{settings.profile} on {device}"))
+    if settings.json_out:
+        Path(settings.json_out).write_text(json.dumps(result, indent=2) + "\n")
+        print(f"wrote {settings.json_out} and {trace}")
     return 0
 

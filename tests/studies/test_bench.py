@@ -5,6 +5,8 @@ each a median with its spread and, where the bench sets one, its target; bad inp
 import json
 import math
 
+import pytest
+
 from tests.conftest import run_tool
 
 
@@ -53,6 +55,24 @@ def test_a_bad_profile_name_is_one_clear_line():
     assert r.returncode == 2
     lines = [ln for ln in r.stderr.splitlines() if ln.strip() and "[WARNING]" not in ln]
     assert len(lines) == 1 and "--profile tiny/nonsense" in lines[0]
+
+
+def test_the_profile_gives_the_step_by_part_and_a_trace(tmp_path):
+    """--profile: every part that runs in a policy step takes time, the parts and host time make the step, and
+    the JSON and the Chrome trace are written."""
+    out = tmp_path / "profile.json"
+    r = bench("--profile", "tiny/policy", "--steps", 2, "--json-out", out, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    result = json.loads(out.read_text())
+    parts = result["parts"]
+    assert list(parts) == ["byte layers", "main network", "attention", "policy", "heads and losses", "optimizer",
+                           "communication", "host and idle"]
+    for part in ("byte layers", "main network", "attention", "policy", "heads and losses", "optimizer"):
+        assert parts[part]["ms_per_step"] > 0, part
+    assert parts["communication"]["ms_per_step"] == 0  # one process
+    assert sum(p["share"] for p in parts.values()) == pytest.approx(1.0, abs=0.02)
+    assert json.loads(out.with_suffix(".trace.json").read_text())["traceEvents"]
+    assert "main network" in r.stdout and result["steps"] == 2
 
 
 def test_the_inference_section_writes_its_figures(tmp_path):
