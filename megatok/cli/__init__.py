@@ -54,6 +54,6 @@ def add_device(parser: argparse.ArgumentParser, what: str = "") -> None:
                         help=f"{what}cpu, cuda or cuda:N (default: cuda when this machine has one, else cpu)")
 
 
-def device_of(args: argparse.Namespace) -> str:
-    """The ``--device`` given, or the default."""
-    return args.device or default_device()
+def device_or_default(given: str | None) -> str:
+    """The ``--device`` given, or :func:`default_device`."""
+    return given or default_device()

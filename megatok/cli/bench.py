@@ -8,7 +8,7 @@ import sys
 
 
 from megatok.studies import bench, bench_estimators, bench_inference
-from megatok.cli import add_device, command_parser, device_of
+from megatok.cli import add_device, command_parser, device_or_default
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -59,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     ap = build_parser()
     args = ap.parse_args(argv)
-    args.device = device_of(args)
+    args.device = device_or_default(args.device)
     args = vars(args)
     try:
         settings = bench.Settings(**args)

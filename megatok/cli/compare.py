@@ -7,7 +7,7 @@ import sys
 
 from megatok.data.documents import DataError
 from megatok.studies import compare
-from megatok.cli import add_device, command_parser, device_of
+from megatok.cli import add_device, command_parser, device_or_default
 
 
 def main(argv=None) -> int:
@@ -22,7 +22,7 @@ def main(argv=None) -> int:
     ap.add_argument("--batch-size", type=int, default=8)
     add_device(ap)
     args = ap.parse_args(argv)
-    args.device = device_of(args)
+    args.device = device_or_default(args.device)
     if args.tokenizer and not args.heldout:
         ap.error("--tokenizer needs --heldout (the text to measure it on)")
     try:

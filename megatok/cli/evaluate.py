@@ -22,7 +22,7 @@ from megatok import sizing
 from megatok.config import ConfigError
 from megatok.data.documents import DataError
 from megatok.eval.evaluate import evaluate_run
-from megatok.cli import add_device, command_parser, device_of
+from megatok.cli import add_device, command_parser, device_or_default
 
 
 def main(argv=None) -> int:
@@ -40,7 +40,7 @@ def main(argv=None) -> int:
     ap.add_argument("--max-bytes", type=float, default=None,
                     help="stop after the document that brings the total to this many bytes")
     args = ap.parse_args(argv)
-    args.device = device_of(args)
+    args.device = device_or_default(args.device)
     # stdout carries the JSON result only: DeepSpeed's loggers print to whatever stdout is when it loads.
     result_out, sys.stdout = sys.stdout, sys.stderr
     try:

@@ -27,7 +27,7 @@ import sys
 from pathlib import Path
 
 from megatok import sizing
-from megatok.cli import add_device, command_parser, device_of
+from megatok.cli import add_device, command_parser, device_or_default
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -69,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     ap = build_parser()
     args = ap.parse_args(argv)
-    args.device = device_of(args)
+    args.device = device_or_default(args.device)
     for flag in ("cuda_graph", "compile"):
         if getattr(args, flag) and not args.cache:
             ap.error(f"--{flag.replace('_', '-')} runs the cached step: not with --no-cache")

@@ -15,7 +15,7 @@ import argparse
 import sys
 
 from megatok import sizing
-from megatok.cli import add_device, command_parser, device_of
+from megatok.cli import add_device, command_parser, device_or_default
 
 
 def main(argv=None) -> int:
@@ -34,7 +34,7 @@ def main(argv=None) -> int:
     ap.add_argument("--limit", type=sizing.positive(float), default=None, help="documents per task (a fraction if < 1)")
     ap.add_argument("--out", "--output", dest="output", default=None, help="write the results as JSON here")
     args = ap.parse_args(argv)
-    args.device = device_of(args)
+    args.device = device_or_default(args.device)
 
     sizing.quiet_deepspeed_import()
     from megatok.eval.harness import run_tasks

@@ -46,12 +46,12 @@ def labelled(model: torch.nn.Module):
         if name not in PARTS:
             continue
 
-        def enter(mod, args, name=name):
+        def enter(mod, inputs, name=name):
             r = torch.autograd.profiler.record_function(PREFIX + name)
             open_ranges[name] = r
             r.__enter__()
 
-        def leave(mod, args, out, name=name):
+        def leave(mod, inputs, out, name=name):
             open_ranges.pop(name).__exit__(None, None, None)
 
         handles += [module.register_forward_pre_hook(enter), module.register_forward_hook(leave)]
