@@ -175,7 +175,7 @@ def test_commands_import_no_other_command_and_the_library_no_command():
 
 #: The one library module that names a command to run, and why: the GPU check runs megatok-generate itself in
 #: a new process on the GPU (as it runs launch/pretrain.py), a check of the command a user types.
-RUNS_A_COMMAND = {"megatok.studies.gpu_trainer": {"megatok.cli.generate"}}
+RUNS_A_COMMAND = {"megatok.perf.gpu_trainer": {"megatok.cli.generate"}}
 
 
 def command_names(source: str) -> list[tuple[int, str]]:

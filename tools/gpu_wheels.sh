@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Wheels that the GPU check (megatok/studies/gpu_check.py) needs on a GPU machine whose image has torch but not
+# Wheels that the GPU check (megatok/perf/gpu_check.py) needs on a GPU machine whose image has torch but not
 # megatok's other requirements, and no network: run this here (where pip reaches the registry), carry .whl/
 # and the checkout there, and install the wheels there with --no-index. Pinned to requirements.txt; Python
 # 3.12, x86-64 Linux by default.

@@ -1,5 +1,5 @@
-"""megatok-bench: the command line of megatok.studies.bench and, with --inference, of
-megatok.studies.bench_inference (their docstrings are the help)."""
+"""megatok-bench: the command line of megatok.perf.bench and, with --inference, of
+megatok.perf.bench_inference (their docstrings are the help)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import argparse
 import sys
 
 
-from megatok.studies import bench, bench_estimators, bench_inference
+from megatok.perf import bench, bench_estimators, bench_inference
 from megatok.cli import add_device, command_parser, device_or_default
 
 

@@ -1,11 +1,11 @@
-"""megatok-gpu-check: the command line of megatok.studies.gpu_check (its docstring is the help)."""
+"""megatok-gpu-check: the command line of megatok.perf.gpu_check (its docstring is the help)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from megatok.studies import gpu_check
+from megatok.perf import gpu_check
 from megatok.cli import command_parser
 
 

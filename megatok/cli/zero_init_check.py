@@ -1,4 +1,4 @@
-"""megatok-zero-init-check: the command line of megatok.studies.zero_init (its docstring is the help)."""
+"""megatok-zero-init-check: the command line of megatok.perf.zero_init (its docstring is the help)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import sys
 
 from megatok import sizing
 from megatok.config import ConfigError
-from megatok.studies import zero_init
+from megatok.perf import zero_init
 from megatok.cli import command_parser
 
 

@@ -255,7 +255,8 @@ ADDED_KEYS = {("model", "byte_window"): None, ("model", "chunk_capacity"): None,
               ("boundary", "lag"): 0, ("train", "init_from"): None,
               ("train", "schedule_steps"): None, ("boundary", "lr_scale"): 1.0, ("boundary", "start_step"): 0,
               ("boundary", "lr_warmup_steps"): 0, ("boundary", "explore"): 0.0, ("boundary", "entropy"): 0.0,
-              ("boundary", "explore_steps"): 0, ("boundary", "start_ema"): 0.95, ("boundary", "lr_hold"): False}
+              ("boundary", "explore_steps"): 0, ("boundary", "start_ema"): 0.95, ("boundary", "lr_hold"): False,
+              ("model", "pack_chunks"): None}
 
 
 def config_digest(cfg, handover: dict | None = None) -> str:
@@ -267,7 +268,7 @@ def config_digest(cfg, handover: dict | None = None) -> str:
         raw["train"].pop("init_from")
         raw["handover"] = handover
     raw["train"].pop("run_dir", None)
-    for key in ("wandb_group", "wandb_tags"):  # where it is logged, not what is trained
+    for key in ("wandb_group", "wandb_tags", "tensorboard"):  # where it is logged, not what is trained
         raw.get("logging", {}).pop(key, None)
     raw["data"].pop("shards", None)
     raw["model"].pop("tokenizer", None)

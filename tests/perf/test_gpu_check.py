@@ -67,10 +67,10 @@ def test_a_config_mistake_stops_the_check_before_any_section(capsys):
 
 
 def test_the_library_takes_settings_whose_defaults_are_the_commands(monkeypatch):
-    """megatok-gpu-check hands megatok.studies.gpu_check a Settings equal to the defaults of every option it
+    """megatok-gpu-check hands megatok.perf.gpu_check a Settings equal to the defaults of every option it
     is not given; the library runs from a Settings alone (no command line)."""
     from megatok.cli import gpu_check as command
-    from megatok.studies import gpu_check as study
+    from megatok.perf import gpu_check as study
 
     got = []
     monkeypatch.setattr(study, "run", lambda s: got.append(s) or 0)
@@ -85,7 +85,7 @@ def test_generation_agreement_counts_rows_bytes_and_log_probabilities():
     """The generation section's comparison of two modes: a row that goes its own way after a flipped draw
     counts as different, with the bytes before the flip shared and the log-probabilities compared up to it."""
     from megatok.generate import Generation
-    from megatok.studies.gpu_generation import agreement
+    from megatok.perf.gpu_generation import agreement
 
     def gen(text, logprobs, starts=None):
         return Generation(text=text, ids=list(text), logprobs=logprobs, starts=starts or [False] * len(text))
@@ -163,7 +163,7 @@ def test_the_gpu_bench_runs_the_trainer_first_and_fits_its_slot(mode, slot, smok
     import torch
 
     from megatok.cli import bench, gpu_check
-    from megatok.studies import bench as bench_study, gpu_check as gpu_check_study
+    from megatok.perf import bench as bench_study, gpu_check as gpu_check_study
 
     if not smoke:
         monkeypatch.setattr(torch.version, "cuda", torch.version.cuda or "12.8")
@@ -255,7 +255,7 @@ def test_a_training_row_runs_in_a_process_of_its_own_whose_failure_or_time_limit
     import torch
 
     from megatok.errors import ConfigError
-    from megatok.studies.gpu_check import SMOKE_SETS, isolated_train_check
+    from megatok.perf.gpu_check import SMOKE_SETS, isolated_train_check
 
     kw = dict(device=torch.device("cpu"), engine="torch", steps=1, warmup=0, micro=2, peak=None)
     row = isolated_train_check(120, "configs/tiny.json", SMOKE_SETS, **kw)

@@ -19,13 +19,13 @@ It runs four sections, by default in this order (--sections picks and orders the
    halfway checkpoint, whose losses are compared with the first run's (on a GPU not necessarily
    bit-exact: some kernels are not deterministic); megatok-generate on the result; then 2 steps under
    ZeRO-2, whose model is built whole directly on the GPU. Each part is recorded as it ends
-   (megatok/studies/gpu_trainer.py).
+   (megatok/perf/gpu_trainer.py).
 2. generation: megatok.generate.generate_batch on a small byte model and a small BPE token model
    (untrained, fp32) at batch 1 and 8, prompts of different lengths, in its three step modes: the
    default cached step, the static step (fixed shapes, no host read) and that step as a CUDA graph
    (not in --cpu-smoke: a GPU only); each mode's texts against the default's (identical rows, the share of
    identical bytes, the largest log-probability difference) and each mode's bytes/s, --gen-bytes bytes a
-   row (megatok/studies/gpu_generation.py). Each model and batch is recorded as it ends.
+   row (megatok/perf/gpu_generation.py). Each model and batch is recorded as it ends.
 3. training: for each config (default 100m and 1b): bf16 training steps on one GPU, one micro-batch per
    step (train.micro_batch_size, or --micro), on real text (the Python standard library's sources, on
    every machine): bytes/s, model FLOPs per byte at the realised boundary rate (megatok/flops.py,
@@ -37,7 +37,7 @@ It runs four sections, by default in this order (--sections picks and orders the
    FlexAttention's block mask): its cost in bytes/s and memory; and once more with train.compile the
    other way (the GPU configs compile; the untimed warm-up steps compile): what compiling the blocks
    gains (not in --cpu-smoke unless --compile is given). Each row in a spawned process of its own
-   (megatok/studies/gpu_training.py).
+   (megatok/perf/gpu_training.py).
 4. attention: flash-attn against torch SDPA (if flash_attn is importable): largest difference of
    outputs and input gradients on the same bf16 inputs, and forward+backward time of each, at
    megatok's byte-rate shape (T = seq_len) and main-network shape (T = rho x seq_len). Without
@@ -64,13 +64,13 @@ import torch
 from megatok import flops, sizing
 from megatok.config import ConfigError, load_config
 from megatok.model import blocks
-from megatok.studies.timing import sync
-from megatok.studies.gpu_generation import generation_check, show_generation
-from megatok.studies.gpu_trainer import show_trainer, trainer_check
-from megatok.studies.gpu_training import GIB, isolated_train_check, show_training
+from megatok.perf.timing import sync
+from megatok.perf.gpu_generation import generation_check, show_generation
+from megatok.perf.gpu_trainer import show_trainer, trainer_check
+from megatok.perf.gpu_training import GIB, isolated_train_check, show_training
 from megatok.train import dist
 
-#: The generation section's byte model (its BPE model: the same widths; megatok.studies.gpu_generation).
+#: The generation section's byte model (its BPE model: the same widths; megatok.perf.gpu_generation).
 GENERATION_CONFIG = "configs/tiny.json"
 SMOKE_SETS = ["model.d_model=64", "model.n_heads=2", "model.n_encoder_layers=1", "model.n_main_layers=2",
               "model.n_decoder_layers=1", "data.seq_len=128", "deepspeed.bf16.enabled=false",

@@ -7,7 +7,7 @@ Each method of megatok.studies.replication.METHODS is the config with that metho
 are built once and timed in turns, as the bench's training variants are (``--reps`` rounds of ``--steps``
 steps, one step of each method at a time in a rotating order; one CPU thread: process CPU time, so a shared
 machine does not skew them); per method the median seconds per step and its ratio to the first method's
-within each round (median and range over the rounds). Plain torch steps (megatok.studies.plain_step: the
+within each round (median and range over the rounds). Plain torch steps (megatok.perf.plain_step: the
 model's forward, the estimator's losses, backward, clipping, AdamW), not the DeepSpeed engine.
 """
 
@@ -19,13 +19,13 @@ from pathlib import Path
 
 import torch
 
-from megatok.studies import timing
-from megatok.studies.bench import Trainee, rotated
-from megatok.studies.timing import environment, summary
+from megatok.perf import timing
+from megatok.perf.bench import Trainee, rotated
+from megatok.perf.timing import environment, summary
 
 
 def run(settings, methods: list[str]) -> int:
-    """Times ``methods`` on ``settings`` (megatok.studies.bench.Settings: config, overrides, device, threads,
+    """Times ``methods`` on ``settings`` (megatok.perf.bench.Settings: config, overrides, device, threads,
     reps, steps, json_out); prints the table; 0, or 2 with one error line for an unknown method or a config
     that does not load."""
     from megatok.config import ConfigError, load_config

@@ -1,4 +1,4 @@
-"""The GPU check's trainer section (megatok.studies.gpu_check): the trainer as users start it, on the device.
+"""The GPU check's trainer section (megatok.perf.gpu_check): the trainer as users start it, on the device.
 
 launch/pretrain.py on a config for a few steps under ZeRO-3 (the model built partitioned) with a checkpoint
 halfway, on shards built from the Python standard library's sources; a new process resumed from that

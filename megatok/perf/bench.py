@@ -27,13 +27,13 @@ time spent waiting for a core that others use is not counted; elsewhere it is wa
 - **eval / train** and **generate / train**: bytes per second of megatok.eval.bpb.evaluate_documents
   (what megatok-evaluate and the head-to-head run) and of megatok.generate.generate (with the
   cache), over training's bytes per second (forward, backward and update) of the same model.
-- **generation** (``--inference``, instead of the figures above): megatok.studies.bench_inference.
+- **generation** (``--inference``, instead of the figures above): megatok.perf.bench_inference.
 - **head-to-head share**: the time HeadToHead.run takes (measured on ``--h2h-bytes`` of held-out
   text, scaled to the config's eval.heldout_max_bytes) over that plus the training time between two
   evaluations (eval.every steps of train.grad_accum micro-batches), at one rank; a baseline run,
   when one is configured, is scored too whenever its checkpoint changes (not included).
 
-Training steps are plain torch (megatok.studies.plain_step: forward, backward, gradient clipping, AdamW
+Training steps are plain torch (megatok.perf.plain_step: forward, backward, gradient clipping, AdamW
 over the trainer's parameter groups; autocast bf16 and fused AdamW on a GPU), not the DeepSpeed engine:
 megatok-gpu-check measures that one.
 """
@@ -52,9 +52,9 @@ from pathlib import Path
 
 import torch
 
-from megatok.studies import timing
-from megatok.studies.plain_step import adamw, plain_step
-from megatok.studies.timing import environment, matmul_peak, summary, sync, text_documents
+from megatok.perf import timing
+from megatok.perf.plain_step import adamw, plain_step
+from megatok.perf.timing import environment, matmul_peak, summary, sync, text_documents
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -116,7 +116,7 @@ class Settings:
     quick: bool = False  # a smoke run: at most 3 rounds of 2 steps, fewer bytes
     json_out: str | None = None  # the report as JSON, written as it grows
     budget_s: float | None = None  # start no round after this many seconds (at least one runs)
-    inference: bool = False  # instead: megatok.studies.bench_inference's generation figures
+    inference: bool = False  # instead: megatok.perf.bench_inference's generation figures
     vocab: int = 4096  # --inference: the matched BPE model's vocabulary
     generation_step: str = "cached"  # --inference: generate_batch's step, "cached", "static" or "compile"
     profile: str | None = None  # instead: torch.profiler's top operators of one SHAPE/VARIANT
@@ -539,9 +539,9 @@ def show(report: dict) -> str:
 
 def profile(settings: Settings, device: torch.device, config) -> int:
     """``--profile SHAPE/VARIANT``: --steps training steps of one variant under torch.profiler, their time by part
-    (megatok.studies.step_profile) printed, with the top operators; with --json-out the table as JSON and the
+    (megatok.perf.step_profile) printed, with the top operators; with --json-out the table as JSON and the
     Chrome trace beside it (NAME.trace.json)."""
-    from megatok.studies.step_profile import profile_steps, table
+    from megatok.perf.step_profile import profile_steps, table
 
     shape, _, variant = settings.profile.partition("/")
     if shape not in SHAPES or (variant not in VARIANTS and variant not in HOT_PATH):

@@ -11,7 +11,7 @@ report, per boundary strategy:
     megatok-zero-init-check --config configs/tiny.json --strategies policy,hnet,gumbel --ranks 2
 
 It launches ``--ranks`` processes with torchrun (gloo, one thread each), each running this module
-(``python -m megatok.studies.zero_init SETTINGS``, the check's settings as one JSON object). Peak RSS
+(``python -m megatok.perf.zero_init SETTINGS``, the check's settings as one JSON object). Peak RSS
 is the kernel's high-water mark (VmHWM, reset through /proc/self/clear_refs before each build) minus
 the RSS before it, with glibc told to return every block of 64 KiB or more to the OS
 (MALLOC_MMAP_THRESHOLD_), so it follows live tensors. Exit status 1 if any build differs.
@@ -115,7 +115,7 @@ def check(config: str, overrides: list[str], strategies: list[str] | None, ranks
     env = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu", "CUDA_VISIBLE_DEVICES": "",
            "MALLOC_MMAP_THRESHOLD_": "65536"}
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks),
-                "--master_port", str(free_port()), "--module", "megatok.studies.zero_init"]
+                "--master_port", str(free_port()), "--module", "megatok.perf.zero_init"]
     settings = {"config": config, "overrides": overrides, "strategies": strategies, "no_compare": no_compare}
     rc = subprocess.run(torchrun + [json.dumps(settings)], env=env).returncode
     if rc:

@@ -13,7 +13,7 @@ each one's model FLOP/s (megatok.flops' forward FLOPs per byte) over the matmul'
 overhead**, a step's time less its FLOPs at the matmul's FLOP/s.
 
 The rounds run in turns as the training benchmark's do, with its clock, matmul peak, figure summaries
-and targets (megatok.studies.timing, megatok.studies.bench).
+and targets (megatok.perf.timing, megatok.perf.bench).
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ from pathlib import Path
 
 import torch
 
-from megatok.studies import bench as common, timing
-from megatok.studies.bench import GENERATION_STEPS, SHAPES, Settings, figure
-from megatok.studies.timing import environment, matmul_peak, summary, sync, text_documents
+from megatok.perf import bench as common, timing
+from megatok.perf.bench import GENERATION_STEPS, SHAPES, Settings, figure
+from megatok.perf.timing import environment, matmul_peak, summary, sync, text_documents
 
 #: the batch sizes of the generation figures
 GEN_BATCHES = (1, 8)

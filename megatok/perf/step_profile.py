@@ -1,7 +1,7 @@
 """Where a training step's time goes, by part (``megatok-bench --profile SHAPE/VARIANT``).
 
 torch.profiler records a few plain training steps (forward, backward, clipping, AdamW: what
-megatok.studies.plain_step does); each operator's own time (its self time: CPU time on a CPU, device time
+megatok.perf.plain_step does); each operator's own time (its self time: CPU time on a CPU, device time
 on a GPU) is given to the part of the model that ran it:
 
 - **forward**: forward hooks on the byte U-net's top-level modules open a profiler range per module

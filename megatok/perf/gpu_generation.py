@@ -1,4 +1,4 @@
-"""The GPU check's generation section (megatok.studies.gpu_check): megatok.generate.generate_batch's step
+"""The GPU check's generation section (megatok.perf.gpu_check): megatok.generate.generate_batch's step
 modes against each other on one device.
 
 Two small untrained models in fp32: the byte model of configs/tiny.json (the check's --set applied; its
@@ -37,7 +37,7 @@ import torch
 from megatok.config import load_config
 from megatok.generate import Generation, generate_batch
 from megatok.model import build_model
-from megatok.studies.timing import sync, text_documents
+from megatok.perf.timing import sync, text_documents
 
 #: The batch sizes generated at.
 BATCHES = (1, 8)

@@ -94,12 +94,12 @@ def test_the_inference_section_writes_its_figures(tmp_path):
 
 
 def test_settings_defaults_are_the_commands_and_bad_counts_are_refused(monkeypatch):
-    """megatok-bench hands megatok.studies.bench a Settings (the defaults of every option not given; --quick
+    """megatok-bench hands megatok.perf.bench a Settings (the defaults of every option not given; --quick
     cuts rounds, steps and bytes); a count below 1 is the command's one-line usage error."""
     import pytest
 
     from megatok.cli import bench as command
-    from megatok.studies import bench as study
+    from megatok.perf import bench as study
 
     got = []
     monkeypatch.setattr(study, "run", lambda s: got.append(s) or 0)

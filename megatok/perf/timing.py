@@ -1,4 +1,4 @@
-"""What the studies' timings share: one clock, the device's sync, real text to time on, a matmul's FLOP/s
+"""What the performance measurements share: one clock, the device's sync, real text to time on, a matmul's FLOP/s
 as the peak to compare with, the summary of a figure over rounds, and the environment a report records."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The GPU check's training section (megatok.studies.gpu_check): bf16 training steps of a config on one
+"""The GPU check's training section (megatok.perf.gpu_check): bf16 training steps of a config on one
 device, through the trainer's own engine (DeepSpeed) or the same step in plain torch, each config in a
 spawned process of its own: step time, bytes/s, the realised boundary rate, model FLOP/s and MFU, peak
 memory against megatok-model-size's estimate, the loss."""
@@ -18,8 +18,8 @@ from megatok.config import load_config, lr_lambda
 from megatok.data.stream import pack_documents
 from megatok.dsconfig import deepspeed_config, uses_bf16, zero_stage
 from megatok.model import build_model
-from megatok.studies.plain_step import adamw, plain_step
-from megatok.studies.timing import sync
+from megatok.perf.plain_step import adamw, plain_step
+from megatok.perf.timing import sync
 from megatok.train import dist
 from megatok.train.engine import Engine, compile_model
 
@@ -104,7 +104,7 @@ def isolated_train_check(timeout: float, config: str, overrides: list[str], **kw
 def _stepper(model, cfg, engine: str, device: torch.device):
     """(one training step on a [B, T+1] batch, returning the model's output; what ends the engine): the
     trainer's own engine (megatok.train.engine.Engine: DeepSpeed, the config's ZeRO stage and bf16, the
-    trainer's schedule), or the same step in plain torch (megatok.studies.plain_step)."""
+    trainer's schedule), or the same step in plain torch (megatok.perf.plain_step)."""
     if engine == "deepspeed":
         if not torch.distributed.is_initialized():
             dist.init(cfg.train.collective_timeout_s)
