@@ -314,27 +314,47 @@ def plots(summaries: list[dict], agg: dict, out: Path) -> list[str]:
     return written
 
 
+#: The methods map.png draws bold (the estimators the map is about); the others thin.
+MAP_MAIN = ("policy", "policy-published", "policy-disarm", "oracle", "uniform")
+
+
 def _map_png(plt, agg: dict, out: Path) -> None:
-    """map.png (see :func:`plots`)."""
+    """map.png (see :func:`plots`): left, the share of seeds aligned by level, the main estimators bold and
+    the methods screened on fewer seeds thin; right (where probes were measured), the main estimators'
+    shares against the value-to-noise ratio (marker area: seeds) with their fitted P(align) curves."""
+    import numpy as np
+
     ratios = {lv: p["ratio"] for lv, p in agg["probes"].items() if p.get("ratio") is not None}
-    fig, axes = plt.subplots(1, 2 if ratios else 1, figsize=(11 if ratios else 6, 4), squeeze=False)
-    for i, (m, by_level) in enumerate(agg["methods"].items()):
+    fig, axes = plt.subplots(1, 2 if ratios else 1, figsize=(12 if ratios else 6, 4.5), squeeze=False)
+    others = [m for m in agg["methods"] if m not in MAP_MAIN]
+    cmap = plt.get_cmap("tab20")
+    for m, by_level in agg["methods"].items():
         lvs = sorted(by_level, key=float)
         share = [by_level[lv]["aligned"] / by_level[lv]["n"] for lv in lvs]
-        style = {"label": m, "marker": "os^Dv<>p*hX"[i % 11], "color": f"C{i % 10}"}
-        axes[0][0].plot([float(lv) for lv in lvs], share, **style)
-        pts = [(ratios[lv], s) for lv, s in zip(lvs, share) if lv in ratios]
-        if pts:
-            axes[0][1].plot(*zip(*sorted(pts)), **style)
+        main = m in MAP_MAIN
+        style = ({"color": f"C{MAP_MAIN.index(m)}", "lw": 2.2, "marker": "o", "zorder": 3} if main else
+                 {"color": cmap((others.index(m) * 2 + 1) % 20), "lw": 0.9, "marker": ".", "alpha": 0.7, "ls": "--"})
+        axes[0][0].plot([float(lv) for lv in lvs], share, label=m, **style)
+        if main and ratios:
+            pts = sorted((ratios[lv], s, by_level[lv]["n"]) for lv, s in zip(lvs, share) if lv in ratios)
+            if pts:
+                axes[0][1].scatter([p[0] for p in pts], [p[1] for p in pts], s=[12 * p[2] for p in pts],
+                                   color=style["color"], alpha=0.6, label=m)
+            fit = agg.get("fits", {}).get(m)
+            if fit:
+                r = np.linspace(min(ratios.values()), max(ratios.values()), 200)
+                p = fit["floor"] + (1 - fit["floor"]) / (1 + np.exp(-fit["slope_mode"] * (r - fit["r50_mode"])))
+                axes[0][1].plot(r, p, color=style["color"], lw=1.5)
     axes[0][0].set_xlabel("control level")
     if ratios:
-        axes[0][1].set_xlabel("value of a start at a space / return noise")
-        axes[0][1].set_xscale("symlog", linthresh=1e-3)
+        axes[0][1].set_xlabel("value of a start at a space / return noise (level's probe)")
+        axes[0][1].set_title("bold estimators: seeds aligned (area: seeds) and fitted P(align)", fontsize=9)
+        axes[0][1].legend(fontsize=7, loc="lower right")
     for ax in axes[0]:
         ax.set_ylabel(f"share of seeds aligned (>= {ALIGNED:g})")
         ax.set_ylim(-0.05, 1.05)
         ax.grid(alpha=0.3)
-    axes[0][0].legend(fontsize=7)
+    axes[0][0].legend(fontsize=6.5, ncol=2)
     fig.tight_layout()
     fig.savefig(out / "map.png", dpi=110)
     plt.close(fig)
