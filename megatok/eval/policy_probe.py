@@ -10,8 +10,9 @@ where CE(k) is the full model's loss on its prediction at k (of byte k + 1). A d
 only predictions at k >= t, so V(t) is exactly the part of the policy's return that its decision at t
 changes, here measured without noise from the other decisions (they are held fixed). Positions are
 grouped by byte class (a space before a word, a word's first byte, inside a word, anything else); the
-report gives each class's mean V with its standard error, next to the standard deviation of the
-estimator's own return G_t in the same sample: the noise a decision's credit carries in training.
+report gives each class's mean V with its standard error (by sequence: draws of one sequence are not
+independent; :func:`clustered_stderr`), next to the standard deviation of the estimator's own return G_t in
+the same sample: the noise a decision's credit carries in training.
 """
 
 from __future__ import annotations
@@ -64,6 +65,19 @@ def byte_classes(x: torch.Tensor) -> dict[str, torch.Tensor]:
     return {k: v & real for k, v in out.items()}
 
 
+def clustered_stderr(values: torch.Tensor, groups: list[int]) -> float:
+    """The standard error of the mean of ``values`` when the draws of one group (a sequence) are not
+    independent: sqrt(sum over groups of (their summed deviations from the mean)^2) / n, the cluster-robust
+    (sandwich) estimator; NaN with fewer than two groups. Draws of one sequence share its context, so they
+    err together: counted by draw, the error of a class whose value depends on the sequence is too small."""
+    n = len(values)
+    if n < 2 or len(set(groups)) < 2:
+        return float("nan")
+    dev = values.double() - values.double().mean()
+    sums = torch.zeros(max(groups) + 1, dtype=torch.float64).index_add_(0, torch.tensor(groups), dev)
+    return float(sums.pow(2).sum().sqrt() / n)
+
+
 def discounted_future(d: torch.Tensor, gamma: float, t: torch.Tensor) -> torch.Tensor:
     """sum_{k >= t_i} gamma^(k - t_i) d[i, k] for each row i."""
     T = d.shape[1]
@@ -99,6 +113,7 @@ def boundary_values(model, tokens: torch.Tensor, *, gamma: float, rounds: int, s
     classes = byte_classes(x)
     free = ~base_starts & ~forced
     values: dict[str, list[float]] = {c: [] for c in CLASSES}
+    sequences: dict[str, list[int]] = {c: [] for c in CLASSES}  # the row of each draw
     for _ in range(rounds):
         for c in CLASSES:
             cand = classes[c] & free
@@ -112,13 +127,15 @@ def boundary_values(model, tokens: torch.Tensor, *, gamma: float, rounds: int, s
             added[rows, t[rows]] = True
             v = discounted_future(base - ce(added), gamma, t)
             values[c] += v[rows].tolist()
+            sequences[c] += rows.tolist()
     out = {"gamma": gamma, "rounds": rounds, "batch": [B, T], "classes": {}}
     for c in CLASSES:
         v = torch.tensor(values[c], dtype=torch.float64)
         n = len(v)
         out["classes"][c] = {
-            "n": n, "value": float(v.mean()) if n else float("nan"),
-            "stderr": float(v.std() / math.sqrt(n)) if n > 1 else float("nan"),
+            "n": n, "sequences": len(set(sequences[c])), "value": float(v.mean()) if n else float("nan"),
+            "stderr": clustered_stderr(v, sequences[c]),
+            "stderr_by_draw": float(v.std() / math.sqrt(n)) if n > 1 else float("nan"),
             "p": float(probs[classes[c]].float().mean()) if probs is not None and classes[c].any() else None,
             # the fraction of the class's positions where the drawn sample starts a chunk
             "started": float(base_starts[classes[c]].float().mean()) if classes[c].any() else None,

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from megatok.config import load_config
-from megatok.eval.policy_probe import CLASSES, boundary_values, byte_classes, discounted_future, main_context
+from megatok.eval.policy_probe import (CLASSES, boundary_values, byte_classes, clustered_stderr, discounted_future,
+                                      main_context)
 from megatok.model import build_model
 from megatok.run import checkpoints
 from tests.conftest import run_tool
@@ -31,6 +32,26 @@ def test_discounted_future_against_a_loop():
     for i in range(3):
         want = sum(0.9 ** (k - int(t[i])) * float(d[i, k]) for k in range(int(t[i]), 9))
         assert float(got[i]) == pytest.approx(want, rel=1e-6)
+
+
+def test_the_error_is_counted_by_sequence():
+    """Draws of one sequence that share its offset: by draw the error shrinks with the draws, by sequence it
+    stays the spread of the sequences' means; independent draws give about the same either way."""
+    g = torch.Generator().manual_seed(0)
+    groups = [r for r in range(8) for _ in range(50)]
+    offsets = torch.randn(8, generator=g)
+    shared = offsets[torch.tensor(groups)] + 0.01 * torch.randn(400, generator=g)
+    by_draw = float(shared.std() / 400 ** 0.5)
+    by_sequence = clustered_stderr(shared, groups)
+    assert by_sequence > 5 * by_draw
+    assert by_sequence == pytest.approx(float(offsets.std()) / 8 ** 0.5, rel=0.25)
+    independent = torch.randn(400, generator=g)
+    assert clustered_stderr(independent, groups) == pytest.approx(float(independent.std() / 20), rel=0.35)
+    assert clustered_stderr(independent[:50], groups[:50]) != clustered_stderr(independent[:50], groups[:50])  # NaN
+    # by hand: two sequences of two draws
+    v = torch.tensor([1.0, 3.0, 2.0, 6.0])
+    dev = v - 3.0
+    assert clustered_stderr(v, [0, 0, 1, 1]) == pytest.approx(((dev[:2].sum() ** 2 + dev[2:].sum() ** 2) ** 0.5 / 4).item())
 
 
 def tokens(B=4, T=48, seed=0):
@@ -78,6 +99,8 @@ def test_the_command_on_a_trained_run(tiny_run, tmp_path):
     res = json.loads(out.read_text())
     assert res["checkpoint"] and res["classes"]["space_before_word"]["n"] >= 1
     assert 0 <= res["classes"]["space_before_word"]["started"] <= 1 and res["bytes_seen"] > 0
+    c = res["classes"]["space_before_word"]
+    assert 1 <= c["sequences"] <= 2 and "stderr_by_draw" in c
     bad = run_tool("boundary_value", "--run", tmp_path / "none")
     assert bad.returncode == 2 and bad.stderr.startswith("error:")
 
