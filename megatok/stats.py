@@ -84,7 +84,8 @@ def row_stats(x: torch.Tensor, y: torch.Tensor, starts: torch.Tensor, ce_full: t
     is no decision), word_starts, word_starts_hit and aligned_boundaries (see
     :func:`word_start_alignment`): precision = aligned_boundaries / decisions, recall =
     word_starts_hit / word_starts; sbw_positions / sbw_boundaries: spaces before a word
-    (:func:`space_before_word`) and those that start a chunk; wfb_positions / wfb_boundaries: the first
+    (:func:`space_before_word`) and those that start a chunk; space_positions / space_boundaries: the same
+    for the spaces (0x20) among them; wfb_positions / wfb_boundaries: the first
     bytes of the same words (the byte after each such space) and those that start a chunk. With
     ``probs`` (a strategy's boundary probabilities p_t), also p_sbw (p summed over spaces before a
     word) and p_other (over the other positions t >= 1), and other_positions: the earliest sign of a
@@ -115,6 +116,8 @@ def row_stats(x: torch.Tensor, y: torch.Tensor, starts: torch.Tensor, ce_full: t
         "aligned_boundaries": (aligned & real).sum(1),
         "sbw_positions": sbw.sum(1),
         "sbw_boundaries": (sbw & starts).sum(1),
+        "space_positions": (sbw & (x == 32)).sum(1),
+        "space_boundaries": (sbw & (x == 32) & starts).sum(1),
         "wfb_positions": wfb.sum(1),
         "wfb_boundaries": (wfb & starts).sum(1),
     }
@@ -147,6 +150,8 @@ def ratios(s: dict[str, float]) -> dict[str, float]:
         out["word_start_recall"] = div(s["word_starts_hit"], s["word_starts"])
     if "sbw_positions" in s:
         out["sbw_boundary_fraction"] = div(s["sbw_boundaries"], s["sbw_positions"])
+    if "space_positions" in s:  # the spaces (0x20) alone among them: the harder control's paying positions
+        out["space_boundary_fraction"] = div(s["space_boundaries"], s["space_positions"])
     if "wfb_positions" in s:
         out["wfb_boundary_fraction"] = div(s["wfb_boundaries"], s["wfb_positions"])
     if "p_sbw" in s:

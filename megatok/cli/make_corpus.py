@@ -25,6 +25,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="--preset control: how often the separator before a word announces its ending, in [0, 1] (0: "
                         "never, no chunk start is worth anything)")
     p.add_argument("--seed", type=int, default=0, help="--preset control: the seed of lexicon, table and text")
+    p.add_argument("--signal", type=int, default=4, choices=[1, 2, 3, 4],
+                   help="--preset control: how many of the four separators carry the message (1: the space alone, "
+                        "the harder variant)")
     p.add_argument("--strict", action="store_true",
                    help="--preset prose: exit 2 if any source is missing instead of building without it "
                         "(a study's corpus must not change with what happens to be installed)")
@@ -79,7 +82,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     if args.preset == "control":
         return corpus.make_control(args.out, level=args.level, seed=args.seed, max_mb=args.max_mb,
-                                   heldout_out=args.heldout_out)
+                                   heldout_out=args.heldout_out, signal=args.signal)
     if args.preset == "prose":
         return corpus.make_prose(args.out, heldout_out=args.heldout_out, cache=args.cache, max_mb=args.max_mb,
                                  offline=args.offline, heldout_fraction=args.heldout_fraction, strict=args.strict)

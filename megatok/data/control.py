@@ -21,6 +21,12 @@ positions that pay are exactly the ones megatok.stats.space_before_word marks (A
 word), so the training rows' and evaluations' ``sbw_boundary_fraction`` is the fraction of them a model
 starts a chunk at (``megatok-boundary-value`` measures the value of each class of positions).
 
+The harder variant (``signal`` 1, ``megatok-make-corpus --preset control --signal 1``): only the space carries
+the message; after a tab, a newline or a carriage return the next ending is drawn uniformly. A start pays at
+the spaces before words alone (a quarter of the separators, about 0.045 of the bytes), so a policy must tell
+the space from the other separators, which look alike to its rate term; the figure that counts is
+``space_boundary_fraction`` (megatok.stats: the spaces, 0x20, before words that start a chunk).
+
 Everything is drawn from ``random.Random(seed)``: the same seed and sizes give the same pairing and text,
 byte for byte. Held-out documents are a later stretch of the same process.
 """
@@ -43,12 +49,17 @@ class Control:
     seed: int = 0
     keys: int = 8
     doc_words: tuple[int, int] = (150, 450)  # words per document, drawn uniformly
+    #: how many of the four separators carry the message (the first ``signal`` of SEPARATORS: 1 is the space
+    #: alone); after the others the next ending is always drawn uniformly
+    signal: int = 4
 
     def __post_init__(self):
         if not 0 <= self.level <= 1:
             raise ValueError(f"level {self.level} is not in [0, 1]")
         if not 1 <= self.keys <= len(KEY_LETTERS):
             raise ValueError(f"keys {self.keys}: need 1 to {len(KEY_LETTERS)}")
+        if not 1 <= self.signal <= len(SEPARATORS):
+            raise ValueError(f"signal {self.signal}: need 1 to {len(SEPARATORS)} separators")
 
 
 class Generator:
@@ -69,7 +80,7 @@ class Generator:
         for i in range(rng.randint(*spec.doc_words)):
             out.append(rng.choice(self.keys) + FILLER + ending)
             sep = rng.choice(SEPARATORS)
-            follows = rng.random() < spec.level
+            follows = rng.random() < spec.level and sep in SEPARATORS[:spec.signal]
             ending = self.pairing[sep] if follows else rng.choice(ENDINGS)
             out.append(sep)
         return "".join(out[:-1])  # no separator after the last word
@@ -81,7 +92,8 @@ class Generator:
             text = self.document()
             have += len(text)
             docs.append({"text": text, "lang": "und", "domain": "control",
-                         "source": f"{name}/level{self.spec.level:g}-seed{self.spec.seed}#{len(docs)}"})
+                         "source": f"{name}/level{self.spec.level:g}-seed{self.spec.seed}"
+                                   f"{'' if self.spec.signal == 4 else f'-signal{self.spec.signal}'}#{len(docs)}"})
         return docs
 
 

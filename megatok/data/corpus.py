@@ -319,15 +319,15 @@ def make_prose(out: Path, *, heldout_out: Path | None = None, cache: Path = Path
 
 
 def make_control(out: Path, *, level: float, seed: int = 0, max_mb: float = 8.0,
-                 heldout_out: Path | None = None) -> int:
-    """--preset control: write the generated positive control at ``level`` to ``out`` (and 200 kB more of
-    it, held out, to ``heldout_out``); 0."""
-    gen = control.Generator(control.Control(level=level, seed=seed))
+                 heldout_out: Path | None = None, signal: int = 4) -> int:
+    """--preset control: write the generated positive control at ``level`` (``signal``: how many separators
+    carry the message) to ``out`` (and 200 kB more of it, held out, to ``heldout_out``); 0."""
+    gen = control.Generator(control.Control(level=level, seed=seed, signal=signal))
     docs = gen.documents(int(max_mb * MB))
     bits = control.ending_bits(level)
     write_jsonl_gz(Path(out), docs)
     print(f"wrote {out}: {len(docs):,} documents, {sum(nbytes(d['text']) for d in docs):,} bytes of "
-          f"level {level:g} (seed {seed}); an ending costs {bits['given_separator']:.2f} bits given the "
+          f"level {level:g} (seed {seed}{'' if signal == 4 else f', signal separators {signal}'}); an ending costs {bits['given_separator']:.2f} bits given the "
           f"separator before its word, {bits['without']:.2f} without")
     if heldout_out is not None:
         heldout_out = Path(heldout_out)

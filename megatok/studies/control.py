@@ -29,12 +29,13 @@ RELIABLE = 0.8
 CLIMB, CLIMB_STEPS = 0.1, 100
 
 
-def run_figures(summary: dict) -> dict:
+def run_figures(summary: dict, key: str = "sbw_boundary_fraction") -> dict:
     """``aligned_fraction`` (held-out, sampled), ``steps_to_align`` (training rows), the run's last step and
     whether it is ``climbing`` at its end (not aligned, and its training fraction rose by CLIMB or more over
-    the last CLIMB_STEPS steps)."""
-    held = summary.get("prose-sample", {}).get("sbw_boundary_fraction")
-    curve = [r for r in summary.get("curve", []) if r.get("sbw_boundary_fraction") is not None]
+    the last CLIMB_STEPS steps). ``key``: the figure that says which share of the paying positions start a
+    chunk (the harder control's: space_boundary_fraction)."""
+    held = summary.get("prose-sample", {}).get(key)
+    curve = [{**r, "sbw_boundary_fraction": r.get(key)} for r in summary.get("curve", []) if r.get(key) is not None]
     step = next((r["step"] for r in curve if r["sbw_boundary_fraction"] >= ALIGNED), None)
     last = curve[-1]["step"] if curve else None
     climbing = False

@@ -111,13 +111,14 @@ def balanced(src: list[str], out: Path, max_bytes: int) -> Path:
 def prepare_data(preset: Preset, work: Path, given: dict, level: float | None = None) -> dict:
     """Shards, held-out prose and parallel sets: ``given`` on the command line ({"shards", "heldout",
     "parallel"}), or built once under WORK/data (the control: the corpus of ``level``)."""
-    data = work / "data"
+    data = work / ("data" if preset.signal == 4 else f"data-signal{preset.signal}")
     if preset.data == "control":
         corpus, heldout = data / "control.jsonl.gz", data / "control_heldout.jsonl.gz"
         if not heldout.is_file():
-            log(f"building the control corpus at level {level:g} (megatok-make-corpus --preset control)")
-            step(f"megatok-make-corpus --preset control --level {level:g} --out {corpus}", corpus_files.make_control,
-                 corpus, level=level, heldout_out=heldout)
+            signal = "" if preset.signal == 4 else f" --signal {preset.signal}"
+            log(f"building the control corpus at level {level:g} (megatok-make-corpus --preset control{signal})")
+            step(f"megatok-make-corpus --preset control --level {level:g}{signal} --out {corpus}",
+                 corpus_files.make_control, corpus, level=level, heldout_out=heldout, signal=preset.signal)
         shards = data / "control_shards"
         if not (shards / "manifest.json").is_file():
             shards_of(corpus, shards, 4)
@@ -488,7 +489,7 @@ def report(runs: list[dict], others: list[dict], methods: list[str], preset: Pre
               f"written {time.strftime('%Y-%m-%d')} on {machine()} (runs kept from earlier invocations may have trained "
               f"on other machines).")
     if preset.data == "control":
-        summaries = [{**s, **control_study.run_figures(s)} for s in summaries]
+        summaries = [{**s, **control_study.run_figures(s, preset.aligned_key)} for s in summaries]
         agg = control_study.aggregate(summaries, control_study.read_probes(out))
         text = control_study.markdown(agg, header)
     else:

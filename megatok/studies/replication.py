@@ -110,6 +110,10 @@ class Preset:
     eval_max_bytes: int  # held-out bytes scored per set
     description: str
     overrides: tuple[str, ...] = field(default=())
+    #: the control's data: how many separators carry the message (megatok.data.control.Control.signal)
+    signal: int = 4
+    #: the control's alignment figure: the share of the paying positions that start a chunk
+    aligned_key: str = "sbw_boundary_fraction"
 
 
 #: The methods of the prose studies (the control adds the estimators it maps).
@@ -122,6 +126,12 @@ PRESETS = {p.name: p for p in (
            ("policy", "policy-published", "policy-disarm", "uniform"), "control", 100_000,
            "the positive control (megatok/data/control.py): byte layers that see one byte, main 192 x 2, 256-byte "
            "windows, 600 steps of 16 sequences on one rank (about 3 minutes a run on one CPU core)"),
+    Preset("control-one", "configs/replication/control.json", 1, 0,
+           ("policy", "policy-published", "policy-disarm", "uniform", "oracle"), "control", 100_000,
+           "the harder control: as the control, but only the space of the four separators carries the message (a start "
+           "pays at the spaces before words alone, a quarter of the separators), so the policy must tell the space from "
+           "the tab, newline and carriage return; aligned: 0.9 of those spaces start a chunk (space_boundary_fraction)",
+           signal=1, aligned_key="space_boundary_fraction"),
     Preset("cpu-small", "configs/replication/cpu-small.json", 2, 4096, ALL, "prose", 600_000,
            "2 CPU cores: byte layers 128 x 1+1, main 384 x 4, 1024-byte windows, prose"),
     Preset("gpu-18m", "configs/replication/gpu-18m.json", 1, 8192,
@@ -175,8 +185,8 @@ def _mean_range(values: list[float]) -> dict:
 
 def alignment_curve(run_dir: Path) -> list[dict]:
     """The training rows' boundary figures: step, sbw fraction, p at spaces before words and elsewhere, SNR."""
-    keys = ("sbw_boundary_fraction", "wfb_boundary_fraction", "p_sbw", "p_other", "snr_sbw", "boundary_rate", "bpb",
-            "bpb_early")
+    keys = ("sbw_boundary_fraction", "space_boundary_fraction", "wfb_boundary_fraction", "p_sbw", "p_other", "snr_sbw",
+            "boundary_rate", "bpb", "bpb_early")
     return [{"step": r["step"], **{k: r.get(k) for k in keys}}
             for r in read_metrics(run_dir) if r.get("split") == "train"]
 

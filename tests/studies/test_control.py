@@ -18,9 +18,9 @@ from megatok.studies import control as study
 from tests.conftest import ROOT, run_main, run_tool
 
 
-def pairs(level, seed=0, n=200_000):
+def pairs(level, seed=0, n=200_000, signal=4):
     """(separator, the next word's ending) over a stretch of the process."""
-    gen = control.Generator(control.Control(level, seed=seed))
+    gen = control.Generator(control.Control(level, seed=seed, signal=signal))
     text = "".join(d["text"] + "\n" for d in gen.documents(n))  # the newline between documents: a separator too
     words, seps, out = [], [], []
     word = ""
@@ -48,6 +48,37 @@ def test_the_separator_announces_the_ending_as_often_as_the_level_says():
         assert max(row) / sum(row) < 0.27 and min(row) / sum(row) > 0.23, (repr(sep), row)
     assert control.ending_bits(1.0) == {"given_separator": 0.0, "without": 2.0}
     assert control.ending_bits(0.0)["given_separator"] == pytest.approx(2.0)
+
+
+def test_the_harder_control_lets_the_space_alone_announce_the_ending():
+    """signal 1: after a space the ending is the pairing's at level 1; after a tab, newline or carriage return
+    it is uniform whatever the level; the text's bytes are drawn as in the control (the same rates)."""
+    gen, at_one = pairs(1.0, signal=1)
+    space = [e for s, e in at_one if s == " "]
+    assert sum(e == gen.pairing[" "] for e in space) / len(space) > 0.99
+    counts = Counter((s, e) for s, e in at_one if s != " ")
+    for sep in control.SEPARATORS[1:]:
+        row = [counts[(sep, e)] for e in control.ENDINGS]
+        assert max(row) / sum(row) < 0.28 and min(row) / sum(row) > 0.22, (repr(sep), row)
+    x = torch.tensor([list(b"ab cd\tef gh")])
+    starts = torch.zeros_like(x, dtype=torch.bool)
+    starts[0, [0, 2]] = True  # the first space before a word starts a chunk, the tab does not
+    from megatok.stats import ratios, row_stats
+
+    sums = {k: v.sum() for k, v in row_stats(x, x, starts, torch.zeros(x.shape), torch.zeros(x.shape)).items()}
+    got = ratios(sums)
+    assert got["space_boundary_fraction"] == 0.5 and got["sbw_boundary_fraction"] == pytest.approx(1 / 3)
+    with pytest.raises(ValueError, match="signal 5"):
+        control.Control(1.0, signal=5)
+    from megatok.studies.replication import PRESETS
+
+    one = PRESETS["control-one"]
+    assert one.signal == 1 and one.aligned_key == "space_boundary_fraction" and one.data == "control"
+    summary = {"prose-sample": {"sbw_boundary_fraction": 0.95, "space_boundary_fraction": 0.5},
+               "curve": [{"step": 10, "sbw_boundary_fraction": 0.95, "space_boundary_fraction": 0.5}]}
+    assert study.run_figures(summary)["aligned_fraction"] == 0.95
+    assert study.run_figures(summary, one.aligned_key)["aligned_fraction"] == 0.5
+    assert study.run_figures(summary, one.aligned_key)["steps_to_align"] is None
 
 
 def test_the_valuable_positions_are_the_spaces_before_words():
