@@ -276,8 +276,12 @@ class TrainConfig(_Section):
     peak_tflops: float | None = Field(None, gt=0, description="dense TFLOP/s of one device for the mfu column (default: the GPU's bf16 peak by name, megatok.flops.PEAK_BF16_TFLOPS; no mfu on a CPU)")
     zero_init: bool = Field(True, description="ZeRO-3: build the model already partitioned over the ranks "
                                               "(deepspeed.zero.Init), so no rank holds it whole")
-    compile: bool = Field(False, description="torch.compile every transformer block (dynamic shapes: the number "
-                                             "of chunks changes from batch to batch); the first steps compile")
+    compile: bool | Literal["blocks", "model"] = Field(
+        False, description="true or 'blocks': torch.compile every transformer block (dynamic shapes: the number of "
+                           "chunks changes from batch to batch); 'model': the whole training forward (byte layers, "
+                           "policy, packed main network, heads, losses, discounted returns) as one graph with no "
+                           "break, no recompile as the step moves (needs model.pack_chunks; ZeRO 0-2); the first "
+                           "steps compile")
 
     @field_validator("betas", mode="before")
     @classmethod
@@ -645,6 +649,12 @@ def _check_derived(cfg: Config, where: str, world_size: int, world_from: str | N
     if t.keep_every is not None and t.keep_every % t.save_every:
         raise ConfigError(f"{where}: train.keep_every={t.keep_every} is not a multiple of train.save_every "
                           f"({t.save_every}): no checkpoint would be written at most of its steps")
+    if t.compile == "model" and (cfg.model.kind != "unet" or cfg.model.pack_chunks is None or
+                                 cfg.deepspeed.get("zero_optimization", {}).get("stage", 0) == 3):
+        raise ConfigError(f"{where}: train.compile 'model' compiles the byte model's whole forward as one graph: it "
+                          f"needs model.kind 'unet', model.pack_chunks (the row layout reads the chunk counts on "
+                          f"the host) and ZeRO stage 0-2 (ZeRO-3's parameter hooks split the graph); use "
+                          f"train.compile true for the blocks alone")
     capacity = cfg.model.chunk_capacity
     if capacity is not None and cfg.model.kind == "unet" and capacity < cfg.boundary.target_rate:
         raise ConfigError(f"{where}: model.chunk_capacity={capacity:g} is below boundary.target_rate "

@@ -64,17 +64,26 @@ _DISCOUNT_CACHE: dict = {}
 
 
 def _discount_matrix(gamma: float, n: int, device, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """(gamma^(k - t) for k >= t within a block [n, n], gamma^(n - t) [n]), cached per (gamma, n, device, dtype);
+    computed afresh inside compiled code, whose graph then holds them (a cache filled while tracing would
+    make the next call recompile)."""
     key = (gamma, n, device, dtype)
+    if torch.compiler.is_compiling():
+        return _discount_tables(*key)
     if key not in _DISCOUNT_CACHE:
         if len(_DISCOUNT_CACHE) >= 8:  # bounded: a gamma schedule brings a new gamma every step
             _DISCOUNT_CACHE.clear()
-        i = torch.arange(n, device=device, dtype=torch.float64)
-        lag = i[None, :] - i[:, None]  # [t, k] -> k - t
-        # torch.where evaluates both branches: clamp the exponent so gamma=0 never sees 0 ** negative.
-        mat = torch.where(lag >= 0, torch.tensor(gamma, dtype=torch.float64) ** lag.clamp(min=0), 0.0)
-        carry = torch.tensor(gamma, dtype=torch.float64) ** (n - i)  # gamma^(distance to next block)
-        _DISCOUNT_CACHE[key] = (mat.to(dtype), carry.to(dtype))
+        _DISCOUNT_CACHE[key] = _discount_tables(*key)
     return _DISCOUNT_CACHE[key]
+
+
+def _discount_tables(gamma: float, n: int, device, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    i = torch.arange(n, device=device, dtype=torch.float64)
+    lag = i[None, :] - i[:, None]  # [t, k] -> k - t
+    # torch.where evaluates both branches: clamp the exponent so gamma=0 never sees 0 ** negative.
+    mat = torch.where(lag >= 0, torch.tensor(gamma, dtype=torch.float64) ** lag.clamp(min=0), 0.0)
+    carry = torch.tensor(gamma, dtype=torch.float64) ** (n - i)  # gamma^(distance to next block)
+    return mat.to(dtype), carry.to(dtype)
 
 
 def discounted_returns(adv: torch.Tensor, gamma: float, block: int = 128,

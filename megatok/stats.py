@@ -27,7 +27,14 @@ def word_byte_table() -> torch.Tensor:
     return table
 
 
-_WORD_BYTES: dict = {}
+def word_bytes(x: torch.Tensor) -> torch.Tensor:
+    """bool, like ``x``: :func:`word_byte_table` at each id, computed from the separators' byte ranges (no
+    table to cache per device: the same operations on every call, which compiled code needs)."""
+    def within(lo, hi):
+        return (x >= lo) & (x <= hi)
+
+    separator = within(9, 13) | within(32, 47) | within(58, 64) | within(91, 96) | within(123, 126)
+    return (x < 256) & ~separator
 
 
 def word_starts(x: torch.Tensor) -> torch.Tensor:
@@ -35,10 +42,7 @@ def word_starts(x: torch.Tensor) -> torch.Tensor:
     (a separator, SEP or PAD). Position 0 is never counted: a packed window can begin mid-word and
     the boundary there is forced, not decided. A continuation byte (0x80-0xBF) follows its lead byte
     in valid UTF-8, so a word never starts inside a character."""
-    key = x.device
-    if key not in _WORD_BYTES:
-        _WORD_BYTES[key] = word_byte_table().to(x.device)
-    word = _WORD_BYTES[key][x]
+    word = word_bytes(x)
     out = torch.zeros_like(word)
     out[:, 1:] = word[:, 1:] & ~word[:, :-1]
     return out

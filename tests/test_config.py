@@ -416,3 +416,14 @@ def test_a_batch_that_does_not_fit_the_world_size_names_where_that_came_from(cap
     assert print_config_sizes(["configs/tiny.json"], gpus=2) == 0
     assert dry_run("configs/tiny.json") == 2
     assert "world size (8, from --dry-run's default 8; --dry-run N for N ranks)" in capsys.readouterr().err
+
+
+def test_compiling_the_whole_model_needs_the_packed_layout_and_zero_below_3():
+    """train.compile 'model' traces the whole forward as one graph: the row layout's host read and ZeRO-3's
+    hooks would break it, so the config says so before any process group."""
+    msg = error_of(None, ["train.compile=model"])
+    assert "train.compile 'model'" in msg and "model.pack_chunks" in msg and "\n" not in msg
+    msg = error_of(None, ["train.compile=model", "model.pack_chunks=1.5", "deepspeed.zero_optimization.stage=3"])
+    assert "ZeRO stage 0-2" in msg
+    assert load_config(None, ["train.compile=model", "model.pack_chunks=1.5"]).train.compile == "model"
+    assert load_config(None, ["train.compile=true"]).train.compile is True

@@ -153,6 +153,10 @@ class Strategy(BoundaryStrategy):
         if options.start_margin is not None:
             self.register_buffer("started", torch.zeros((), dtype=torch.bool))
             self.register_buffer("gap_ema", torch.zeros((), dtype=torch.float32))
+        # the trainer's step as a tensor too (not saved: restored with the trainer's step), which the training
+        # terms read: compiled code then does not specialise on it, and does not recompile as it moves
+        self.register_buffer("step_now", torch.zeros((), dtype=torch.long), persistent=False)
+        self._step = 0
         # window 1: b_t reads h_{t-lag} and its noise
         self.reach = options.lag if options.window == 1 else None
 
@@ -226,9 +230,22 @@ class Strategy(BoundaryStrategy):
         ramp = min(1.0, (step - o.start_step + 1) / o.lr_warmup_steps) if o.lr_warmup_steps else 1.0
         return o.lr_scale * ramp
 
-    def learning(self) -> bool:
-        """Whether the policy and rate terms are on (in training: from start_step on; always in evaluation)."""
-        return not self.training or self.step >= self.options.start_step
+    @property
+    def step(self) -> int:
+        """The optimizer step the trainer set (BoundaryStrategy.step), kept as a tensor too (``step_now``)."""
+        return self._step
+
+    @step.setter
+    def step(self, n: int) -> None:
+        self._step = int(n)
+        self.step_now.fill_(int(n))
+
+    def learning(self) -> torch.Tensor | bool:
+        """Whether the policy and rate terms are on: in training, from start_step on (a 0/1 float tensor of the
+        step tensor: no host read, no specialisation on the step); always in evaluation (True)."""
+        if not self.training:
+            return True
+        return (self.step_now >= self.options.start_step).float()
 
     def exploring(self) -> float:
         """The fraction of explore and entropy in force at the trainer's step (0 in evaluation and before
@@ -366,12 +383,11 @@ class Strategy(BoundaryStrategy):
 
     def _on(self, ce_full, ce_early, mask):
         """What the policy's terms (policy, rate, entropy) are multiplied by: 0 before start_step; with
-        start_margin, from then on the latch (a 0/1 tensor on the device), else 1."""
-        if not self.learning():
-            return 0.0
+        start_margin, from then on the latch; else 1 (in training a 0/1 tensor on the device)."""
+        learning = self.learning()
         if self.options.start_margin is None:
-            return 1.0
-        return self._latch_start((ce_early - ce_full).detach().float() * mask, mask)
+            return 1.0 if learning is True else learning
+        return learning * self._latch_start((ce_early - ce_full).detach().float() * mask, mask, learning)
 
     def _entropy_term(self, terms: dict, logits: torch.Tensor, decisions: torch.Tensor, on) -> None:
         """entropy_loss = entropy x (its share now) x the mean over decisions of KL(Bernoulli(p_t) ||
@@ -399,14 +415,15 @@ class Strategy(BoundaryStrategy):
                                      reward=reward, logits=logits)
         return terms
 
-    def _latch_start(self, gap: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def _latch_start(self, gap: torch.Tensor, mask: torch.Tensor, learning) -> torch.Tensor:
         """1.0 if the policy's terms are on for this micro-batch, else 0.0 (a float tensor on the device, read
         by no one on the host): the latch as it stood before it (so the switch never depends on this batch's
         own samples), then updated: this batch's mean CE_early - CE_full in bits per byte (whatever the reward
         option; averaged over ranks, so every rank's latch, which checkpoints save, is the same) enters the
         moving average gap_ema (decay start_ema), and the latch turns on once that average exceeds
-        start_margin. Once on, it stays on: the update is an or. Called from start_step on only, so the gap
-        of the first steps (the early-exit head still far behind) never enters the average."""
+        start_margin. Once on, it stays on: the update is an or. Updated only while ``learning`` (from
+        start_step on), so the gap of the first steps (the early-exit head still far behind) never enters the
+        average."""
         on = self.started.float()
         if self.training:
             sums = torch.stack([gap.sum(), mask.float().sum()]).double()
@@ -414,8 +431,9 @@ class Strategy(BoundaryStrategy):
                 torch.distributed.all_reduce(sums)
             batch = (sums[0] / sums[1].clamp(min=1) / math.log(2)).float()
             decay = self.options.start_ema
-            self.gap_ema.mul_(decay).add_((1 - decay) * batch)
-            self.started.logical_or_(self.gap_ema > self.options.start_margin)
+            now = learning > 0
+            self.gap_ema.copy_(torch.where(now, self.gap_ema * decay + (1 - decay) * batch, self.gap_ema))
+            self.started.logical_or_(now & (self.gap_ema > self.options.start_margin))
         return on
 
 

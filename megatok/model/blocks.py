@@ -237,13 +237,21 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend: str | 
 _INV_FREQ: dict = {}
 
 
+def inverse_frequencies(head_dim: int, theta: float, device) -> torch.Tensor:
+    """Rotary embeddings' theta^(-2i / head_dim), i < head_dim / 2, in fp32."""
+    return theta ** (-torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim)
+
+
 def rotary_tables(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
     """cos/sin for integer positions [T] or [B, T] -> broadcastable to [B, H, T, head_dim // 2]."""
     key = (head_dim, theta, positions.device)
-    if key not in _INV_FREQ:  # the same few tables at every call (generation makes one per byte and stack)
-        _INV_FREQ[key] = theta ** (-torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32)
-                                   / head_dim)
-    angles = positions.float()[..., None] * _INV_FREQ[key]
+    if torch.compiler.is_compiling():  # traced: computed in the graph (a cache filled while tracing recompiles)
+        inv = inverse_frequencies(*key)
+    else:
+        if key not in _INV_FREQ:  # the same few tables at every call (generation makes one per byte and stack)
+            _INV_FREQ[key] = inverse_frequencies(*key)
+        inv = _INV_FREQ[key]
+    angles = positions.float()[..., None] * inv
     if angles.dim() == 3:  # [B, T, D/2] -> [B, 1, T, D/2]
         angles = angles[:, None]
     return angles.cos(), angles.sin()
@@ -336,6 +344,27 @@ def compile_blocks(model: nn.Module) -> int:
     for block in blocks:
         block.forward = compile_limited(block.forward, BLOCK_INDUCTOR_OPTIONS, dynamic=True)
     return len(blocks)
+
+
+def compile_training_forward(model: nn.Module):
+    """torch.compile ``model``'s forward as one graph (fullgraph: a graph break is an error) with static shapes,
+    for its training calls only (train mode, no generation cache): evaluation and generation stay eager. For
+    the byte U-net with model.pack_chunks, whose training forward reads nothing back to the host and has no
+    shape that depends on the boundaries (train.compile 'model'). Its parameters and state-dict keys are
+    unchanged. Returns the compiled function."""
+    eager = model.forward
+    # fallback_random: the boundary draws from torch's own generator, as in eager code (inductor's default
+    # generates its own numbers: other samples, so other chunks, than an eager run or a resume would draw)
+    compiled = compile_limited(eager, {**BLOCK_INDUCTOR_OPTIONS, "fallback_random": True}, fullgraph=True,
+                               dynamic=False)
+
+    def forward(*args, **kwargs):
+        if model.training and kwargs.get("cache") is None:
+            return compiled(*args, **kwargs)
+        return eager(*args, **kwargs)
+
+    model.forward = forward
+    return compiled
 
 
 def init_matrices(model: nn.Module, std: float, n_layers: int, skip: str | None = None) -> None:

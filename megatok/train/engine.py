@@ -11,7 +11,7 @@ from megatok.boundaries.base import own_lr
 from megatok.config import Config, TrainConfig
 from megatok.dsconfig import builds_partitioned, zero_stage
 from megatok.model import build_model
-from megatok.model.blocks import Block, compile_blocks
+from megatok.model.blocks import Block, compile_blocks, compile_training_forward
 
 
 def build(cfg: Config, ds_config: dict, device: torch.device | None = None) -> torch.nn.Module:
@@ -37,7 +37,8 @@ def build(cfg: Config, ds_config: dict, device: torch.device | None = None) -> t
 
 
 def compile_model(model: torch.nn.Module, cfg: Config) -> int:
-    """train.compile: every transformer block through torch.compile (megatok.model.blocks.compile_blocks).
+    """train.compile 'model': the whole training forward (megatok.model.blocks.compile_training_forward); else
+    every transformer block through torch.compile (megatok.model.blocks.compile_blocks).
     Under ZeRO-3 each block is first made a ZeRO-3 leaf module, before the engine puts its hooks on
     the model: its parameters are gathered in one hook around the block instead of one per layer
     inside it, where every hook would split the compiled block into per-layer graphs. Returns how
@@ -48,6 +49,9 @@ def compile_model(model: torch.nn.Module, cfg: Config) -> int:
     value, so every block of a stack compiled a variant of its own (one per block, past the recompile limit
     at 100m's 20 blocks); with the setting every block shares one, as under torch 2.13
     (tests/train/test_distributed.py counts them)."""
+    if cfg.train.compile == "model":
+        compile_training_forward(model)
+        return 1
     if zero_stage(cfg) == 3:
         from deepspeed.utils import set_z3_leaf_modules
 

@@ -86,3 +86,14 @@ def test_sep_targets_are_trained_on_but_not_counted_and_cr_is_whitespace():
     assert s["targets"] == 6 and s["positions"] == 7
     assert s["nll"] == 28 - 4 and s["nll_early"] == 2 * (28 - 4)  # the SEP target at index 3 is not counted
     assert s["ws_positions"] == 2 and s["ws_boundaries"] == 1  # \r (a boundary) and \n
+
+
+def test_word_bytes_from_ranges_are_the_tables():
+    """stats.word_bytes (the separators' byte ranges, compile-friendly) gives word_byte_table at every id."""
+    import torch
+
+    from megatok.stats import word_byte_table, word_bytes
+    from megatok.vocab import VOCAB_SIZE
+
+    ids = torch.arange(VOCAB_SIZE)
+    assert torch.equal(word_bytes(ids), word_byte_table())

@@ -147,6 +147,23 @@ def test_compiled_blocks_train_like_eager_and_their_checkpoints_load_without(sha
     assert "torch.compile" not in r.stdout and losses(compiled)[3] == pytest.approx(want[3], rel=1e-5)
 
 
+def test_the_whole_compiled_forward_trains_like_eager(shards, tmp_path):
+    """train.compile 'model' under ZeRO-2 (inductor on the CPU, one rank): the packed model's whole training
+    forward as one graph, no break and no recompile across steps, the losses eager's; evaluation stays eager."""
+    common = ["--config", "configs/tiny.json", "--set", *TINY, f"data.shards={shards}", "train.max_steps=3",
+              "train.micro_batch_size=2", "train.global_batch_size=2", "eval.every=3", "model.pack_chunks=1.5",
+              "deepspeed.zero_optimization.stage=2", "train.dist_timeout_s=900"]
+    eager, compiled = tmp_path / "eager", tmp_path / "compiled"
+    pretrain(common + [f"train.run_dir={eager}"])
+    r = pretrain(common + [f"train.run_dir={compiled}", "train.compile=model"], timeout=900,
+                 env={"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"), "TORCH_LOGS": "graph_breaks,recompiles"})
+    log = r.stdout + r.stderr
+    assert "Graph break" not in log and "Recompiling function" not in log, log[-3000:]
+    want, got = losses(eager), losses(compiled)
+    assert sorted(got) == [1, 2, 3] and got == pytest.approx(want, rel=1e-5)
+    assert read_rows(compiled, "val")[3]["val_bpb"] == pytest.approx(read_rows(eager, "val")[3]["val_bpb"], rel=1e-6)
+
+
 def test_the_ranks_follow_deepspeeds_accelerator_not_a_visible_gpu():
     """DS_ACCELERATOR=cpu on a machine with a GPU (the tests' setting): DeepSpeed keeps the model on the
     CPU, so the data and the collectives must stay there too (gloo; nccl cannot reduce CPU tensors).

@@ -1,0 +1,69 @@
+"""train.compile 'model' (megatok.model.blocks.compile_training_forward): the packed model's whole training
+forward (byte layers, policy, main network, heads, losses, discounted returns) traces as one graph with no
+break, and 200 training steps of a learning policy, across its start step and its latch, compile it once;
+the losses and gradients are eager's."""
+
+import torch
+from torch._dynamo.utils import counters
+
+from megatok.config import load_config
+from megatok.model.blocks import compile_training_forward
+from megatok.model.unet import ByteUNet
+from megatok.perf.plain_step import adamw, plain_step
+
+SETS = ["data.seq_len=64", "model.d_model=32", "model.n_heads=2", "model.n_main_layers=1", "model.pack_chunks=1.5",
+        "train.micro_batch_size=2", "boundary.start_step=20", "boundary.start_margin=0.0001"]
+
+
+def model_and_batches(steps=200):
+    cfg = load_config("configs/tiny.json", SETS, world_size=1)
+    torch.manual_seed(0)
+    model = ByteUNet(cfg.model, cfg.boundary).train()
+    g = torch.Generator().manual_seed(0)
+    text = torch.randint(97, 123, (steps, 2, 65), generator=g)
+    text[:, :, ::6] = 32  # words
+    return cfg, model, text
+
+
+def test_two_hundred_learning_steps_compile_once_without_a_break(monkeypatch):
+    from megatok.model import blocks
+
+    monkeypatch.setattr(blocks, "COMPILE_BACKEND", "eager")  # dynamo's tracing, guards and graphs; no codegen
+    torch._dynamo.reset()
+    counters.clear()
+    cfg, model, text = model_and_batches()
+    compile_training_forward(model)  # fullgraph: a graph break raises
+    opt = adamw(model, cfg.train, torch.device("cpu"))
+    for step, batch in enumerate(text):
+        model.boundary.step = step
+        plain_step(model, opt, batch, grad_clip=1.0, bf16=False)
+    assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])  # no recompile in 200 steps
+    assert bool(model.boundary.started)  # the latch opened: the policy learned in the same graph
+    model.eval()  # evaluation stays eager (no new graph)
+    with torch.no_grad():
+        model(text[0, :, :-1])
+    assert counters["stats"]["unique_graphs"] == 1
+
+
+def test_the_compiled_forward_gives_eagers_loss_and_gradients(monkeypatch):
+    from megatok.model import blocks
+
+    monkeypatch.setattr(blocks, "COMPILE_BACKEND", "eager")
+    torch._dynamo.reset()
+    _, model, text = model_and_batches(steps=1)
+    x, y = text[0, :, :-1], text[0, :, 1:]
+    model.boundary.step = 30
+    got, state = [], {k: v.clone() for k, v in model.boundary.state_dict().items()}  # the latch, which a call moves
+    for compiled in (False, True):
+        if compiled:
+            compile_training_forward(model)
+            model.boundary.load_state_dict(state)
+        model.zero_grad()
+        torch.manual_seed(1)
+        out = model(x, y)
+        out.loss.backward()
+        got.append((out.loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
+    (a, ga), (b, gb) = got
+    torch.testing.assert_close(b, a, rtol=1e-6, atol=1e-7)
+    for name in ga:
+        torch.testing.assert_close(gb[name], ga[name], rtol=1e-5, atol=1e-7, msg=name)
