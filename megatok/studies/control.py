@@ -324,6 +324,7 @@ def _map_png(plt, agg: dict, out: Path) -> None:
     the methods screened on fewer seeds thin; right (where probes were measured), the main estimators'
     shares against the value-to-noise ratio (marker area: seeds) with their fitted P(align) curves."""
     import numpy as np
+    from scipy.special import expit
 
     ratios = {lv: p["ratio"] for lv, p in agg["probes"].items() if p.get("ratio") is not None}
     fig, axes = plt.subplots(1, 2 if ratios else 1, figsize=(12 if ratios else 6, 4.5), squeeze=False)
@@ -344,7 +345,7 @@ def _map_png(plt, agg: dict, out: Path) -> None:
             fit = agg.get("fits", {}).get(m)
             if fit:
                 r = np.linspace(min(ratios.values()), max(ratios.values()), 200)
-                p = fit["floor"] + (1 - fit["floor"]) / (1 + np.exp(-fit["slope_mode"] * (r - fit["r50_mode"])))
+                p = fit["floor"] + (1 - fit["floor"]) * expit(fit["slope_mode"] * (r - fit["r50_mode"]))
                 axes[0][1].plot(r, p, color=style["color"], lw=1.5)
     axes[0][0].set_xlabel("control level")
     if ratios:
