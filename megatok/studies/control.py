@@ -134,7 +134,9 @@ def aggregate(summaries: list[dict], probes: dict[float, dict]) -> dict:
     for s in summaries:
         if s.get("level") is None:
             continue
-        fig = {**run_figures(s), "seed": s["seed"], "bpb": s.get("prose-sample", {}).get("bpb"),
+        figures = ({k: s.get(k) for k in ("aligned_fraction", "steps_to_align", "last_step", "climbing")}
+                   if "aligned_fraction" in s else run_figures(s))  # (the report's, by its preset's figure)
+        fig = {**figures, "seed": s["seed"], "bpb": s.get("prose-sample", {}).get("bpb"),
                "rate": s.get("realised_rate"), "wall_s": s.get("wall_s")}
         methods.setdefault(s["method"], {}).setdefault(s["level"], []).append(fig)
     table = {}
@@ -274,7 +276,7 @@ def markdown(agg: dict, header: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plots(summaries: list[dict], agg: dict, out: Path) -> list[str]:
+def plots(summaries: list[dict], agg: dict, out: Path, key: str = "sbw_boundary_fraction") -> list[str]:
     """map.png: the share of seeds that align against the level (and against the probe's value-to-noise
     ratio, where measured), one line per method; alignment.png: every policy run's fraction of spaces
     before words that start a chunk over training, a panel per level; survival.png: the Kaplan-Meier
@@ -294,11 +296,12 @@ def plots(summaries: list[dict], agg: dict, out: Path) -> list[str]:
         for s in curves:
             first = s["seed"] == min(x["seed"] for x in curves if x["method"] == s["method"])
             axes[levels.index(f"{s['level']:g}")].plot(
-                [r["step"] for r in s["curve"]], [r["sbw_boundary_fraction"] for r in s["curve"]],
+                [r["step"] for r in s["curve"]], [r.get(key) for r in s["curve"]],
                 color=f"C{methods.index(s['method']) % 10}", alpha=0.7, lw=1, label=s["method"] if first else None)
         for ax in axes:
             ax.axhline(ALIGNED, ls="--", color="gray", lw=0.8)
-        axes[0].set_ylabel("spaces before words starting a chunk")
+        axes[0].set_ylabel({"sbw_boundary_fraction": "spaces before words starting a chunk"}.get(
+            key, f"{key.replace('_', ' ')}"))
         written.append(_save_panels(plt, axes, out / "alignment.png"))
     surv = agg.get("survival", {})
     if any(k for by_level in surv.values() for k in by_level.values()) and levels:

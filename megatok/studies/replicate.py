@@ -506,7 +506,7 @@ def report(runs: list[dict], others: list[dict], methods: list[str], preset: Pre
         tmp.write_text(content)
         os.replace(tmp, out / name)
     if preset.data == "control":
-        return control_study.plots(summaries, agg, out)
+        return control_study.plots(summaries, agg, out, preset.aligned_key)
     return plots(summaries, agg, out)
 
 
