@@ -27,14 +27,22 @@ def word_byte_table() -> torch.Tensor:
     return table
 
 
-def word_bytes(x: torch.Tensor) -> torch.Tensor:
-    """bool, like ``x``: :func:`word_byte_table` at each id, computed from the separators' byte ranges (no
-    table to cache per device: the same operations on every call, which compiled code needs)."""
-    def within(lo, hi):
-        return (x >= lo) & (x <= hi)
+_WORD_BYTES: dict = {}
 
-    separator = within(9, 13) | within(32, 47) | within(58, 64) | within(91, 96) | within(123, 126)
-    return (x < 256) & ~separator
+
+def word_bytes(x: torch.Tensor) -> torch.Tensor:
+    """bool, like ``x``: :func:`word_byte_table` at each id, looked up in the table (cached per device); inside
+    compiled code computed from the separators' byte ranges instead (a cache filled while tracing would make
+    the next call recompile)."""
+    if torch.compiler.is_compiling():
+        def within(lo, hi):
+            return (x >= lo) & (x <= hi)
+
+        separator = within(9, 13) | within(32, 47) | within(58, 64) | within(91, 96) | within(123, 126)
+        return (x < 256) & ~separator
+    if x.device not in _WORD_BYTES:
+        _WORD_BYTES[x.device] = word_byte_table().to(x.device)
+    return _WORD_BYTES[x.device][x]
 
 
 def word_starts(x: torch.Tensor) -> torch.Tensor:
@@ -106,6 +114,7 @@ def row_stats(x: torch.Tensor, y: torch.Tensor, starts: torch.Tensor, ce_full: t
     wfb = torch.zeros_like(sbw)
     wfb[:, 1:] = sbw[:, :-1]
     wfb &= real
+    space = sbw & (x == 32)
     cols = {
         "nll": (ce_full * tmask).sum(1),
         "nll_early": (ce_early * tmask).sum(1),
@@ -120,8 +129,8 @@ def row_stats(x: torch.Tensor, y: torch.Tensor, starts: torch.Tensor, ce_full: t
         "aligned_boundaries": (aligned & real).sum(1),
         "sbw_positions": sbw.sum(1),
         "sbw_boundaries": (sbw & starts).sum(1),
-        "space_positions": (sbw & (x == 32)).sum(1),
-        "space_boundaries": (sbw & (x == 32) & starts).sum(1),
+        "space_positions": space.sum(1),
+        "space_boundaries": (space & starts).sum(1),
         "wfb_positions": wfb.sum(1),
         "wfb_boundaries": (wfb & starts).sum(1),
     }

@@ -97,3 +97,4 @@ def test_word_bytes_from_ranges_are_the_tables():
 
     ids = torch.arange(VOCAB_SIZE)
     assert torch.equal(word_bytes(ids), word_byte_table())
+    assert torch.equal(torch.compile(word_bytes, backend="eager", fullgraph=True)(ids), word_byte_table())  # ranges
