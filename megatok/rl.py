@@ -63,13 +63,13 @@ def normalize(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 _DISCOUNT_CACHE: dict = {}
 
 
-def _discount_matrix(gamma: float, n: int, device, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+def _discount_matrix(gamma: float | torch.Tensor, n: int, device, dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """(gamma^(k - t) for k >= t within a block [n, n], gamma^(n - t) [n]), cached per (gamma, n, device, dtype);
     computed afresh inside compiled code, whose graph then holds them (a cache filled while tracing would
-    make the next call recompile)."""
-    key = (gamma, n, device, dtype)
-    if torch.compiler.is_compiling():
-        return _discount_tables(*key)
+    make the next call recompile), and for a tensor gamma (a schedule's, while compiling)."""
+    if torch.compiler.is_compiling() or torch.is_tensor(gamma):
+        return _discount_tables(gamma, n, device, dtype)
+    key = (float(gamma), n, device, dtype)
     if key not in _DISCOUNT_CACHE:
         if len(_DISCOUNT_CACHE) >= 8:  # bounded: a gamma schedule brings a new gamma every step
             _DISCOUNT_CACHE.clear()
@@ -77,12 +77,13 @@ def _discount_matrix(gamma: float, n: int, device, dtype) -> tuple[torch.Tensor,
     return _DISCOUNT_CACHE[key]
 
 
-def _discount_tables(gamma: float, n: int, device, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+def _discount_tables(gamma: float | torch.Tensor, n: int, device, dtype) -> tuple[torch.Tensor, torch.Tensor]:
     i = torch.arange(n, device=device, dtype=torch.float64)
     lag = i[None, :] - i[:, None]  # [t, k] -> k - t
+    g = torch.as_tensor(gamma, dtype=torch.float64, device=device)
     # torch.where evaluates both branches: clamp the exponent so gamma=0 never sees 0 ** negative.
-    mat = torch.where(lag >= 0, torch.tensor(gamma, dtype=torch.float64) ** lag.clamp(min=0), 0.0)
-    carry = torch.tensor(gamma, dtype=torch.float64) ** (n - i)  # gamma^(distance to next block)
+    mat = torch.where(lag >= 0, g ** lag.clamp(min=0), 0.0)
+    carry = g ** (n - i)  # gamma^(distance to next block)
     return mat.to(dtype), carry.to(dtype)
 
 
@@ -102,7 +103,7 @@ def discounted_returns(adv: torch.Tensor, gamma: float, block: int = 128,
     n = min(block, T)
     pad = (-T) % n
     a = F.pad(adv.float(), (0, pad)).view(B, -1, n)  # [B, blocks, n]
-    mat, carry_w = _discount_matrix(float(gamma), n, adv.device, torch.float32)
+    mat, carry_w = _discount_matrix(gamma, n, adv.device, torch.float32)
     if resets is None:
         local = a @ mat.T  # local[..., t] = sum_{k >= t in block} gamma^(k-t) a_k
         seg = None

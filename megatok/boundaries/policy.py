@@ -210,12 +210,16 @@ class Strategy(BoundaryStrategy):
         return {"lambda_policy": o.lambda_policy, "batch_baseline": o.batch_baseline,
                 "early_exit_reward": o.early_exit_reward, "trained_gamma": o.gamma}
 
-    def gamma_now(self) -> float:
-        """The discount at the optimizer step the trainer set (``step``)."""
+    def gamma_now(self) -> float | torch.Tensor:
+        """The discount at the optimizer step the trainer set (``step``): while compiling, a tensor of
+        ``step_now`` (a float would be a constant of the graph, recompiled at every step of the schedule)."""
         o = self.options
         if o.gamma_start is None or not self.training:
             return o.gamma
-        frac = min(1.0, self.step / o.gamma_steps) if o.gamma_steps else 1.0
+        if torch.compiler.is_compiling():
+            frac = (self.step_now.float() / o.gamma_steps).clamp(max=1.0)
+        else:
+            frac = min(1.0, self.step / o.gamma_steps)
         return o.gamma_start + (o.gamma - o.gamma_start) * frac
 
     def lr_factor(self, step: int) -> float | None:
@@ -247,15 +251,27 @@ class Strategy(BoundaryStrategy):
             return True
         return (self.step_now >= self.options.start_step).float()
 
-    def exploring(self) -> float:
+    def exploring(self) -> float | torch.Tensor:
         """The fraction of explore and entropy in force at the trainer's step (0 in evaluation and before
-        start_step's policy learns nothing, so it does not matter there)."""
+        start_step's policy learns nothing, so it does not matter there); while compiling with a schedule
+        (explore_steps), a tensor of ``step_now``, as gamma_now's."""
         o = self.options
         if not self.training:
             return 0.0
         if not o.explore_steps:
             return 1.0
+        if torch.compiler.is_compiling():
+            return (1.0 - (self.step_now - o.start_step).clamp(min=0).float() / o.explore_steps).clamp(min=0.0)
         return max(0.0, 1.0 - max(0, self.step - o.start_step) / o.explore_steps)
+
+    def _share(self, weight: float) -> float | torch.Tensor | None:
+        """``weight`` (explore or entropy) x exploring(), or None where the term is off: in eager code when
+        the product is 0; while compiling only when ``weight`` is (the term is then kept at a share of 0, the
+        same value: a test of the share would be a branch on the step)."""
+        if not (weight and self.training):
+            return None
+        share = weight * self.exploring()
+        return share if torch.is_tensor(share) or share else None
 
     def logits(self, h: torch.Tensor, previous: torch.Tensor | None = None) -> torch.Tensor:
         """Capped logits. ``previous`` [B, T, w-1]: b_{t-1}, ..., b_{t-w+1} (window > 1 only)."""
@@ -298,8 +314,8 @@ class Strategy(BoundaryStrategy):
         if self.window_head is None:
             logits = self.logits(h)
             probs = torch.sigmoid(logits)
-            eps = self.options.explore * self.exploring()
-            if eps:  # the draw's own probability: the log-probability below is that of the decision taken
+            eps = self._share(self.options.explore)
+            if eps is not None:  # the draw's own probability: the log-probability below is that of the decision taken
                 probs = (1 - eps) * probs + eps * self.target_rate
             if mode == "sample":
                 noise = uniform_noise(probs, self.window)
@@ -324,7 +340,7 @@ class Strategy(BoundaryStrategy):
 
     def _log_probs(self, starts, logits, probs):
         """log pi of the decisions ``starts``: of the draw's own probability while exploring."""
-        if self.training and self.options.explore and self.exploring():
+        if self._share(self.options.explore) is not None:
             return torch.where(starts, probs.log(), torch.log1p(-probs))
         return torch.where(starts, F.logsigmoid(logits), F.logsigmoid(-logits))
 
@@ -375,8 +391,8 @@ class Strategy(BoundaryStrategy):
         """d log pi(b_t) / d logit_t of each decision taken: b - p, or with explore (drawn from
         p' = (1 - eps) p + eps rho) (1 - eps) p (1 - p) (b / p' - (1 - b) / (1 - p'))."""
         starts, drawn = b.starts.float(), b.probs.detach().float()
-        eps = self.options.explore * self.exploring()
-        if not eps:
+        eps = self._share(self.options.explore)
+        if eps is None:
             return starts - drawn
         p = torch.sigmoid(b.extra["logits"].detach().float())
         return (1 - eps) * p * (1 - p) * (starts / drawn - (1 - starts) / (1 - drawn))
@@ -392,8 +408,8 @@ class Strategy(BoundaryStrategy):
     def _entropy_term(self, terms: dict, logits: torch.Tensor, decisions: torch.Tensor, on) -> None:
         """entropy_loss = entropy x (its share now) x the mean over decisions of KL(Bernoulli(p_t) ||
         Bernoulli(rho)): the entropy of p_t, less its cross-entropy with the target rate rho."""
-        weight = self.options.entropy * self.exploring()
-        if weight:
+        weight = self._share(self.options.entropy)
+        if weight is not None:
             terms["entropy_loss"] = weight * on * rl.masked_mean(rl.bernoulli_kl(logits, self.target_rate), decisions)
 
     def _disarm_loss(self, b, reward, ce_full, ce_early, mask):

@@ -67,3 +67,35 @@ def test_the_compiled_forward_gives_eagers_loss_and_gradients(monkeypatch):
     torch.testing.assert_close(b, a, rtol=1e-6, atol=1e-7)
     for name in ga:
         torch.testing.assert_close(gb[name], ga[name], rtol=1e-5, atol=1e-7, msg=name)
+
+
+SCHEDULES = ["boundary.gamma_start=0.5", "boundary.gamma_steps=40", "boundary.explore=0.3", "boundary.explore_steps=40",
+             "boundary.entropy=0.01"]
+
+
+def test_schedules_moving_with_the_step_compile_once_and_match_eager(monkeypatch):
+    """gamma_start/gamma_steps, explore/explore_steps and entropy move with the step: compiled, they are tensors
+    of the step (no recompile through and past their schedules), and a step mid-schedule gives eager's loss."""
+    from megatok.model import blocks
+
+    monkeypatch.setattr(blocks, "COMPILE_BACKEND", "eager")
+    cfg = load_config("configs/tiny.json", [*SETS, *SCHEDULES], world_size=1)
+    text = model_and_batches(steps=60)[2]
+    losses = []
+    for compiled in (False, True):
+        torch._dynamo.reset()
+        counters.clear()
+        torch.manual_seed(0)
+        model = ByteUNet(cfg.model, cfg.boundary).train()
+        if compiled:
+            compile_training_forward(model)
+        opt = adamw(model, cfg.train, torch.device("cpu"))
+        got = []
+        for step, batch in enumerate(text):
+            model.boundary.step = step
+            torch.manual_seed(100 + step)
+            got.append(plain_step(model, opt, batch, grad_clip=1.0, bf16=False).loss.detach())
+        losses.append(torch.tensor([float(x) for x in got]))
+    assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])  # steps 0-59 cross both schedules' ends
+    eager, compiled = losses
+    torch.testing.assert_close(compiled[:30], eager[:30], rtol=1e-4, atol=1e-5)  # mid-schedule: the same steps
