@@ -41,12 +41,18 @@ _TABLES: dict = {}
 
 
 def separator_table(device) -> torch.Tensor:
+    """bool [VOCAB_SIZE]: the separator bytes and SEP; cached per device in eager code, built in the graph while
+    compiling (a cache filled while tracing makes the next call recompile)."""
+    if torch.compiler.is_compiling():
+        return _separator_table(device)
     if device not in _TABLES:
-        t = torch.zeros(VOCAB_SIZE, dtype=torch.bool)
-        t[list(SEPARATOR_BYTES)] = True
-        t[SEP] = True
-        _TABLES[device] = t.to(device)
+        _TABLES[device] = _separator_table(device)
     return _TABLES[device]
+
+
+def _separator_table(device) -> torch.Tensor:
+    ids = torch.tensor(sorted(SEPARATOR_BYTES) + [SEP], device=device)
+    return torch.zeros(VOCAB_SIZE, dtype=torch.bool, device=device).index_fill(0, ids, True)
 
 
 def whitespace_starts(x: torch.Tensor, mask: torch.Tensor, merge_space_runs: bool = True,

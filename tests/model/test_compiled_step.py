@@ -99,3 +99,20 @@ def test_schedules_moving_with_the_step_compile_once_and_match_eager(monkeypatch
     assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])  # steps 0-59 cross both schedules' ends
     eager, compiled = losses
     torch.testing.assert_close(compiled[:30], eager[:30], rtol=1e-4, atol=1e-5)  # mid-schedule: the same steps
+
+
+def test_whitespace_chunks_compile_once(monkeypatch):
+    """The separator table is built in the graph while compiling (a cache filled while tracing recompiled)."""
+    from megatok.model import blocks
+
+    monkeypatch.setattr(blocks, "COMPILE_BACKEND", "eager")
+    torch._dynamo.reset()
+    counters.clear()
+    cfg = load_config("configs/tiny.json", [*SETS[:-2], "boundary.strategy=whitespace"], world_size=1)
+    torch.manual_seed(0)
+    model = ByteUNet(cfg.model, cfg.boundary).train()
+    compile_training_forward(model)
+    opt = adamw(model, cfg.train, torch.device("cpu"))
+    for batch in model_and_batches(steps=4)[2]:
+        plain_step(model, opt, batch, grad_clip=1.0, bf16=False)
+    assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
