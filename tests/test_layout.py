@@ -140,7 +140,7 @@ def test_every_command_is_declared_and_has_main():
 
 def test_tools_holds_shell_scripts_only():
     assert sorted(p.name for p in (ROOT / "tools").iterdir() if p.is_file()) == [
-        "cluster.sh", "gpu_bench.sh", "gpu_wheels.sh", "head_to_head.sh", "quickstart.sh", "setup.sh", "test.sh"]
+        "cluster.sh", "gpu_bench.sh", "gpu_site.sh", "gpu_study.sh", "gpu_wheels.sh", "head_to_head.sh", "quickstart.sh", "setup.sh", "test.sh"]
 
 
 def test_pyproject_ranges_start_at_requirements_txt_pins_and_list_every_package():

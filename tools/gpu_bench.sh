@@ -96,21 +96,8 @@ if [ "$PLAN" = 1 ]; then plan; exit 0; fi
 
 mkdir -p "$OUT"
 plan | tee "$OUT/plan.txt"
-if [ "$SMOKE" = 0 ] && compgen -G ".whl/*.whl" > /dev/null; then  # the smoke runs here, on this machine's packages
-  SITE=$(mktemp -d "${TMPDIR:-/tmp}/megatok-site.XXXXXX")  # its own, not a fixed /tmp path another user may hold
-  trap 'rm -rf "$SITE"' EXIT
-  "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl \
-    || { echo "gpu_bench: installing .whl/ failed" >&2; exit 1; }
-  export PYTHONPATH=$SITE
-fi
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 WANDB_MODE=disabled
-{
-  date -u
-  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1 || echo "no nvidia-smi"
-  "$PYTHON" -c "import torch, sys; print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda)"
-  git log -1 --format='commit %H %s' 2>/dev/null
-} > "$OUT/environment.txt" 2>&1
-cat "$OUT/environment.txt"
+. tools/gpu_site.sh
+gpu_site gpu_bench "$([ "$SMOKE" = 0 ] && echo 1 || echo 0)"  # the smoke runs here, on this machine's packages
 
 child="" FAILED=()
 trap 'echo "gpu_bench: SIGTERM: ending the running part (it writes what it measured)" >&2;

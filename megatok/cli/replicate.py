@@ -55,6 +55,16 @@ def parse_handover(text: str) -> Handover:
     return Handover(method, int(steps))
 
 
+def positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, not {text!r}")
+    return value
+
+
 def parse_args(argv):
     ap = command_parser(description=replicate.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--preset", required=True, choices=sorted(PRESETS))
@@ -78,6 +88,13 @@ def parse_args(argv):
                          "trains the preset's remaining steps; give it its own --out")
     ap.add_argument("--report-only", action="store_true",
                     help="train nothing: evaluate the finished runs and write the tables of the study so far")
+    ap.add_argument("--prepare-only", action="store_true",
+                    help="build the data and write the runs' configs under --work; train and write nothing else "
+                         "(to carry the data to another machine)")
+    ap.add_argument("--budget-s", type=positive_seconds, default=None, metavar="SECONDS",
+                    help="the study's wall-clock budget: no run starts in its last 30 s and a run still training at "
+                         "its end is stopped with its checkpoint; the tables then hold what finished and the same "
+                         "command resumes (exit status 3)")
     args = ap.parse_args(argv)
     preset = PRESETS[args.preset]
     args.methods = args.methods.split(",") if args.methods else list(preset.methods)
@@ -100,12 +117,20 @@ def parse_args(argv):
 
 def main(argv=None) -> int:
     args, preset = parse_args(argv)
-    recorded = [a for a in (argv if argv is not None else sys.argv[1:]) if a != "--report-only"]
+    given = list(argv if argv is not None else sys.argv[1:])
+    recorded = []  # the study's command: what only says how much of it to do now is left out
+    while given:
+        a = given.pop(0)
+        if a == "--budget-s":
+            given = given[1:]
+        elif a not in ("--report-only", "--prepare-only") and not a.startswith("--budget-s="):
+            recorded.append(a)
     return replicate.run_study(
         preset, out=args.out.resolve(), work=(args.work or Path("runs") / f"replicate-{preset.name}").resolve(),
         nproc=args.nproc or preset.nproc, seeds=args.seeds, levels=args.levels, methods=args.methods,
         overrides=args.overrides, given={"shards": args.shards, "heldout": args.heldout, "parallel": args.parallel},
-        report_only=args.report_only, invocation="megatok-replicate " + shlex.join(recorded), handover=args.handover)
+        report_only=args.report_only, invocation="megatok-replicate " + shlex.join(recorded), handover=args.handover,
+        prepare_only=args.prepare_only, budget_s=args.budget_s)
 
 
 if __name__ == "__main__":

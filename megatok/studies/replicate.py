@@ -39,6 +39,7 @@ import hashlib
 import json
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -294,11 +295,50 @@ def earlier_results(out: Path) -> dict:
     return {run_key(r): r for r in runs if r.get("config_digest") and "prose-sample" in r}
 
 
-def train(run: dict, nproc: int) -> None:
+class BudgetSpent(Exception):
+    """--budget-s ran out (a run stopped at its checkpoint, or too little left to start one)."""
+
+
+class Budget:
+    """The study's wall-clock budget (None: none): no run starts in its last ``RESERVE_S`` seconds, and a run
+    still training at its end gets SIGTERM (the trainer saves a checkpoint and exits), then SIGKILL after
+    ``GRACE_S``."""
+    RESERVE_S, GRACE_S = 30.0, 120.0
+
+    def __init__(self, seconds: float | None):
+        self.seconds, self.end = seconds, None if seconds is None else time.monotonic() + seconds
+
+    def left(self) -> float | None:
+        return None if self.end is None else self.end - time.monotonic()
+
+    def check(self, name: str) -> None:
+        left = self.left()
+        if left is not None and left < self.RESERVE_S:
+            raise BudgetSpent(f"--budget-s {self.seconds:g}: {max(0.0, left):.0f} s left, {name} not started")
+
+
+def train(run: dict, nproc: int, budget: Budget = Budget(None)) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))}
     cmd = local_command(run, nproc)
+    budget.check(run["name"])
     log(f"{run['name']}: {shlex.join(cmd)}")
-    rc = subprocess.run(cmd, env=env).returncode
+    proc = subprocess.Popen(cmd, env=env, start_new_session=budget.end is not None)  # its own group: one signal reaches every rank
+    try:
+        rc = proc.wait(timeout=budget.left())
+    except subprocess.TimeoutExpired:
+        log(f"{run['name']}: --budget-s {budget.seconds:g} spent: stopping it (SIGTERM: it saves a checkpoint)")
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=Budget.GRACE_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        raise BudgetSpent(f"--budget-s {budget.seconds:g} spent while {run['name']} trained (stopped at a checkpoint)") from None
+    except BaseException:  # Ctrl-C or an error here: the run's group goes with the study
+        if proc.poll() is None and budget.end is not None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait()
+        raise
     if rc:
         raise RuntimeError(f"{run['name']} failed with exit code {rc}; rerun the same command to resume it")
 
@@ -347,6 +387,10 @@ def evaluate(run: dict, data: dict) -> None:
 def boundaries_picture(runs: list[dict], out: Path, tokenizer: Path) -> None:
     """Every byte method's first finished run on SENTENCES (kept as it is while some method's runs were
     only kept from an earlier invocation's results.json: their models are not here to draw)."""
+    import importlib.util
+
+    if importlib.util.find_spec("matplotlib") is None:  # as report's plots
+        return
     firsts = {}
     for r in runs:
         if r["method"] != "bpe" and r["method"] not in firsts and finished(r):
@@ -364,13 +408,15 @@ def boundaries_picture(runs: list[dict], out: Path, tokenizer: Path) -> None:
 
 def run_study(preset: Preset, *, out: Path, work: Path, nproc: int, seeds: list[int], levels: list, methods: list[str],
               overrides: list[str], given: dict, report_only: bool, invocation: str,
-              handover: Handover | None = None) -> int:
+              handover: Handover | None = None, prepare_only: bool = False, budget_s: float | None = None) -> int:
     """The study of ``preset`` for these seeds, methods and (the control's) levels: data, configs, training
     on ``nproc`` ranks per run (none with ``report_only``), evaluations and the report in ``out`` (the
     command recorded: ``invocation``), resuming whatever is done. ``given``: {"shards", "heldout",
     "parallel"} from the command line, or None each. ``handover``: every method starts from a source run's
-    checkpoint (each seed's source trained first, not in the tables). The exit status: 2 on bad input, 1
-    when a run fails."""
+    checkpoint (each seed's source trained first, not in the tables). ``prepare_only``: data and configs,
+    nothing else. ``budget_s``: the wall-clock budget (:class:`Budget`). The exit status: 2 on bad input, 1
+    when a run fails, 3 when the budget ran out first."""
+    budget = Budget(budget_s)
     datas, runs = {}, []
     try:
         check_same_study(out, handover)
@@ -381,6 +427,9 @@ def run_study(preset: Preset, *, out: Path, work: Path, nproc: int, seeds: list[
     except (ConfigError, DataError, RuntimeError, OSError) as e:
         print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
+    if prepare_only:
+        log(f"prepared: data under {work} and {len(runs)} run config(s); nothing trained")
+        return 0
     if not (CHECKOUT / "launch/pretrain.py").is_file() and not report_only and not all(finished(r) for r in runs):
         print(f"error: megatok-replicate trains with launch/pretrain.py of a megatok checkout; there is none in "
               f"{CHECKOUT} (run it from a clone: bash tools/setup.sh installs megatok editable)", file=sys.stderr)
@@ -400,7 +449,7 @@ def run_study(preset: Preset, *, out: Path, work: Path, nproc: int, seeds: list[
         for i, run in enumerate(runs, 1):
             if run.get("role") == "source":
                 train_source(run, [r for r in runs if r.get("source") is run], f"[{i}/{len(runs)}]", nproc,
-                             report_only)
+                             report_only, budget)
                 continue
             if "kept" in run:
                 log(f"[{i}/{len(runs)}] {run['name']}: kept from {out / 'results.json'} (its run directory is gone)")
@@ -412,7 +461,7 @@ def run_study(preset: Preset, *, out: Path, work: Path, nproc: int, seeds: list[
                 continue
             else:
                 log(f"[{i}/{len(runs)}] {run['name']}: training")
-                train(run, nproc)
+                train(run, nproc, budget)
             evaluate(run, datas[run["level"]])
             run["evaluated"] = True
             if preset.data == "control":
@@ -421,6 +470,12 @@ def run_study(preset: Preset, *, out: Path, work: Path, nproc: int, seeds: list[
                 report(studied, others, methods, preset, seeds, out, invocation, handover)
         if preset.data != "control":
             boundaries_picture(runs, out, work / "bpe-tokenizer")
+    except BudgetSpent as e:
+        report(studied, others, methods, preset, seeds, out, invocation, handover)
+        done = sum(1 for r in studied if r.get("evaluated") or "kept" in r)
+        print(f"megatok-replicate: {e}; {done} of {len(studied)} runs finished, in {out / 'results.md'}; the same "
+              f"command resumes", file=sys.stderr)
+        return 3
     except RuntimeError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
@@ -442,7 +497,8 @@ def check_same_study(out: Path, handover: Handover | None) -> None:
         raise ConfigError(f"{out / 'results.json'} records a study {was}; this one has {now}: give it its own --out")
 
 
-def train_source(source: dict, arms: list[dict], counter: str, nproc: int, report_only: bool) -> None:
+def train_source(source: dict, arms: list[dict], counter: str, nproc: int, report_only: bool,
+                 budget: Budget = Budget(None)) -> None:
     """A hand-over's source run, trained unless it is finished or every method's run it starts is."""
     if all("kept" in r or finished(r) for r in arms):
         log(f"{counter} {source['name']}: not needed (every run it starts is finished)")
@@ -452,7 +508,7 @@ def train_source(source: dict, arms: list[dict], counter: str, nproc: int, repor
         log(f"{counter} {source['name']}: not finished (--report-only: not trained)")
     else:
         log(f"{counter} {source['name']}: training the hand-over's source")
-        train(source, nproc)
+        train(source, nproc, budget)
 
 
 def probe_level(run: dict, runs: list[dict], data: dict, out: Path) -> None:
@@ -505,6 +561,11 @@ def report(runs: list[dict], others: list[dict], methods: list[str], preset: Pre
         tmp = out / f".{name}.tmp"  # replaced whole: a kill never leaves a torn results.json
         tmp.write_text(content)
         os.replace(tmp, out / name)
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:  # a GPU image may lack it: the tables are the results, the plots a view of them
+        log("no matplotlib here: the tables are written, the plots are not (pip install matplotlib; --report-only)")
+        return []
     if preset.data == "control":
         return control_study.plots(summaries, agg, out, preset.aligned_key)
     return plots(summaries, agg, out)

@@ -15,8 +15,8 @@ from pathlib import Path
 
 from megatok.metrics import finite_number, read_metrics
 
-#: The variance reduction chosen for ``policy-vr`` by the screen in docs/replication/README.md (the figures and
-#: the commands that made them are there).
+#: The variance reduction chosen for ``policy-vr`` by the screen in
+#: docs/replication/notes/2026-12-01-prose-study.md (the figures and the commands that made them are there).
 VR_OPTIONS = {"samples": 2}
 
 #: The published estimator's settings where megatok's default differs (its pace: docs/method.md).
@@ -137,6 +137,9 @@ PRESETS = {p.name: p for p in (
     Preset("gpu-18m", "configs/replication/gpu-18m.json", 1, 8192,
            ("policy", "policy-published", "policy-vr", "uniform", "fixed", "whitespace", "bpe"), "prose", 2_000_000,
            "the research's smallest model (d 384, 2/6/2 layers) on one GPU, about a minute of training each"),
+    Preset("gpu-call", "configs/replication/gpu-18m.json", 1, 8192, ("policy", "uniform", "whitespace"), "prose",
+           2_000_000, "gpu-18m's model and steps for megatok's default policy, uniform chunks and whitespace chunks: "
+           "one GPU call (tools/gpu_study.sh: --budget-s, the data built here and carried)"),
     Preset("gpu-40m", "configs/replication/gpu-40m.json", 1, 8192,
            ("policy", "policy-published", "policy-vr", "uniform", "fixed", "whitespace", "bpe"), "prose", 2_000_000,
            "the research's ablation scale: 39M parameters (d 512, 2/8/2 layers, byte layers over 64-byte windows), "

@@ -276,7 +276,8 @@ def test_the_gpu_bench_installs_carried_wheels_into_a_directory_of_its_own(tmp_p
     from tests.conftest import ROOT
 
     (tmp_path / "tools").mkdir()
-    shutil.copy(ROOT / "tools/gpu_bench.sh", tmp_path / "tools/gpu_bench.sh")
+    for name in ("gpu_bench.sh", "gpu_site.sh"):
+        shutil.copy(ROOT / "tools" / name, tmp_path / "tools" / name)
     (tmp_path / ".whl").mkdir()
     (tmp_path / ".whl" / "x-1.0-py3-none-any.whl").write_bytes(b"not a wheel")
     fake = tmp_path / "python"  # records pip's --target, and the install fails

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.dist
 
 #: Seeds on which, in this setting, the published estimator avoids the spaces before words and the default
 #: aligns by step 290, 290 and 280 (of 10 seeds screened, the default aligned on 9, the published one on 3:
-#: docs/replication/README.md, "Reliable placement").
+#: docs/replication/notes/2026-12-07-reliable-placement.md).
 SEEDS = (11, 12, 19)
 STEPS = 400
 

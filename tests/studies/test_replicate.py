@@ -88,7 +88,7 @@ def test_a_study_stopped_part_way_keeps_the_tables_of_its_finished_runs(study, s
     from megatok.cli import replicate as cli
     from megatok.studies import replicate as runner
 
-    def fail(run, nproc):
+    def fail(run, nproc, budget=None):
         raise RuntimeError(f"{run['name']} failed with exit code 1; rerun the same command to resume it")
 
     tmp = study[0]
@@ -113,7 +113,7 @@ def test_report_only_writes_the_tables_of_the_finished_runs_and_trains_nothing(s
     from megatok.cli import replicate as cli
     from megatok.studies import replicate as runner
 
-    def no_training(run, nproc):
+    def no_training(run, nproc, budget=None):
         raise AssertionError(f"{run['name']} trained")
 
     tmp = study[0]
@@ -301,3 +301,51 @@ def test_a_handover_trains_each_seeds_source_then_every_method_from_its_checkpoi
     late = replicate(*elsewhere, "whitespace:4")
     assert late.returncode == 2 and "between 0 and train.max_steps (4)" in late.stderr
     assert replicate(*elsewhere, "bpe:2").returncode == 2 and not (tmp / "ho-out2").exists()
+
+
+def test_a_budget_stops_the_running_run_with_sigterm_and_starts_none_in_its_last_seconds(tmp_path, monkeypatch):
+    """--budget-s: a run still going at the budget's end gets SIGTERM in its own process group (every rank: here
+    a child too), has GRACE_S to save and exit, and the study stops with BudgetSpent; in the budget's last
+    RESERVE_S seconds no run starts. (The trainer's checkpoint on SIGTERM: tests/train.)"""
+    from megatok.studies import replicate as runner
+
+    script = ("import signal, subprocess, sys, time, pathlib\n"
+              "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+              "def stop(*_):\n"
+              "    pathlib.Path(sys.argv[1]).write_text(str(child.wait()))\n"
+              "    sys.exit(0)\n"
+              "signal.signal(signal.SIGTERM, stop)\n"
+              "time.sleep(60)\n")
+    marker = tmp_path / "stopped"
+    monkeypatch.setattr(runner, "local_command", lambda run, nproc: [sys.executable, "-c", script, str(marker)])
+    monkeypatch.setattr(runner.Budget, "RESERVE_S", 0.5)
+    run = {"name": "uniform-seed0"}
+    budget = runner.Budget(3)
+    with pytest.raises(runner.BudgetSpent, match="spent while uniform-seed0 trained"):
+        runner.train(run, 1, budget)
+    assert marker.read_text() == "-15"  # the child had SIGTERM too, and the run saw it end before exiting
+    with pytest.raises(runner.BudgetSpent, match="uniform-seed0 not started"):
+        runner.train(run, 1, budget)
+
+
+def test_budget_and_prepare_only_stay_out_of_the_recorded_command(tmp_path, shards, monkeypatch, capsys):
+    """--prepare-only writes the configs and trains nothing; --budget-s, as --report-only, says how much to do
+    now, not what the study is: the command recorded in results.json leaves them out. A budget spent before
+    any run starts: exit status 3 and the message."""
+    from megatok.cli import replicate as cli
+    from megatok.studies import replicate as runner
+
+    prose = tmp_path / "prose.jsonl"
+    prose.write_text(json.dumps({"text": stdlib_texts(1, 3000)[0], "lang": "en", "domain": "docs"}) + "\n")
+    args = ["--preset", "toy", "--out", str(tmp_path / "out"), "--work", str(tmp_path / "work"), "--methods",
+            "uniform", "--shards", str(shards), "--heldout", str(prose)]
+    assert cli.main([*args, "--prepare-only"]) == 0
+    assert (tmp_path / "work/configs/uniform-seed0.json").is_file() and not (tmp_path / "out").exists()
+    assert "nothing trained" in capsys.readouterr().out
+    monkeypatch.setattr(runner.Budget, "RESERVE_S", 1e6)
+    assert cli.main([*args, "--budget-s", "600"]) == 3
+    assert "uniform-seed0 not started; 0 of 1 runs finished" in capsys.readouterr().err
+    result = json.loads((tmp_path / "out/results.json").read_text())
+    assert "--budget-s" not in result["command"] and "600" not in result["command"]
+    with pytest.raises(SystemExit):
+        cli.parse_args([*args, "--budget-s", "0"])

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# megatok's default policy, uniform chunks and whitespace chunks at the research's 18M shape (d 384, 2/6/2 layers,
+# 4096-byte windows, batch 32, 300 steps: configs/replication/gpu-18m.json) on English prose, in one GPU call:
+# megatok-replicate --preset gpu-call under a wall-clock budget. Each run's held-out bits per byte and alignment
+# reach $OUT/gpu-call/results.md once it is evaluated; every run's metrics rows (held-out rows every 100 steps)
+# are copied to $OUT/metrics/ as the study goes and at its end.
+#
+#   here, once:   PY=.venv/bin/python bash tools/gpu_wheels.sh      # -> .whl/ (the GPU image lacks deepspeed, ...)
+#                 bash tools/gpu_study.sh --prepare                 # -> runs/gpu-call/data: the prose corpus, shards, held-out
+#   there, in a copy of the checkout with .whl/ and runs/gpu-call/data (the device's carry):
+#                 OUT=DIR bash tools/gpu_study.sh                   # within 540 s: a 10-minute call
+#                 OUT=DIR bash tools/gpu_study.sh --budget-s 270 -- --seeds 1,   # other budget; more replicate args
+#   A later call on the same machine resumes (finished runs are kept, a stopped one resumes from its checkpoint).
+#   Exit status: megatok-replicate's (0 done, 3 when the budget ran out first, 1 a run failed, 2 bad input).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-gpu-study-out}
+PYTHON=${PYTHON:-python3}
+WORK=${WORK:-runs/gpu-call}
+BUDGET=540 PREPARE=0 EXTRA=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --prepare) PREPARE=1 ;;
+    --budget-s) shift; BUDGET=${1:?--budget-s needs a number of seconds} ;;
+    --) shift; EXTRA=("$@"); break ;;
+    *) echo "gpu_study: unknown argument $1 (--prepare, --budget-s N, -- REPLICATE ARGS)" >&2; exit 2 ;;
+  esac
+  shift
+done
+case "$BUDGET" in ''|*[!0-9]*) echo "gpu_study: --budget-s wants whole seconds, got $BUDGET" >&2; exit 2 ;; esac
+STUDY=(-m megatok.cli.replicate --preset gpu-call --work "$WORK" "${EXTRA[@]}")
+if [ "$PREPARE" = 1 ]; then
+  PYTHON=${PY:-.venv/bin/python}
+  "$PYTHON" "${STUDY[@]}" --out "$WORK/out" --prepare-only || exit $?
+  rm -rf "$WORK/configs"  # they name this checkout's paths: the device's call writes its own
+  du -sh "$WORK/data"
+  exit 0
+fi
+if [ ! -f "$WORK/data/eval_prose.jsonl" ]; then
+  echo "gpu_study: no prepared data in $WORK/data (run bash tools/gpu_study.sh --prepare here and carry $WORK)" >&2
+  exit 2
+fi
+mkdir -p "$OUT/metrics"
+. tools/gpu_site.sh
+gpu_site gpu_study 1
+copy_metrics() {
+  for m in "$WORK"/runs/*/metrics.jsonl; do [ -f "$m" ] && cp "$m" "$OUT/metrics/$(basename "$(dirname "$m")").jsonl"; done
+}
+( while sleep 30; do copy_metrics; done ) &
+copier=$!
+trap 'kill $copier 2>/dev/null; copy_metrics; rm -rf "${SITE:-}"' EXIT  # (gpu_site's own trap replaced)
+# The study's own budget ends 20 s before ours: room for its report and the copies.
+"$PYTHON" "${STUDY[@]}" --out "$OUT/gpu-call" --budget-s $(( BUDGET - 20 ))
+rc=$?
+echo "gpu_study: exit $rc after $SECONDS s of $BUDGET; results in $OUT/gpu-call, metrics rows in $OUT/metrics"
+exit $rc
