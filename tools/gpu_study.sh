@@ -6,7 +6,7 @@
 # are copied to $OUT/metrics/ as the study goes and at its end.
 #
 #   here, once:   PY=.venv/bin/python bash tools/gpu_wheels.sh      # -> .whl/ (the GPU image lacks deepspeed, ...)
-#                 bash tools/gpu_study.sh --prepare                 # -> runs/gpu-call/data: the prose corpus, shards, held-out
+#                 bash tools/gpu_study.sh --prepare                 # -> runs/gpu-call/data: the prose corpus and held-out sets (16 MB)
 #   there, in a copy of the checkout with .whl/ and runs/gpu-call/data (the device's carry):
 #                 OUT=DIR bash tools/gpu_study.sh                   # within 540 s: a 10-minute call
 #                 OUT=DIR bash tools/gpu_study.sh --budget-s 270 -- --seeds 1,   # other budget; more replicate args
@@ -32,7 +32,9 @@ STUDY=(-m megatok.cli.replicate --preset gpu-call --work "$WORK" "${EXTRA[@]}")
 if [ "$PREPARE" = 1 ]; then
   PYTHON=${PY:-.venv/bin/python}
   "$PYTHON" "${STUDY[@]}" --out "$WORK/out" --prepare-only || exit $?
-  rm -rf "$WORK/configs"  # they name this checkout's paths: the device's call writes its own
+  # The configs name this checkout's paths (the device's call writes its own); the shards are 62 MB of tar
+  # headers and text, rebuilt there from prose.jsonl.gz (14 MB) in seconds: the carry stays near 16 MB.
+  rm -rf "$WORK/configs" "$WORK/data/prose_shards"
   du -sh "$WORK/data"
   exit 0
 fi
