@@ -276,6 +276,9 @@ class TrainConfig(_Section):
     peak_tflops: float | None = Field(None, gt=0, description="dense TFLOP/s of one device for the mfu column (default: the GPU's bf16 peak by name, megatok.flops.PEAK_BF16_TFLOPS; no mfu on a CPU)")
     zero_init: bool = Field(True, description="ZeRO-3: build the model already partitioned over the ranks "
                                               "(deepspeed.zero.Init), so no rank holds it whole")
+    deterministic: bool = Field(False, description="deterministic kernels (torch.use_deterministic_algorithms, a fixed "
+                                "cuBLAS workspace): on a GPU a resume repeats the losses bit for bit, at a cost "
+                                "megatok-gpu-check measures; a kernel with no deterministic version fails, named")
     compile: bool | Literal["blocks", "model"] = Field(
         False, description="true or 'blocks': torch.compile every transformer block (dynamic shapes: the number of "
                            "chunks changes from batch to batch); 'model': the whole training forward (byte layers, "

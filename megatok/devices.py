@@ -60,3 +60,13 @@ def device_option(text: str) -> str:
     if why:
         raise argparse.ArgumentTypeError(f"{text}: {why}")
     return str(device)
+
+
+def deterministic_kernels() -> None:
+    """train.deterministic: torch's deterministic kernels from here on (torch.use_deterministic_algorithms; a
+    kernel with none fails with torch's error naming it), cuBLAS with a fixed workspace (CUBLAS_WORKSPACE_CONFIG,
+    read when cuBLAS starts: call this before the first matmul on the GPU) and no cuDNN autotuning. On a GPU
+    a resume then repeats the losses bit for bit; on a CPU they already do."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.benchmark = False

@@ -41,3 +41,24 @@ def test_the_reasons_on_a_machine_with_cuda(monkeypatch):
         "no CUDA device is visible (CUDA_VISIBLE_DEVICES=''); use --device cpu")
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
     assert unusable(torch.device("cuda"), "--device cpu") == "no CUDA device is visible; use --device cpu"
+
+
+def test_deterministic_kernels_switch_torch_to_them_and_fix_the_cublas_workspace(monkeypatch):
+    """train.deterministic's switch (the trainer calls it before any kernel runs; megatok-gpu-check's trainer
+    section runs with it and fails on a resume that is not bit-exact)."""
+    import torch
+
+    from megatok.config import load_config
+    from megatok.devices import deterministic_kernels
+
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    assert load_config("configs/tiny.json", ["train.deterministic=true"], world_size=1).train.deterministic
+    before = torch.are_deterministic_algorithms_enabled()
+    try:
+        deterministic_kernels()
+        assert torch.are_deterministic_algorithms_enabled()
+        import os
+
+        assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+    finally:
+        torch.use_deterministic_algorithms(before)

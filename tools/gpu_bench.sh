@@ -67,7 +67,7 @@ command_for() {  # CMD: the part's command, given its own budget in seconds
     trainer) CMD+=(--sections trainer --trainer-steps "$([ "$QUICK" = 1 ] && echo 2 || echo 4)") ;;
     training)  # (--cpu-smoke: gpu_check's own tiny config in place of --configs)
       if [ "$QUICK" = 1 ]; then
-        CMD+=(--sections training generation --steps 4 --warmup 2 --no-document-mask --no-compile)
+        CMD+=(--sections training generation --steps 4 --warmup 2 --no-document-mask --no-compile --no-deterministic)
         if [ "$SMOKE" = 0 ]; then CMD+=(--configs configs/1b.json); fi
       else
         CMD+=(--sections generation training attention --steps 8 --warmup 3)

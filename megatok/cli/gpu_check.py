@@ -36,6 +36,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                     help="the first config once more with train.compile the other way: its gain, or its cost "
                          "(default: on a GPU, not in --cpu-smoke)")
+    ap.add_argument("--deterministic", action=argparse.BooleanOptionalAction, default=None,
+                    help="the first config once more with train.deterministic: what deterministic kernels cost "
+                         "(default: on a GPU, not in --cpu-smoke)")
     ap.add_argument("--sections", nargs="+", choices=gpu_check.SECTIONS, default=d.sections,
                     help="what to run, in this order (default: %(default)s: the trainer first, the figure that "
                          "matters most when GPU time is short)")

@@ -55,16 +55,6 @@ def parse_handover(text: str) -> Handover:
     return Handover(method, int(steps))
 
 
-def positive_seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, not {text!r}")
-    return value
-
-
 def parse_args(argv):
     ap = command_parser(description=replicate.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--preset", required=True, choices=sorted(PRESETS))
@@ -91,12 +81,14 @@ def parse_args(argv):
     ap.add_argument("--prepare-only", action="store_true",
                     help="build the data and write the runs' configs under --work; train and write nothing else "
                          "(to carry the data to another machine)")
-    ap.add_argument("--budget-s", type=positive_seconds, default=None, metavar="SECONDS",
+    ap.add_argument("--budget-s", type=float, default=None, metavar="SECONDS",
                     help="the study's wall-clock budget: no run starts in its last 30 s and a run still training at "
                          "its end is stopped with its checkpoint; the tables then hold what finished and the same "
                          "command resumes (exit status 3)")
     args = ap.parse_args(argv)
     preset = PRESETS[args.preset]
+    if args.budget_s is not None and not args.budget_s > 0:
+        ap.error(f"--budget-s: a positive number of seconds, not {args.budget_s:g}")
     args.methods = args.methods.split(",") if args.methods else list(preset.methods)
     bad = [m for m in args.methods if m not in METHODS]
     if bad:

@@ -16,8 +16,8 @@ It runs four sections, by default in this order (--sections picks and orders the
 1. trainer: the trainer as users start it (with DeepSpeed): launch/pretrain.py on --trainer-config
    (default 100m, compiled as its config says) for --trainer-steps steps under ZeRO-3 (the model built
    partitioned), on shards built from the standard library's sources; a new process resumed from the
-   halfway checkpoint, whose losses are compared with the first run's (on a GPU not necessarily
-   bit-exact: some kernels are not deterministic); megatok-generate on the result; then 2 steps under
+   halfway checkpoint, whose losses must be the first run's bit for bit (the runs use train.deterministic;
+   a resume that is not exact is the section's error); megatok-generate on the result; then 2 steps under
    ZeRO-2, whose model is built whole directly on the GPU. Each part is recorded as it ends
    (megatok/perf/gpu_trainer.py).
 2. generation: megatok.generate.generate_batch on a small byte model and a small BPE token model
@@ -36,7 +36,8 @@ It runs four sections, by default in this order (--sections picks and orders the
    --engine picks one. Then the first config once more with model.document_mask (attention through
    FlexAttention's block mask): its cost in bytes/s and memory; and once more with train.compile the
    other way (the GPU configs compile; the untimed warm-up steps compile): what compiling the blocks
-   gains (not in --cpu-smoke unless --compile is given). Each row in a spawned process of its own
+   gains (not in --cpu-smoke unless --compile is given); and once more with train.deterministic: what
+   deterministic kernels cost (likewise, --deterministic). Each row in a spawned process of its own
    (megatok/perf/gpu_training.py).
 4. attention: flash-attn against torch SDPA (if flash_attn is importable): largest difference of
    outputs and input gradients on the same bf16 inputs, and forward+backward time of each, at
@@ -105,6 +106,7 @@ class Settings:
     gen_bytes: int = 128  # bytes each row generates in the generation section
     document_mask: bool = True  # the first config's second run with model.document_mask
     compile: bool | None = None  # the first config once more with train.compile the other way (None: on a GPU)
+    deterministic: bool | None = None  # the first config once more with train.deterministic (None: on a GPU)
     sections: list[str] = field(default_factory=lambda: list(SECTIONS))  # what to run, in this order
     cpu_smoke: bool = False  # the tiny config on the CPU, 2 steps: the code paths
     budget_s: float = 480  # wall-clock budget (work that would start past it is skipped and reported)
@@ -249,7 +251,8 @@ def run(settings: Settings) -> int:
         dist.finish()
     except Exception:  # noqa: BLE001 - no process group was started
         pass
-    return 0
+    error = check.report.get("trainer", {}).get("error", "")
+    return 1 if error and not error.startswith("skipped") else 0  # the trainer failed, or resumed inexactly
 
 
 class Check:
@@ -328,6 +331,9 @@ class Check:
             compiled = load_config(configs[0], overrides, world_size=1).train.compile
             runs.append((configs[0], overrides + [f"train.compile={str(not compiled).lower()}"],
                          f"{configs[0]} {'- compile' if compiled else '+ compile'}"))
+        if (self.settings.deterministic if self.settings.deterministic is not None else not self.settings.cpu_smoke) \
+                and configs:  # what bit-exact resumes cost
+            runs.append((configs[0], overrides + ["train.deterministic=true"], f"{configs[0]} + deterministic"))
         for config, sets, label in runs:
             self.save(f"training {label} done" if self.run_training(config, sets, label) else f"training {label} skipped")
 

@@ -1,8 +1,9 @@
 """The GPU check's trainer section (megatok.perf.gpu_check): the trainer as users start it, on the device.
 
 launch/pretrain.py on a config for a few steps under ZeRO-3 (the model built partitioned) with a checkpoint
-halfway, on shards built from the Python standard library's sources; a new process resumed from that
-checkpoint, whose losses are compared with the first run's; megatok-generate on the result; then 2 steps
+halfway, on shards built from the Python standard library's sources, with train.deterministic; a new process
+resumed from that checkpoint, whose losses must be the first run's bit for bit (else the row's error, and
+megatok-gpu-check exits 1); megatok-generate on the result; then 2 steps
 under ZeRO-2, whose model is built whole directly on the device. Each part is recorded as it ends.
 """
 
@@ -69,9 +70,9 @@ def trainer_check(config: str, overrides: list[str], *, device: torch.device, st
         if parts.enough("zero2"):
             parts.zero2()
     except _Failed as e:
-        row["error"] = str(e)
+        row.setdefault("error", str(e))  # the first failure (a resume that was not exact) stays
     except subprocess.TimeoutExpired as e:
-        row["error"] = f"timed out after {e.timeout} s: {' '.join(map(str, e.cmd[1:3]))}"
+        row.setdefault("error", f"timed out after {e.timeout} s: {' '.join(map(str, e.cmd[1:3]))}")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return row
@@ -122,7 +123,7 @@ class _TrainerParts:
                      f"train.max_steps={self.steps}", f"train.save_every={self.half}", "train.log_every=1",
                      "eval.every=0", "eval.max_sequences=4", f"train.micro_batch_size={mb}", "train.grad_accum=1",
                      f"train.global_batch_size={mb}", "deepspeed.zero_optimization.stage=3",
-                     "logging.wandb_mode=disabled", "logging.progress=false"]
+                     "logging.wandb_mode=disabled", "logging.progress=false", "train.deterministic=true"]
         t = time.perf_counter()
         r = _run(["launch/pretrain.py", "--config", self.config, "--set", *self.sets, f"train.run_dir={self.first}"],
                  self.left())
@@ -143,6 +144,9 @@ class _TrainerParts:
         a, b = self.losses, _train_losses(self.again)
         diffs = [abs(b[s] - a[s]) / abs(a[s]) for s in range(self.half + 1, self.steps + 1)]
         self.row.update(resume_max_rel_diff=max(diffs), resume_exact=max(diffs) == 0.0)
+        if max(diffs):  # train.deterministic asks for exactly the same losses: anything else fails the check
+            self.row["error"] = (f"the resumed run's losses are not the first run's under train.deterministic (max "
+                                 f"relative difference {max(diffs):.2e})")
 
     def generate(self) -> None:
         """megatok-generate on the trained run."""

@@ -21,6 +21,7 @@ from megatok.model import build_model
 from megatok.perf.plain_step import adamw, plain_step
 from megatok.perf.timing import sync
 from megatok.train import dist
+from megatok.devices import deterministic_kernels
 from megatok.train.engine import Engine, compile_model
 
 GIB = 2**30
@@ -53,6 +54,8 @@ def train_check(config: str, overrides: list[str], *, device: torch.device, engi
     base = load_config(config, sets, world_size=1)
     mb = base.train.micro_batch_size
     cfg = load_config(config, sets + ["train.grad_accum=1", f"train.global_batch_size={mb}"], world_size=1)
+    if cfg.train.deterministic:  # this row's own process: the other rows keep the default kernels
+        deterministic_kernels()
     T = cfg.data.seq_len
     data = text_sequences(T, mb * (steps + warmup)).view(steps + warmup, mb, T + 1)
     if device.type == "cuda":

@@ -258,7 +258,7 @@ ADDED_KEYS = {("model", "byte_window"): None, ("model", "chunk_capacity"): None,
               ("train", "schedule_steps"): None, ("boundary", "lr_scale"): 1.0, ("boundary", "start_step"): 0,
               ("boundary", "lr_warmup_steps"): 0, ("boundary", "explore"): 0.0, ("boundary", "entropy"): 0.0,
               ("boundary", "explore_steps"): 0, ("boundary", "start_ema"): 0.95, ("boundary", "lr_hold"): False,
-              ("model", "pack_chunks"): None}
+              ("model", "pack_chunks"): None, ("train", "deterministic"): False}
 
 
 def config_digest(cfg, handover: dict | None = None) -> str:

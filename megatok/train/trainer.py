@@ -24,6 +24,7 @@ import torch.distributed as tdist
 
 from megatok.config import Config, lr_lambda
 from megatok.data.encoding import encoding_for
+from megatok.devices import deterministic_kernels
 from megatok.dsconfig import builds_partitioned, deepspeed_config
 from megatok.metrics import MetricsLogger
 from megatok.train import dist, peers
@@ -51,6 +52,8 @@ class Trainer:
                  lock_wait_s: float = 0.0):
         t = cfg.train
         self.cfg, self.max_steps, self.log_every = cfg, t.max_steps, t.log_every
+        if t.deterministic:
+            deterministic_kernels()  # before any kernel runs
         self.device = dist.init(t.collective_timeout_s)
         self.rank, self.world = tdist.get_rank(), tdist.get_world_size()
         peers.gather(self.rank, self.world)  # who is who, for the line a rank that loses contact ends with

@@ -292,3 +292,21 @@ def test_the_gpu_bench_installs_carried_wheels_into_a_directory_of_its_own(tmp_p
     assert r.returncode == 1 and "gpu_bench: installing .whl/ failed" in r.stderr, r.stderr
     target = Path((tmp_path / "target").read_text().strip())
     assert target.parent == tmp_path / "t" and target.name.startswith("megatok-site.") and not target.exists()
+
+
+def test_a_trainer_that_fails_or_resumes_inexactly_fails_the_check(tmp_path, monkeypatch):
+    """The trainer section's error (a failure, or a resume under train.deterministic whose losses are not the
+    first run's) makes megatok-gpu-check exit 1; its other sections still run and report."""
+    from megatok.cli import gpu_check as mod
+    from megatok.perf import gpu_check
+
+    def inexact(*args, row, **kw):
+        row.update(resume_exact=False, resume_max_rel_diff=1e-6, error="the resumed run's losses are not the first run's under "
+                                              "train.deterministic (max relative difference 1.00e-06)")
+        return row
+
+    monkeypatch.setattr(gpu_check, "trainer_check", inexact)
+    out = tmp_path / "r.json"
+    assert mod.main(["--cpu-smoke", "--sections", "trainer", "attention", "--attn-iters", "1", "--json-out", str(out)]) == 1
+    rep = json.loads(out.read_text())
+    assert "not the first run's" in rep["trainer"]["error"] and rep["attention"]
