@@ -37,3 +37,15 @@ def test_the_replication_map_is_the_datas(tmp_path, capsys):
 
 def test_seed_ranges():
     assert results_table.seed_ranges([4, 0, 1, 2, 100, 101, 7]) == "0-2, 4, 7, 100-101"
+
+
+def test_the_answer_at_a_glance_is_the_datas(tmp_path, capsys):
+    """docs/replication/README.md's answer at a glance (the control's reliability and threshold, prose at
+    cpu-small) is generated too: a figure edited by hand fails the check."""
+    path = ROOT / "docs/replication/README.md"
+    text = path.read_text()
+    block = text.split(results_table.GLANCE_BEGIN, 1)[1].split(results_table.GLANCE_END, 1)[0]
+    assert "default policy 20/20 at the strongest level" in block and "BPE at the same FLOPs 2.706" in block
+    edited = tmp_path / "README.md"
+    edited.write_text(text.replace("BPE at the same FLOPs 2.706", "BPE at the same FLOPs 2.607"))
+    assert results_table.main(["--check", str(edited)]) == 1 and "2.607" in capsys.readouterr().err
