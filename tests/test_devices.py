@@ -51,7 +51,8 @@ def test_deterministic_kernels_switch_torch_to_them_and_fix_the_cublas_workspace
     from megatok.config import load_config
     from megatok.devices import deterministic_kernels
 
-    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", "")  # restored (removed) after the test, whatever it sets
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG")
     assert load_config("configs/tiny.json", ["train.deterministic=true"], world_size=1).train.deterministic
     before = torch.are_deterministic_algorithms_enabled()
     try:

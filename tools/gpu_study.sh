@@ -21,13 +21,15 @@ BUDGET=540 PREPARE=0 EXTRA=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --prepare) PREPARE=1 ;;
-    --budget-s) shift; BUDGET=${1:?--budget-s needs a number of seconds} ;;
+    --budget-s) shift; BUDGET=${1:-} ;;
     --) shift; EXTRA=("$@"); break ;;
     *) echo "gpu_study: unknown argument $1 (--prepare, --budget-s N, -- REPLICATE ARGS)" >&2; exit 2 ;;
   esac
   shift
 done
-case "$BUDGET" in ''|*[!0-9]*) echo "gpu_study: --budget-s wants whole seconds, got $BUDGET" >&2; exit 2 ;; esac
+case "$BUDGET" in ''|*[!0-9]*) echo "gpu_study: --budget-s wants whole seconds, got '$BUDGET'" >&2; exit 2 ;; esac
+BUDGET=$(( 10#$BUDGET ))
+if [ "$BUDGET" -lt 150 ]; then echo "gpu_study: --budget-s $BUDGET is too short for a run (150 s at least)" >&2; exit 2; fi
 STUDY=(-m megatok.cli.replicate --preset gpu-call --work "$WORK" "${EXTRA[@]}")
 if [ "$PREPARE" = 1 ]; then
   PYTHON=${PY:-.venv/bin/python}
@@ -45,14 +47,16 @@ fi
 mkdir -p "$OUT/metrics"
 . tools/gpu_site.sh
 gpu_site gpu_study 1
-copy_metrics() {
-  for m in "$WORK"/runs/*/metrics.jsonl; do [ -f "$m" ] && cp "$m" "$OUT/metrics/$(basename "$(dirname "$m")").jsonl"; done
+copy_metrics() {  # the methods' runs and a hand-over's sources
+  for m in "$WORK"/runs/*/metrics.jsonl "$WORK"/handover-*/runs/*/metrics.jsonl; do
+    [ -f "$m" ] && cp "$m" "$OUT/metrics/$(basename "$(dirname "$m")").jsonl"
+  done
 }
-( while sleep 30; do copy_metrics; done ) &
+( while sleep 30; do copy_metrics; done ) > /dev/null 2>&1 &  # its sleep holds no caller's pipe
 copier=$!
-trap 'kill $copier 2>/dev/null; copy_metrics; rm -rf "${SITE:-}"' EXIT  # (gpu_site's own trap replaced)
-# The study's own budget ends 20 s before ours: room for its report and the copies.
-"$PYTHON" "${STUDY[@]}" --out "$OUT/gpu-call" --budget-s $(( BUDGET - 20 ))
+trap 'pkill -P $copier 2>/dev/null; kill $copier 2>/dev/null; copy_metrics; rm -rf "${SITE:-}"' EXIT  # (gpu_site's trap replaced)
+# The study's own budget: what is left of ours, less 20 s for its report and the copies.
+"$PYTHON" "${STUDY[@]}" --out "$OUT/gpu-call" --budget-s $(( BUDGET - SECONDS - 20 ))
 rc=$?
 echo "gpu_study: exit $rc after $SECONDS s of $BUDGET; results in $OUT/gpu-call, metrics rows in $OUT/metrics"
 exit $rc

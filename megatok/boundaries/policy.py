@@ -217,7 +217,7 @@ class Strategy(BoundaryStrategy):
         if o.gamma_start is None or not self.training:
             return o.gamma
         if torch.compiler.is_compiling():
-            frac = (self.step_now.float() / o.gamma_steps).clamp(max=1.0)
+            frac = (self.step_now.double() / o.gamma_steps).clamp(max=1.0)  # float64: past the end, gamma itself
         else:
             frac = min(1.0, self.step / o.gamma_steps)
         return o.gamma_start + (o.gamma - o.gamma_start) * frac

@@ -82,9 +82,9 @@ def parse_args(argv):
                     help="build the data and write the runs' configs under --work; train and write nothing else "
                          "(to carry the data to another machine)")
     ap.add_argument("--budget-s", type=float, default=None, metavar="SECONDS",
-                    help="the study's wall-clock budget: no run starts in its last 30 s and a run still training at "
-                         "its end is stopped with its checkpoint; the tables then hold what finished and the same "
-                         "command resumes (exit status 3)")
+                    help="the study's wall-clock budget: no run starts or is evaluated in its last 90 s, and a run "
+                         "still training 60 s before its end is stopped at a checkpoint; the tables then hold what "
+                         "finished and the same command resumes (exit status 3)")
     args = ap.parse_args(argv)
     preset = PRESETS[args.preset]
     if args.budget_s is not None and not args.budget_s > 0:

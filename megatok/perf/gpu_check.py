@@ -213,8 +213,9 @@ def _show_attention(report: dict) -> list[str]:
 
 def run(settings: Settings) -> int:
     """The check with ``settings``: its sections in the order asked, the report printed (and written to
-    --json-out) after every part, and on SIGTERM; 0, or 2 without a CUDA device (unless --cpu-smoke) or for a
-    config (with the --set items) that cannot be loaded, before any section runs."""
+    --json-out) after every part, and on SIGTERM; 0, or 1 when the trainer section failed (a resume that was not
+    bit-exact included; not when it was skipped or ran out of time), or 2 without a CUDA device (unless
+    --cpu-smoke) or for a config (with the --set items) that cannot be loaded, before any section runs."""
     deadline = time.monotonic() + settings.budget_s
     os.environ.setdefault("WANDB_MODE", "disabled")
     if not settings.cpu_smoke and os.environ.get("DS_ACCELERATOR", "cuda") != "cuda":  # before DeepSpeed reads it
@@ -252,7 +253,7 @@ def run(settings: Settings) -> int:
     except Exception:  # noqa: BLE001 - no process group was started
         pass
     error = check.report.get("trainer", {}).get("error", "")
-    return 1 if error and not error.startswith("skipped") else 0  # the trainer failed, or resumed inexactly
+    return 1 if error and not error.startswith(("skipped", "timed out")) else 0  # failed, or resumed inexactly
 
 
 class Check:
@@ -318,7 +319,7 @@ class Check:
                               save=lambda: self.save("trainer part done"))
             except Exception as e:  # noqa: BLE001 - what it finished is kept
                 traceback.print_exc()
-                row["error"] = f"{type(e).__name__}: {e}"[:300]
+                row.setdefault("error", f"{type(e).__name__}: {e}"[:300])  # an inexact resume before it stays
             row["config"] = self.trainer_config
         self.save("trainer done")
 

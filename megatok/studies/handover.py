@@ -36,7 +36,8 @@ COMPARISONS = [
     (("policy", "whitespace"), ("whitespace", "whitespace"), "the policy against whitespace chunks continued"),
     (("policy", "whitespace"), ("policy", "uniform"), "the policy handed a whitespace-trained model or a uniform-trained one"),
     (("uniform", "whitespace"), ("uniform", "none"), "placebo: uniform chunks after the whitespace run, or from scratch"),
-    (("policy", "uniform"), ("uniform", "none"), "placebo: the policy after a uniform run, or uniform from scratch"),
+    (("policy", "uniform"), ("uniform", "none"), "the policy after a uniform run, or uniform from scratch (the "
+     "policy and the hand-over together)"),
 ]
 
 
@@ -104,8 +105,8 @@ def compare(rows: list[dict], alpha: float = 0.05, power: float = 0.8) -> list[d
         found.append({"a": {"arm": a[0], "source": a[1]}, "b": {"arm": b[0], "source": b[1]}, "question": question,
                       "seeds": seeds, "diffs": diffs, "mean_diff": statistics.mean(diffs), "sd_diff": sd,
                       "a_lower": sum(d > 0 for d in diffs), "p": p})
+    m = sum(not math.isnan(c["p"]) for c in found)  # the family Holm corrects over: the comparisons tested
     for c, adjusted in zip(found, holm([c["p"] for c in found])):
-        m = len(found)
         c["p_holm"] = adjusted
         c["detectable"] = detectable(c["sd_diff"], len(c["seeds"]), alpha / m, power) if m else None
         c["verdict"] = verdict(c, alpha)
@@ -115,7 +116,9 @@ def compare(rows: list[dict], alpha: float = 0.05, power: float = 0.8) -> list[d
 def verdict(c: dict, alpha: float) -> str:
     a, b = f"{c['a']['arm']} (from {c['a']['source']})", f"{c['b']['arm']} (from {c['b']['source']})"
     if math.isnan(c["p_holm"]):
-        return f"{len(c['seeds'])} paired seed(s): too few to test"
+        if len(c["seeds"]) < 2:
+            return f"{len(c['seeds'])} paired seed: too few to test"
+        return "no spread in the differences: not tested (a NaN score, or identical runs?)"
     if c["p_holm"] < alpha:
         better, worse = (a, b) if c["mean_diff"] > 0 else (b, a)
         return f"{better} lower than {worse} by {abs(c['mean_diff']):.4f} bits per byte"
@@ -138,9 +141,10 @@ def markdown(rows: list[dict], comparisons: list[dict], alpha: float, power: flo
         got = [v for v in vals if v is not None]
         lines.append(f"| {arm} | {src} | {' | '.join('-' if v is None else f'{v:.4f}' for v in vals)} | "
                      f"{statistics.mean(got):.4f} |")
+    m = sum(not math.isnan(c["p"]) for c in comparisons)
     lines += ["", f"Paired by seed, B - A (positive: A lower); two-sided paired t-test, Holm-corrected over the "
-              f"{len(comparisons)} comparisons; detectable: the smallest true difference found with probability "
-              f"{power:g} at level {alpha:g}/{len(comparisons)}.", "",
+              f"{m} comparisons tested; detectable: the smallest true difference found with probability "
+              f"{power:g} at level {alpha:g}/{m}.", "",
               "| A | B | seeds | mean B - A | sd | A lower | p | p (Holm) | detectable | verdict |",
               "|---|---|---|---|---|---|---|---|---|---|"]
     for c in comparisons:
@@ -189,6 +193,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--alpha", type=float, default=0.05, help="the family's level")
     parser.add_argument("--power", type=float, default=0.8, help="for the detectable difference")
     args = parser.parse_args(argv)
+    if not 0 < args.alpha < args.power < 1:
+        parser.error(f"--alpha and --power: 0 < alpha < power < 1, not {args.alpha:g} and {args.power:g}")
     try:
         rows = [r for s in args.studies for r in rows_of(s)]
     except ConfigError as e:

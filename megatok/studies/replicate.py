@@ -299,45 +299,74 @@ class BudgetSpent(Exception):
     """--budget-s ran out (a run stopped at its checkpoint, or too little left to start one)."""
 
 
+class StudyStopped(Exception):
+    """SIGTERM or SIGHUP reached the study (a scheduler's limit, a closed terminal): the running run is
+    stopped at a checkpoint first."""
+
+
 class Budget:
-    """The study's wall-clock budget (None: none): no run starts in its last ``RESERVE_S`` seconds, and a run
-    still training at its end gets SIGTERM (the trainer saves a checkpoint and exits), then SIGKILL after
-    ``GRACE_S``."""
-    RESERVE_S, GRACE_S = 30.0, 120.0
+    """The study's wall-clock budget (None: none). No run starts, and no finished run is evaluated, in its
+    last ``RESERVE_S`` seconds (start-up, a first step and the evaluation); a run still training ``GRACE_S``
+    before its end is asked to stop (:func:`stop_run`), so that it has ended, checkpoint written, by then."""
+    RESERVE_S, GRACE_S = 90.0, 60.0
 
     def __init__(self, seconds: float | None):
         self.seconds, self.end = seconds, None if seconds is None else time.monotonic() + seconds
 
-    def left(self) -> float | None:
-        return None if self.end is None else self.end - time.monotonic()
+    def until_stop(self) -> float | None:
+        """Seconds until a running run must be asked to stop (None: never)."""
+        return None if self.end is None else max(0.0, self.end - self.GRACE_S - time.monotonic())
 
-    def check(self, name: str) -> None:
-        left = self.left()
+    def check(self, what: str) -> None:
+        left = None if self.end is None else self.end - time.monotonic()
         if left is not None and left < self.RESERVE_S:
-            raise BudgetSpent(f"--budget-s {self.seconds:g}: {max(0.0, left):.0f} s left, {name} not started")
+            raise BudgetSpent(f"--budget-s {self.seconds:g}: {max(0.0, left):.0f} s left, {what}")
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+
+
+def stop_run(proc: subprocess.Popen, run_dir: str, grace: float) -> None:
+    """Ask a run started in its own process group to stop and wait for every process of the group: RUN_DIR/STOP
+    (the trainer's stop file: every rank stops at the same step with a checkpoint, under any launcher), up to
+    ``grace`` seconds; then SIGTERM to the group, 10 s; then SIGKILL. A second interrupt while waiting kills
+    the group at once."""
+    end = time.monotonic() + grace
+    try:
+        Path(run_dir).mkdir(parents=True, exist_ok=True)
+        (Path(run_dir) / "STOP").touch()
+        for sig, until in ((None, end), (signal.SIGTERM, time.monotonic() + grace + 10)):
+            if sig is not None and _group_alive(proc.pid):
+                os.killpg(proc.pid, sig)
+            while (proc.poll() is None or _group_alive(proc.pid)) and time.monotonic() < until:
+                time.sleep(0.2)
+    finally:
+        if _group_alive(proc.pid):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
 
 
 def train(run: dict, nproc: int, budget: Budget = Budget(None)) -> None:
+    """Train ``run`` to its end in a process group of its own; on the budget's end, an interrupt or an error
+    here, the run is stopped at a checkpoint (stop_run) before this returns or raises."""
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))}
     cmd = local_command(run, nproc)
-    budget.check(run["name"])
+    budget.check(f"{run['name']} not started")
     log(f"{run['name']}: {shlex.join(cmd)}")
-    proc = subprocess.Popen(cmd, env=env, start_new_session=budget.end is not None)  # its own group: one signal reaches every rank
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True)  # a Ctrl-C reaches the study, which stops it
     try:
-        rc = proc.wait(timeout=budget.left())
+        rc = proc.wait(timeout=budget.until_stop())
     except subprocess.TimeoutExpired:
-        log(f"{run['name']}: --budget-s {budget.seconds:g} spent: stopping it (SIGTERM: it saves a checkpoint)")
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=Budget.GRACE_S)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        log(f"{run['name']}: --budget-s {budget.seconds:g} nearly spent: stopping it at a checkpoint")
+        stop_run(proc, run["run_dir"], Budget.GRACE_S)
         raise BudgetSpent(f"--budget-s {budget.seconds:g} spent while {run['name']} trained (stopped at a checkpoint)") from None
-    except BaseException:  # Ctrl-C or an error here: the run's group goes with the study
-        if proc.poll() is None and budget.end is not None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait()
+    except BaseException:  # Ctrl-C, SIGTERM to the study (StudyStopped): the run goes with it, checkpoint first
+        stop_run(proc, run["run_dir"], Budget.GRACE_S)
         raise
     if rc:
         raise RuntimeError(f"{run['name']} failed with exit code {rc}; rerun the same command to resume it")
@@ -415,7 +444,8 @@ def run_study(preset: Preset, *, out: Path, work: Path, nproc: int, seeds: list[
     "parallel"} from the command line, or None each. ``handover``: every method starts from a source run's
     checkpoint (each seed's source trained first, not in the tables). ``prepare_only``: data and configs,
     nothing else. ``budget_s``: the wall-clock budget (:class:`Budget`). The exit status: 2 on bad input, 1
-    when a run fails, 3 when the budget ran out first."""
+    when a run fails, 3 when the budget ran out first, 143 on SIGTERM or SIGHUP (the running run stopped at
+    a checkpoint, the tables written)."""
     budget = Budget(budget_s)
     datas, runs = {}, []
     try:
@@ -445,6 +475,11 @@ def run_study(preset: Preset, *, out: Path, work: Path, nproc: int, seeds: list[
             run["evaluated"] = True
     # runs recorded by other invocations into the same OUT (other methods, seeds or levels) stay in the tables
     others = [r for key, r in earlier.items() if key not in {run_key(run) for run in studied}]
+
+    def stopped(signum, frame):
+        raise StudyStopped(f"stopped by {signal.Signals(signum).name}")
+
+    previous = {sig: signal.signal(sig, stopped) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
         for i, run in enumerate(runs, 1):
             if run.get("role") == "source":
@@ -462,6 +497,8 @@ def run_study(preset: Preset, *, out: Path, work: Path, nproc: int, seeds: list[
             else:
                 log(f"[{i}/{len(runs)}] {run['name']}: training")
                 train(run, nproc, budget)
+            if not evaluated(run, datas[run["level"]]):
+                budget.check(f"{run['name']} not evaluated")
             evaluate(run, datas[run["level"]])
             run["evaluated"] = True
             if preset.data == "control":
@@ -470,15 +507,18 @@ def run_study(preset: Preset, *, out: Path, work: Path, nproc: int, seeds: list[
                 report(studied, others, methods, preset, seeds, out, invocation, handover)
         if preset.data != "control":
             boundaries_picture(runs, out, work / "bpe-tokenizer")
-    except BudgetSpent as e:
+    except (BudgetSpent, StudyStopped) as e:
         report(studied, others, methods, preset, seeds, out, invocation, handover)
         done = sum(1 for r in studied if r.get("evaluated") or "kept" in r)
         print(f"megatok-replicate: {e}; {done} of {len(studied)} runs finished, in {out / 'results.md'}; the same "
               f"command resumes", file=sys.stderr)
-        return 3
+        return 3 if isinstance(e, BudgetSpent) else 143
     except RuntimeError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     written = report(studied, others, methods, preset, seeds, out, invocation, handover)
     log(f"wrote {out / 'results.md'}, results.json, {', '.join(written)}")
     return 0

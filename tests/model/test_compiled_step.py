@@ -3,6 +3,7 @@ forward (byte layers, policy, main network, heads, losses, discounted returns) t
 break, and 200 training steps of a learning policy, across its start step and its latch, compile it once;
 the losses and gradients are eager's."""
 
+import pytest
 import torch
 from torch._dynamo.utils import counters
 
@@ -15,8 +16,12 @@ SETS = ["data.seq_len=64", "model.d_model=32", "model.n_heads=2", "model.n_main_
         "train.micro_batch_size=2", "boundary.start_step=20", "boundary.start_margin=0.0001"]
 
 
-def model_and_batches(steps=200):
-    cfg = load_config("configs/tiny.json", SETS, world_size=1)
+SCHEDULES = ["boundary.gamma_start=0.5", "boundary.gamma_steps=40", "boundary.explore=0.3", "boundary.explore_steps=40",
+             "boundary.entropy=0.01"]
+
+
+def model_and_batches(steps=200, sets=()):
+    cfg = load_config("configs/tiny.json", [*SETS, *sets], world_size=1)
     torch.manual_seed(0)
     model = ByteUNet(cfg.model, cfg.boundary).train()
     g = torch.Generator().manual_seed(0)
@@ -45,14 +50,19 @@ def test_two_hundred_learning_steps_compile_once_without_a_break(monkeypatch):
     assert counters["stats"]["unique_graphs"] == 1
 
 
-def test_the_compiled_forward_gives_eagers_loss_and_gradients(monkeypatch):
+@pytest.mark.parametrize("schedules, step", [(False, 30), (True, 20), (True, 50)],
+                         ids=["latch", "mid-schedule", "past-schedules"])
+def test_the_compiled_forward_gives_eagers_loss_and_gradients(monkeypatch, schedules, step):
+    """The same weights and draws, eagerly and compiled: the loss and every gradient (with gamma, explore and
+    entropy schedules: in them, and past their ends, where compiled code keeps the terms at a share of 0)."""
     from megatok.model import blocks
 
     monkeypatch.setattr(blocks, "COMPILE_BACKEND", "eager")
     torch._dynamo.reset()
-    _, model, text = model_and_batches(steps=1)
+    _, model, text = model_and_batches(steps=1, sets=SCHEDULES if schedules else ())
     x, y = text[0, :, :-1], text[0, :, 1:]
-    model.boundary.step = 30
+    model.boundary.step = step
+    model.boundary.started.fill_(True)  # the latch open: the policy's terms and their gradients in play
     got, state = [], {k: v.clone() for k, v in model.boundary.state_dict().items()}  # the latch, which a call moves
     for compiled in (False, True):
         if compiled:
@@ -67,10 +77,6 @@ def test_the_compiled_forward_gives_eagers_loss_and_gradients(monkeypatch):
     torch.testing.assert_close(b, a, rtol=1e-6, atol=1e-7)
     for name in ga:
         torch.testing.assert_close(gb[name], ga[name], rtol=1e-5, atol=1e-7, msg=name)
-
-
-SCHEDULES = ["boundary.gamma_start=0.5", "boundary.gamma_steps=40", "boundary.explore=0.3", "boundary.explore_steps=40",
-             "boundary.entropy=0.01"]
 
 
 def test_schedules_moving_with_the_step_compile_once_and_match_eager(monkeypatch):

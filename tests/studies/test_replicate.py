@@ -2,6 +2,7 @@
 second invocation resumes (finished runs are not trained again; a new method is added to the same table)."""
 
 import json
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -303,10 +304,9 @@ def test_a_handover_trains_each_seeds_source_then_every_method_from_its_checkpoi
     assert replicate(*elsewhere, "bpe:2").returncode == 2 and not (tmp / "ho-out2").exists()
 
 
-def test_a_budget_stops_the_running_run_with_sigterm_and_starts_none_in_its_last_seconds(tmp_path, monkeypatch):
-    """--budget-s: a run still going at the budget's end gets SIGTERM in its own process group (every rank: here
-    a child too), has GRACE_S to save and exit, and the study stops with BudgetSpent; in the budget's last
-    RESERVE_S seconds no run starts. (The trainer's checkpoint on SIGTERM: tests/train.)"""
+def _fake_run(tmp_path, monkeypatch):
+    """train()'s command replaced by a process that ignores the stop file, ends on SIGTERM after its child
+    (which it writes down: the whole group had the signal) and would otherwise sleep a minute."""
     from megatok.studies import replicate as runner
 
     script = ("import signal, subprocess, sys, time, pathlib\n"
@@ -319,13 +319,48 @@ def test_a_budget_stops_the_running_run_with_sigterm_and_starts_none_in_its_last
     marker = tmp_path / "stopped"
     monkeypatch.setattr(runner, "local_command", lambda run, nproc: [sys.executable, "-c", script, str(marker)])
     monkeypatch.setattr(runner.Budget, "RESERVE_S", 0.5)
-    run = {"name": "uniform-seed0"}
+    monkeypatch.setattr(runner.Budget, "GRACE_S", 1.0)
+    return {"name": "uniform-seed0", "run_dir": str(tmp_path / "run")}, marker
+
+
+def test_a_budget_stops_the_running_run_and_starts_none_in_its_last_seconds(tmp_path, monkeypatch):
+    """--budget-s: GRACE_S before the budget's end a run still going is asked to stop (its STOP file), then,
+    still going GRACE_S later, gets SIGTERM in its own process group (every rank: here a child too), and the
+    study stops with BudgetSpent; in the budget's last RESERVE_S seconds no run starts. (The trainer's
+    checkpoint on its stop file or SIGTERM: tests/train.)"""
+    from megatok.studies import replicate as runner
+
+    run, marker = _fake_run(tmp_path, monkeypatch)
     budget = runner.Budget(3)
     with pytest.raises(runner.BudgetSpent, match="spent while uniform-seed0 trained"):
         runner.train(run, 1, budget)
-    assert marker.read_text() == "-15"  # the child had SIGTERM too, and the run saw it end before exiting
+    assert (tmp_path / "run" / "STOP").is_file()  # asked first, the trainer's way
+    assert marker.read_text() == "-15"  # then the group's SIGTERM: the child had it too, and the run saw it end
     with pytest.raises(runner.BudgetSpent, match="uniform-seed0 not started"):
         runner.train(run, 1, budget)
+
+
+def test_a_sigterm_to_the_study_stops_its_run_first(tmp_path, monkeypatch):
+    """A SIGTERM to the study (run_study turns it into StudyStopped) ends the run's whole process group before
+    the study goes, not leaving it to train on alone."""
+    import signal
+    import threading
+
+    from megatok.studies import replicate as runner
+
+    run, marker = _fake_run(tmp_path, monkeypatch)
+
+    def stopped(signum, frame):
+        raise runner.StudyStopped("stopped by SIGTERM")
+
+    previous = signal.signal(signal.SIGTERM, stopped)
+    try:
+        threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGTERM)).start()
+        with pytest.raises(runner.StudyStopped):
+            runner.train(run, 1, runner.Budget(None))
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert marker.read_text() == "-15"
 
 
 def test_budget_and_prepare_only_stay_out_of_the_recorded_command(tmp_path, shards, monkeypatch, capsys):

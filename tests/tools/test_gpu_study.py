@@ -5,7 +5,6 @@ leaves it; and its clear errors."""
 import gzip
 import json
 import os
-import shutil
 import subprocess
 import sys
 
@@ -17,12 +16,13 @@ def gpu_study(*args, env=None, timeout=600):
                           timeout=timeout, env={**os.environ, **(env or {})})
 
 
-def prepared(work, shards):
+def prepared(work):
     """WORK/data as megatok-replicate --preset gpu-call --prepare-only leaves it (prose shards, held-out
     prose, the parallel set, the evaluation's sample)."""
     data = work / "data"
     data.mkdir(parents=True)
-    shutil.copytree(shards, data / "prose_shards")
+    with gzip.open(data / "prose.jsonl.gz", "wt") as f:  # the shards are built there from it, as on the device
+        f.writelines(json.dumps({"text": t, "lang": "en", "domain": "docs"}) + "\n" for t in stdlib_texts(40))
     docs = [{"text": t, "lang": "en", "domain": "docs"} for t in stdlib_texts(2, 3000)]
     with gzip.open(data / "prose_heldout.jsonl.gz", "wt") as f:
         f.writelines(json.dumps(d) + "\n" for d in docs)
@@ -31,9 +31,9 @@ def prepared(work, shards):
     (data / "eval_prose.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
 
 
-def test_one_call_trains_evaluates_and_brings_back_the_metrics(tmp_path, shards):
+def test_one_call_trains_evaluates_and_brings_back_the_metrics(tmp_path):
     work, out = tmp_path / "work", tmp_path / "out"
-    prepared(work, shards)
+    prepared(work)
     small = ["--methods", "uniform", "--set", "model.d_model=32", "model.n_heads=2", "model.n_encoder_layers=1",
              "model.n_main_layers=1", "model.n_decoder_layers=1", "data.seq_len=128", "data.num_workers=0",
              "train.micro_batch_size=2", "train.global_batch_size=2", "train.max_steps=2", "train.save_every=2",
@@ -53,6 +53,10 @@ def test_clear_errors(tmp_path):
     assert r.returncode == 2 and r.stderr.strip().count("\n") == 0
     assert f"no prepared data in {tmp_path / 'nowhere'}/data" in r.stderr and "--prepare" in r.stderr
     r = gpu_study("--budget-s", "ten")
-    assert r.returncode == 2 and "--budget-s wants whole seconds, got ten" in r.stderr
+    assert r.returncode == 2 and "--budget-s wants whole seconds, got 'ten'" in r.stderr
+    r = gpu_study("--budget-s", "60")
+    assert r.returncode == 2 and "too short for a run" in r.stderr
+    r = gpu_study("--budget-s")
+    assert r.returncode == 2
     r = gpu_study("--fast")
     assert r.returncode == 2 and "unknown argument --fast" in r.stderr
