@@ -307,7 +307,7 @@ def test_a_handover_trains_each_seeds_source_then_every_method_from_its_checkpoi
 def _fake_run(tmp_path, monkeypatch):
     """train()'s command replaced by a process that ignores the stop file, ends on SIGTERM after its child
     (which it writes down: the whole group had the signal) and would otherwise sleep a minute."""
-    from megatok.studies import replicate as runner
+    from megatok.studies import launch as runner
 
     script = ("import signal, subprocess, sys, time, pathlib\n"
               "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
@@ -328,7 +328,7 @@ def test_a_budget_stops_the_running_run_and_starts_none_in_its_last_seconds(tmp_
     still going GRACE_S later, gets SIGTERM in its own process group (every rank: here a child too), and the
     study stops with BudgetSpent; in the budget's last RESERVE_S seconds no run starts. (The trainer's
     checkpoint on its stop file or SIGTERM: tests/train.)"""
-    from megatok.studies import replicate as runner
+    from megatok.studies import launch as runner
 
     run, marker = _fake_run(tmp_path, monkeypatch)
     budget = runner.Budget(3)
@@ -346,7 +346,7 @@ def test_a_sigterm_to_the_study_stops_its_run_first(tmp_path, monkeypatch):
     import signal
     import threading
 
-    from megatok.studies import replicate as runner
+    from megatok.studies import launch as runner
 
     run, marker = _fake_run(tmp_path, monkeypatch)
 
@@ -377,7 +377,9 @@ def test_budget_and_prepare_only_stay_out_of_the_recorded_command(tmp_path, shar
     assert cli.main([*args, "--prepare-only"]) == 0
     assert (tmp_path / "work/configs/uniform-seed0.json").is_file() and not (tmp_path / "out").exists()
     assert "nothing trained" in capsys.readouterr().out
-    monkeypatch.setattr(runner.Budget, "RESERVE_S", 1e6)
+    from megatok.studies import launch
+
+    monkeypatch.setattr(launch.Budget, "RESERVE_S", 1e6)
     assert cli.main([*args, "--budget-s", "600"]) == 3
     assert "uniform-seed0 not started; 0 of 1 runs finished" in capsys.readouterr().err
     result = json.loads((tmp_path / "out/results.json").read_text())
