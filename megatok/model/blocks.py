@@ -50,20 +50,22 @@ _flex_regions: dict = {}  # the same keys -> the function compiled there, whose 
 _flex_fallback_warned = False
 
 
-#: Inductor's settings for the blocks' dynamic-shape code. By default Triton kernels are compiled assuming
-#: the pointers and sizes that were multiples of 16 at compile time stay so; with torch 2.11 on an H200 the
-#: decoder's fused RMSNorm then failed with "CUDA error: misaligned address" in the first steps of
-#: configs/100m.json and 1b.json (train.compile on), and with the assumption off both trained (1b: 36% MFU,
-#: against 30% uncompiled). docs/results/2026-12-gpu.md.
+#: Inductor's settings for every compiled call of megatok's (the blocks, the whole training forward,
+#: FlexAttention's regions, generation's step). By default Triton kernels are compiled assuming the pointers
+#: and sizes that were multiples of 16 at compile time stay so; with torch 2.11 on an H200 the decoder's
+#: fused RMSNorm then failed with "CUDA error: misaligned address" in the first steps of configs/100m.json
+#: and 1b.json (train.compile on), and with the assumption off both trained (1b: 36% MFU, against 30%
+#: uncompiled). docs/results/2026-12-gpu.md. (FlexAttention's and generation's compiled calls with it: not
+#: yet run on a GPU.)
 BLOCK_INDUCTOR_OPTIONS = {"triton.divisible_by_16": False}
 
 
 def compile_limited(fn, inductor_options: dict | None = None, **kwargs):
-    """torch.compile of ``fn`` with COMPILE_BACKEND (and ``inductor_options`` when that is inductor) and up to
-    RECOMPILE_LIMIT variants. Where torch.compile takes no per-function limit (torch 2.11, the GPU image's),
-    dynamo's process-wide recompile_limit is raised to it instead."""
-    if inductor_options and COMPILE_BACKEND == "inductor":
-        kwargs["options"] = inductor_options
+    """torch.compile of ``fn`` with COMPILE_BACKEND (with BLOCK_INDUCTOR_OPTIONS and ``inductor_options`` when
+    that is inductor) and up to RECOMPILE_LIMIT variants. Where torch.compile takes no per-function limit
+    (torch 2.11, the GPU image's), dynamo's process-wide recompile_limit is raised to it instead."""
+    if COMPILE_BACKEND == "inductor":
+        kwargs["options"] = {**BLOCK_INDUCTOR_OPTIONS, **(inductor_options or {})}
     if "recompile_limit" in inspect.signature(torch.compile).parameters:
         kwargs["recompile_limit"] = RECOMPILE_LIMIT
     else:

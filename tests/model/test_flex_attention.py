@@ -183,7 +183,7 @@ def test_compile_limited_raises_the_process_wide_limit_where_torch_compile_takes
     TypeError that stopped every compiled run there; the process-wide limit is raised instead."""
     seen = {}
 
-    def old_compile(fn, *, fullgraph=False, dynamic=None, backend="inductor"):
+    def old_compile(fn, *, fullgraph=False, dynamic=None, backend="inductor", options=None):  # 2.11's arguments
         seen.update(fullgraph=fullgraph, dynamic=dynamic, backend=backend)
         return fn
 
@@ -196,8 +196,8 @@ def test_compile_limited_raises_the_process_wide_limit_where_torch_compile_takes
 
 def test_the_blocks_compile_without_inductors_divisible_by_16_specialisation(monkeypatch):
     """The blocks' dynamic-shape code is compiled without Triton's divisible-by-16 specialisation (a
-    misaligned address on an H200 with it, docs/results/2026-12-gpu.md); other backends get no inductor
-    options, and the flex_attention regions keep inductor's defaults."""
+    misaligned address on an H200 with it, docs/results/2026-12-gpu.md), and so is every other compiled call
+    (the flex_attention regions among them); other backends get no inductor options."""
     from megatok.config import load_config
     from megatok.model import build_model
 
@@ -211,7 +211,10 @@ def test_the_blocks_compile_without_inductors_divisible_by_16_specialisation(mon
         assert all(kw.get("options") == options and kw["dynamic"] is True for kw in calls)
     calls.clear()
     blocks.compile_limited(blocks.flex_attention, fullgraph=True)
-    assert "options" not in calls[0]
+    assert "options" not in calls[0]  # the eager backend, last set above
+    monkeypatch.setattr(blocks, "COMPILE_BACKEND", "inductor")
+    blocks.compile_limited(blocks.flex_attention, fullgraph=True)
+    assert calls[1]["options"] == {"triton.divisible_by_16": False}
 
 
 def test_generations_compiled_step_keeps_as_many_variants_as_the_blocks(monkeypatch):
@@ -230,7 +233,8 @@ def test_generations_compiled_step_keeps_as_many_variants_as_the_blocks(monkeypa
     monkeypatch.setattr(torch, "compile", compile)
     monkeypatch.setattr(generate, "_COMPILED", {})
     generate.compiled_step(build_model(load_config("configs/tiny.json", world_size=1)))
-    assert calls == [{"dynamic": False, "recompile_limit": blocks.RECOMPILE_LIMIT, "backend": blocks.COMPILE_BACKEND}]
+    assert calls == [{"dynamic": False, "recompile_limit": blocks.RECOMPILE_LIMIT, "backend": blocks.COMPILE_BACKEND,
+                      "options": blocks.BLOCK_INDUCTOR_OPTIONS}]
 
 
 def test_the_compiled_block_mask_equals_the_eager_one_without_the_deprecated_flag(monkeypatch):
