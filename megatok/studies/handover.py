@@ -1,10 +1,11 @@
-"""The prose hand-over with its placebo arms, answered from the studies' results: one row per (arm, source,
-seed) with its held-out bits per byte, and paired comparisons with Holm's correction and the smallest
-difference each could have detected.
+"""The prose hand-over with its placebo arms, and the cpu-small comparison from scratch, answered from the
+studies' results: one row per (arm, source, seed) with its held-out bits per byte, and paired comparisons
+with Holm's correction and the smallest difference each could have detected.
 
     python -m megatok.studies.handover docs/replication/prose-handover/from-whitespace \\
         docs/replication/prose-handover/from-uniform docs/replication/prose-handover/scratch \\
         --out docs/replication/prose-handover
+    python -m megatok.studies.handover docs/replication/cpu-small --family scratch --out docs/replication/cpu-small/paired
 
 Each argument is a ``megatok-replicate --out`` directory: a ``--handover SOURCE:STEPS`` study (its arms'
 source is SOURCE) or one without (source ``none``: the arms trained from scratch). Written: results.json
@@ -29,7 +30,8 @@ from pathlib import Path
 from megatok.cli import command_parser
 from megatok.config import ConfigError
 
-#: (arm A, arm B, what the comparison asks), each arm as (method, source); B - A > 0 means A is better
+#: (arm A, arm B, what the comparison asks), each arm as (method, source); B - A > 0 means A is better.
+#: The hand-over's family (its studies: from a whitespace run, from a uniform run, uniform from scratch):
 COMPARISONS = [
     (("policy", "whitespace"), ("uniform", "whitespace"), "the policy against uniform chunks, same handed-over model"),
     (("policy", "whitespace"), ("fixed", "whitespace"), "the policy against fixed chunks, same handed-over model"),
@@ -39,6 +41,11 @@ COMPARISONS = [
     (("policy", "uniform"), ("uniform", "none"), "the policy after a uniform run, or uniform from scratch (the "
      "policy and the hand-over together)"),
 ]
+#: The family of a study from scratch (the cpu-small comparison: every arm trained from its first step)
+SCRATCH = [(("policy", "none"), (other, "none"), f"the policy against {what}, from scratch")
+           for other, what in (("uniform", "uniform chunks"), ("fixed", "fixed chunks"),
+                                ("whitespace", "whitespace chunks"), ("policy-published", "the published estimator"))]
+FAMILIES = {"handover": COMPARISONS, "scratch": SCRATCH}
 
 
 def rows_of(study: Path) -> list[dict]:
@@ -88,13 +95,14 @@ def detectable(sd: float, n: int, alpha: float, power: float) -> float | None:
     return float(optimize.brentq(short, 0.0, (crit + 40) * sd / math.sqrt(n)))
 
 
-def compare(rows: list[dict], alpha: float = 0.05, power: float = 0.8) -> list[dict]:
-    """Every comparison both of whose arms have rows, paired by seed, Holm-corrected over those run."""
+def compare(rows: list[dict], alpha: float = 0.05, power: float = 0.8, family: str = "handover") -> list[dict]:
+    """Every comparison of ``family`` both of whose arms have rows, paired by seed, Holm-corrected over those
+    tested."""
     from scipy import stats
 
     bpb = {(r["arm"], r["source"], r["seed"]): r["heldout_bpb"] for r in rows}
     found = []
-    for a, b, question in COMPARISONS:
+    for a, b, question in FAMILIES[family]:
         seeds = sorted(s for (m, src, s) in bpb if (m, src) == a and (*b, s) in bpb)
         if not seeds:
             continue
@@ -118,7 +126,9 @@ def verdict(c: dict, alpha: float) -> str:
     if math.isnan(c["p_holm"]):
         if len(c["seeds"]) < 2:
             return f"{len(c['seeds'])} paired seed: too few to test"
-        return "no spread in the differences: not tested (a NaN score, or identical runs?)"
+        if math.isnan(c["mean_diff"]):
+            return "a score is not a number: not tested"
+        return f"the same difference on every seed ({c['mean_diff']:+.4f}): no spread to test it against"
     if c["p_holm"] < alpha:
         better, worse = (a, b) if c["mean_diff"] > 0 else (b, a)
         return f"{better} lower than {worse} by {abs(c['mean_diff']):.4f} bits per byte"
@@ -131,7 +141,7 @@ def markdown(rows: list[dict], comparisons: list[dict], alpha: float, power: flo
     arms = sorted({(r["arm"], r["source"]) for r in rows}, key=lambda k: (k[1] != "whitespace", k[1], k[0]))
     seeds = sorted({r["seed"] for r in rows})
     bpb = {(r["arm"], r["source"], r["seed"]): r["heldout_bpb"] for r in rows}
-    lines = ["# The prose hand-over with placebo arms", "",
+    lines = ["# Paired comparisons on held-out prose", "",
              "Held-out bits per byte (sampled boundaries) by arm, its source and seed; "
              "`python -m megatok.studies.handover` writes this file from the studies' results.json.", "",
              f"| arm | source | {' | '.join(f'seed {s}' for s in seeds)} | mean |",
@@ -141,6 +151,8 @@ def markdown(rows: list[dict], comparisons: list[dict], alpha: float, power: flo
         got = [v for v in vals if v is not None]
         lines.append(f"| {arm} | {src} | {' | '.join('-' if v is None else f'{v:.4f}' for v in vals)} | "
                      f"{statistics.mean(got):.4f} |")
+    if not comparisons:
+        return "\n".join(lines + ["", "No comparison has rows for both of its arms yet."]) + "\n"
     m = sum(not math.isnan(c["p"]) for c in comparisons)
     lines += ["", f"Paired by seed, B - A (positive: A lower); two-sided paired t-test, Holm-corrected over the "
               f"{m} comparisons tested; detectable: the smallest true difference found with probability "
@@ -192,6 +204,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True, help="directory for results.json, results.md, the plot")
     parser.add_argument("--alpha", type=float, default=0.05, help="the family's level")
     parser.add_argument("--power", type=float, default=0.8, help="for the detectable difference")
+    parser.add_argument("--family", choices=sorted(FAMILIES), default="handover",
+                        help="the comparisons: the hand-over's placebo-armed ones, or the policy against the "
+                             "others in a study from scratch (megatok-replicate --preset cpu-small)")
     args = parser.parse_args(argv)
     if not 0 < args.alpha < args.power < 1:
         parser.error(f"--alpha and --power: 0 < alpha < power < 1, not {args.alpha:g} and {args.power:g}")
@@ -208,10 +223,10 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         seen.add(key)
     rows.sort(key=lambda r: (r["source"], r["arm"], r["seed"]))
-    comparisons = compare(rows, args.alpha, args.power)
+    comparisons = compare(rows, args.alpha, args.power, args.family)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(_finite(
-        {"studies": [str(s) for s in args.studies], "alpha": args.alpha, "power": args.power,
+        {"studies": [str(s) for s in args.studies], "family": args.family, "alpha": args.alpha, "power": args.power,
          "rows": rows, "comparisons": comparisons}), indent=1, allow_nan=False) + "\n")
     (args.out / "results.md").write_text(markdown(rows, comparisons, args.alpha, args.power))
     if comparisons:

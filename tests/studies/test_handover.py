@@ -81,3 +81,20 @@ def test_clear_errors(tmp_path, capsys):
     assert handover.main([str(a), str(b), "--out", str(tmp_path / "o")]) == 2
     assert "arm policy from whitespace, seed 1 is in two studies" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+
+
+def test_the_scratch_family_compares_the_policy_with_each_other_arm(tmp_path):
+    """--family scratch: a study from scratch (cpu-small) has its own comparisons, the policy against uniform,
+    fixed and whitespace chunks and the published estimator; a study with none of them yet says so."""
+    study = _study(tmp_path / "cpu-small", None, 0, {m: {0: 3.3 + d, 1: 3.4 + d, 2: 3.35 + d + 0.001 * (m == "fixed")}
+                                                     for m, d in (("policy", 0.0), ("uniform", 0.02), ("fixed", 0.03),
+                                                                  ("whitespace", -0.1), ("hnet", 0.0))})
+    out = tmp_path / "paired"
+    assert handover.main([str(study), "--family", "scratch", "--out", str(out)]) == 0
+    data = json.loads((out / "results.json").read_text())
+    assert [c["b"]["arm"] for c in data["comparisons"]] == ["uniform", "fixed", "whitespace"]
+    assert data["comparisons"][0]["verdict"].startswith("the same difference on every seed (+0.0200)")
+    assert data["comparisons"][2]["a_lower"] == 0
+    empty = _study(tmp_path / "empty", None, 0, {"hnet": {0: 3.3}})
+    assert handover.main([str(empty), "--family", "scratch", "--out", str(tmp_path / "e")]) == 0
+    assert "No comparison has rows for both of its arms yet." in (tmp_path / "e" / "results.md").read_text()
