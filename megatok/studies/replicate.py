@@ -506,7 +506,8 @@ def report(runs: list[dict], others: list[dict], methods: list[str], preset: Pre
         agg = control_study.aggregate(summaries, control_study.read_probes(out))
         text = control_study.markdown(agg, header)
     else:
-        agg = aggregate(summaries, methods)
+        recorded = [m for m in METHODS if m not in methods and any(s["method"] == m for s in summaries)]
+        agg = aggregate(summaries, [*methods, *recorded])  # other invocations' methods stay in the tables
         text = markdown(agg, preset, header)
     seeds_seen = sorted({r["seed"] for r in summaries} | set(seeds))
     for name, content in (("results.json", json.dumps({"preset": preset.name, "seeds": seeds_seen, "command": command,

@@ -132,6 +132,11 @@ def test_report_only_writes_the_tables_of_the_finished_runs_and_trains_nothing(s
     assert [r["method"] for r in result["runs"]] == ["policy", "uniform", "fixed"]
     assert "not finished yet: whitespace-seed0." in (out / "results.md").read_text()
     assert "--report-only" not in result["command"] and "whitespace,policy,uniform,fixed" in result["command"]
+    narrower = [*study_args[:study_args.index("--methods") + 1], "policy", *study_args[study_args.index("--methods") + 2:]]
+    assert cli.main([*narrower, "--report-only"]) == 0  # a later invocation naming fewer methods
+    result = json.loads((out / "results.json").read_text())
+    assert list(result["aggregate"]) == ["policy", "uniform", "fixed"]  # the others' runs stay in the tables
+    assert "| uniform |" in (out / "results.md").read_text()
 
 
 def test_the_verdict_says_what_the_figures_say():
