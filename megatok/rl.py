@@ -80,7 +80,7 @@ def _discount_matrix(gamma: float | torch.Tensor, n: int, device, dtype) -> tupl
 def _discount_tables(gamma: float | torch.Tensor, n: int, device, dtype) -> tuple[torch.Tensor, torch.Tensor]:
     i = torch.arange(n, device=device, dtype=torch.float64)
     lag = i[None, :] - i[:, None]  # [t, k] -> k - t
-    g = torch.as_tensor(gamma, dtype=torch.float64, device=device)
+    g = gamma.to(device=device, dtype=torch.float64) if torch.is_tensor(gamma) else float(gamma)  # no host copy
     # torch.where evaluates both branches: clamp the exponent so gamma=0 never sees 0 ** negative.
     mat = torch.where(lag >= 0, g ** lag.clamp(min=0), 0.0)
     carry = g ** (n - i)  # gamma^(distance to next block)

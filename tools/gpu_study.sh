@@ -11,7 +11,8 @@
 #                 OUT=DIR bash tools/gpu_study.sh                   # within 540 s: a 10-minute call
 #                 OUT=DIR bash tools/gpu_study.sh --budget-s 270 -- --seeds 1,   # other budget; more replicate args
 #   A later call on the same machine resumes (finished runs are kept, a stopped one resumes from its checkpoint).
-#   Exit status: megatok-replicate's (0 done, 3 when the budget ran out first, 1 a run failed, 2 bad input).
+#   Exit status: megatok-replicate's (0 done, 3 when the budget ran out first, 1 a run failed, 2 bad input,
+#   143 when a SIGTERM stopped it: its run stopped at a checkpoint and its tables written first).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu-study-out}
@@ -47,16 +48,27 @@ fi
 mkdir -p "$OUT/metrics"
 . tools/gpu_site.sh
 gpu_site gpu_study 1
-copy_metrics() {  # the methods' runs and a hand-over's sources
+copy_metrics() {  # the methods' runs and a hand-over's sources, named by their path under $WORK
   for m in "$WORK"/runs/*/metrics.jsonl "$WORK"/handover-*/runs/*/metrics.jsonl; do
-    [ -f "$m" ] && cp "$m" "$OUT/metrics/$(basename "$(dirname "$m")").jsonl"
+    [ -f "$m" ] || continue
+    rel=${m#"$WORK"/}
+    cp "$m" "$OUT/metrics/$(dirname "$rel" | tr / -).jsonl"
   done
 }
 ( while sleep 30; do copy_metrics; done ) > /dev/null 2>&1 &  # its sleep holds no caller's pipe
 copier=$!
 trap 'pkill -P $copier 2>/dev/null; kill $copier 2>/dev/null; copy_metrics; rm -rf "${SITE:-}"' EXIT  # (gpu_site's trap replaced)
 # The study's own budget: what is left of ours, less 20 s for its report and the copies.
-"$PYTHON" "${STUDY[@]}" --out "$OUT/gpu-call" --budget-s $(( BUDGET - SECONDS - 20 ))
-rc=$?
+LEFT=$(( BUDGET - SECONDS - 20 ))
+if [ "$LEFT" -lt 120 ]; then echo "gpu_study: $LEFT s left after start-up: too little for a run" >&2; exit 2; fi
+"$PYTHON" "${STUDY[@]}" --out "$OUT/gpu-call" --budget-s "$LEFT" &
+study=$!
+# A SIGTERM to this script (the call's limit) goes to the study, which stops its run at a checkpoint and
+# writes its tables; this script waits for that before its own exit copies the metrics and cleans up.
+trap 'kill -TERM $study 2>/dev/null' TERM HUP INT
+while :; do  # a trapped signal ends `wait` early: wait again until the study has exited
+  wait "$study"; rc=$?
+  kill -0 "$study" 2>/dev/null || break
+done
 echo "gpu_study: exit $rc after $SECONDS s of $BUDGET; results in $OUT/gpu-call, metrics rows in $OUT/metrics"
 exit $rc

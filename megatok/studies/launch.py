@@ -4,6 +4,7 @@ run has finished."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import signal
@@ -44,9 +45,32 @@ class BudgetSpent(Exception):
     """--budget-s ran out (a run stopped at its checkpoint, or too little left to start one)."""
 
 
-class StudyStopped(Exception):
-    """SIGTERM or SIGHUP reached the study (a scheduler's limit, a closed terminal): the running run is
-    stopped at a checkpoint first."""
+class StudyStopped(BaseException):
+    """SIGTERM or SIGHUP reached the study (a scheduler's limit, a closed terminal), or its run stopped before
+    its end: the running run is stopped at a checkpoint first. A BaseException, as KeyboardInterrupt: no
+    ``except Exception`` on the way swallows it."""
+
+
+@contextlib.contextmanager
+def stop_signals():
+    """SIGTERM and SIGHUP raise StudyStopped once (a second while the study winds down is ignored), except
+    where they were ignored (nohup); the handlers before are restored after."""
+    stopping = []
+
+    def stopped(signum, frame):
+        if not stopping:
+            stopping.append(signum)
+            raise StudyStopped(f"stopped by {signal.Signals(signum).name}")
+
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    for sig, handler in previous.items():
+        if handler is not signal.SIG_IGN:
+            signal.signal(sig, stopped)
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
 
 
 class Budget:
@@ -80,9 +104,9 @@ def stop_run(proc: subprocess.Popen, run_dir: str, grace: float) -> None:
     """Ask a run started in its own process group to stop and wait for every process of the group: RUN_DIR/STOP
     (the trainer's stop file: every rank stops at the same step with a checkpoint, under any launcher), up to
     ``grace`` seconds; then SIGTERM to the group, 10 s; then SIGKILL. A second interrupt while waiting kills
-    the group at once."""
-    end = time.monotonic() + grace
+    the group at once. The stop file does not outlive the group."""
     try:
+        end = time.monotonic() + grace
         Path(run_dir).mkdir(parents=True, exist_ok=True)
         (Path(run_dir) / "STOP").touch()
         for sig, until in ((None, end), (signal.SIGTERM, time.monotonic() + grace + 10)):
@@ -94,6 +118,19 @@ def stop_run(proc: subprocess.Popen, run_dir: str, grace: float) -> None:
         if _group_alive(proc.pid):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+        (Path(run_dir) / "STOP").unlink(missing_ok=True)
+
+
+def _end_group(pgid: int) -> None:
+    """What is left of a run's group after its leader exited (orphaned ranks or workers): SIGTERM, 10 s, SIGKILL."""
+    if not _group_alive(pgid):
+        return
+    os.killpg(pgid, signal.SIGTERM)
+    end = time.monotonic() + 10
+    while _group_alive(pgid) and time.monotonic() < end:
+        time.sleep(0.2)
+    if _group_alive(pgid):
+        os.killpg(pgid, signal.SIGKILL)
 
 
 def train(run: dict, nproc: int, budget: Budget = Budget(None)) -> None:
@@ -106,12 +143,18 @@ def train(run: dict, nproc: int, budget: Budget = Budget(None)) -> None:
     proc = subprocess.Popen(cmd, env=env, start_new_session=True)  # a Ctrl-C reaches the study, which stops it
     try:
         rc = proc.wait(timeout=budget.until_stop())
-    except subprocess.TimeoutExpired:
-        log(f"{run['name']}: --budget-s {budget.seconds:g} nearly spent: stopping it at a checkpoint")
-        stop_run(proc, run["run_dir"], Budget.GRACE_S)
-        raise BudgetSpent(f"--budget-s {budget.seconds:g} spent while {run['name']} trained (stopped at a checkpoint)") from None
-    except BaseException:  # Ctrl-C, SIGTERM to the study (StudyStopped): the run goes with it, checkpoint first
-        stop_run(proc, run["run_dir"], Budget.GRACE_S)
+    except BaseException as e:  # the budget, Ctrl-C, SIGTERM to the study: the run goes first, at a checkpoint
+        try:
+            if isinstance(e, subprocess.TimeoutExpired):
+                log(f"{run['name']}: --budget-s {budget.seconds:g} nearly spent: stopping it at a checkpoint")
+        finally:
+            stop_run(proc, run["run_dir"], Budget.GRACE_S - 10)  # its SIGTERM phase takes 10 s more at most
+        if isinstance(e, subprocess.TimeoutExpired):
+            raise BudgetSpent(f"--budget-s {budget.seconds:g} spent while {run['name']} trained (stopped at a "
+                              f"checkpoint)") from None
         raise
+    _end_group(proc.pid)
     if rc:
         raise RuntimeError(f"{run['name']} failed with exit code {rc}; rerun the same command to resume it")
+    if not finished(run):  # its stop file, or a signal sent to it: a checkpoint, not the run's end
+        raise StudyStopped(f"{run['name']} stopped before its last step (a stop file or a signal); rerun to resume it")

@@ -38,7 +38,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import signal
 import sys
 import time
 from pathlib import Path
@@ -53,7 +52,8 @@ from megatok.eval.evaluate import evaluate_run
 from megatok.eval.policy_probe import probe_run
 from megatok.eval.segments import show_boundaries
 from megatok.studies import control as control_study
-from megatok.studies.launch import CHECKOUT, Budget, BudgetSpent, StudyStopped, finished, log, train
+from megatok.studies.launch import (CHECKOUT, Budget, BudgetSpent, StudyStopped, finished, log, stop_signals,
+                                    train)
 from megatok.studies.replication import (METHODS, POLICY_METHODS, SENTENCES, Handover, Preset, aggregate, markdown,
                                          plots, run_name, run_summary)
 
@@ -392,11 +392,15 @@ def run_study(preset: Preset, *, out: Path, work: Path, nproc: int, seeds: list[
             run["evaluated"] = True
     # runs recorded by other invocations into the same OUT (other methods, seeds or levels) stay in the tables
     others = [r for key, r in earlier.items() if key not in {run_key(run) for run in studied}]
+    with stop_signals():
+        return _run_all(runs, studied, others, datas, preset, out=out, work=work, nproc=nproc, seeds=seeds,
+                        methods=methods, report_only=report_only, invocation=invocation, handover=handover,
+                        budget=budget)
 
-    def stopped(signum, frame):
-        raise StudyStopped(f"stopped by {signal.Signals(signum).name}")
 
-    previous = {sig: signal.signal(sig, stopped) for sig in (signal.SIGTERM, signal.SIGHUP)}
+def _run_all(runs, studied, others, datas, preset, *, out, work, nproc, seeds, methods, report_only, invocation,
+             handover, budget) -> int:
+    """run_study's runs in order (a hand-over's sources first), each trained, evaluated and reported."""
     try:
         for i, run in enumerate(runs, 1):
             if run.get("role") == "source":
@@ -433,9 +437,6 @@ def run_study(preset: Preset, *, out: Path, work: Path, nproc: int, seeds: list[
     except RuntimeError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
     written = report(studied, others, methods, preset, seeds, out, invocation, handover)
     log(f"wrote {out / 'results.md'}, results.json, {', '.join(written)}")
     return 0

@@ -285,7 +285,7 @@ def main(argv=None) -> int:
     text = path.read_text()
     try:
         new = replace(text, str(path))
-    except (ValueError, OSError, KeyError) as e:
+    except (ValueError, OSError, KeyError, TypeError) as e:  # data the blocks cannot be written from: one line
         print(f"error: {e}", file=sys.stderr)
         return 2
     if args.write:

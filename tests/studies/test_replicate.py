@@ -317,14 +317,16 @@ def _fake_run(tmp_path, monkeypatch):
     script = ("import signal, subprocess, sys, time, pathlib\n"
               "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
               "def stop(*_):\n"
-              "    pathlib.Path(sys.argv[1]).write_text(str(child.wait()))\n"
+              "    asked = ' after its stop file' if pathlib.Path(sys.argv[2], 'STOP').exists() else ''\n"
+              "    pathlib.Path(sys.argv[1]).write_text(str(child.wait()) + asked)\n"
               "    sys.exit(0)\n"
               "signal.signal(signal.SIGTERM, stop)\n"
               "time.sleep(60)\n")
     marker = tmp_path / "stopped"
-    monkeypatch.setattr(runner, "local_command", lambda run, nproc: [sys.executable, "-c", script, str(marker)])
+    monkeypatch.setattr(runner, "local_command",
+                        lambda run, nproc: [sys.executable, "-c", script, str(marker), str(tmp_path / "run")])
     monkeypatch.setattr(runner.Budget, "RESERVE_S", 0.5)
-    monkeypatch.setattr(runner.Budget, "GRACE_S", 1.0)
+    monkeypatch.setattr(runner.Budget, "GRACE_S", 11.0)  # the stop file's wait: 1 s (the SIGTERM phase's 10 taken)
     return {"name": "uniform-seed0", "run_dir": str(tmp_path / "run")}, marker
 
 
@@ -339,8 +341,10 @@ def test_a_budget_stops_the_running_run_and_starts_none_in_its_last_seconds(tmp_
     budget = runner.Budget(3)
     with pytest.raises(runner.BudgetSpent, match="spent while uniform-seed0 trained"):
         runner.train(run, 1, budget)
-    assert (tmp_path / "run" / "STOP").is_file()  # asked first, the trainer's way
-    assert marker.read_text() == "-15"  # then the group's SIGTERM: the child had it too, and the run saw it end
+    # asked first, the trainer's way; then the group's SIGTERM: the child had it too, and the run saw it end
+    assert marker.read_text() == "-15 after its stop file"
+    assert not (tmp_path / "run" / "STOP").exists()  # the stop file does not outlive the run
+    monkeypatch.setattr(runner.Budget, "RESERVE_S", 3.0)  # the budget's last seconds
     with pytest.raises(runner.BudgetSpent, match="uniform-seed0 not started"):
         runner.train(run, 1, budget)
 
@@ -359,13 +363,35 @@ def test_a_sigterm_to_the_study_stops_its_run_first(tmp_path, monkeypatch):
         raise runner.StudyStopped("stopped by SIGTERM")
 
     previous = signal.signal(signal.SIGTERM, stopped)
+    timer = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGTERM))
     try:
-        threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGTERM)).start()
+        timer.start()
         with pytest.raises(runner.StudyStopped):
             runner.train(run, 1, runner.Budget(None))
     finally:
+        timer.cancel()
         signal.signal(signal.SIGTERM, previous)
-    assert marker.read_text() == "-15"
+    assert marker.read_text() == "-15 after its stop file"
+    assert not (tmp_path / "run" / "STOP").exists()
+
+
+def test_stop_signals_leave_an_ignored_sighup_alone_and_restore_the_handlers():
+    """Under nohup (SIGHUP ignored) a closed terminal does not stop a study; SIGTERM does, once."""
+    import signal
+
+    from megatok.studies import launch
+
+    before = signal.signal(signal.SIGHUP, signal.SIG_IGN), signal.getsignal(signal.SIGTERM)
+    try:
+        with launch.stop_signals():
+            assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+            handler = signal.getsignal(signal.SIGTERM)
+            with pytest.raises(launch.StudyStopped):
+                handler(signal.SIGTERM, None)
+            handler(signal.SIGTERM, None)  # a second one while the study winds down: ignored
+        assert signal.getsignal(signal.SIGTERM) == before[1]
+    finally:
+        signal.signal(signal.SIGHUP, before[0])
 
 
 def test_budget_and_prepare_only_stay_out_of_the_recorded_command(tmp_path, shards, monkeypatch, capsys):

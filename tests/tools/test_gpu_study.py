@@ -44,7 +44,7 @@ def test_one_call_trains_evaluates_and_brings_back_the_metrics(tmp_path):
     assert "gpu_study: exit 0" in r.stdout and (out / "environment.txt").read_text().strip()
     result = json.loads((out / "gpu-call" / "results.json").read_text())
     assert [run["method"] for run in result["runs"]] == ["uniform"] and result["runs"][0]["prose-sample"]["bpb"] > 0
-    rows = [json.loads(x) for x in (out / "metrics" / "uniform-seed0.jsonl").read_text().splitlines()]
+    rows = [json.loads(x) for x in (out / "metrics" / "runs-uniform-seed0.jsonl").read_text().splitlines()]
     assert any(row.get("split") == "train" and row["step"] == 2 for row in rows)
 
 
